@@ -1,0 +1,28 @@
+# The two set-up commands are `make demo` and `make test`; both install what
+# is missing first (scripts/setup.sh) and are safe to run again.
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test test-all lint bench clean
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(BIN)/shinglefs demo
+
+test: setup
+	@bash scripts/test.sh -m "not slow"
+
+test-all: setup
+	@bash scripts/test.sh
+
+lint: setup
+	$(BIN)/ruff check src tests
+	$(BIN)/mypy src/shinglefs/zoned src/shinglefs/store src/shinglefs/meta
+
+bench: setup
+	$(BIN)/shinglefs bench all --report docs/benchmarks.md
+
+clean:
+	rm -rf $(VENV) demo-data bench-data .pytest_cache .hypothesis

@@ -1,0 +1,9 @@
+"""The metadata engine: namespace, chunk map, slices, sessions, on SQL.
+
+Owns: every namespace operation as one transaction with Linux errno
+semantics, the chunk -> slice overlay, slice reference counts and the deletion
+queue, client sessions, id allocation, statfs counters. Backends: SQLite
+(embedded default) and PostgreSQL (psycopg 3), selected by URL.
+
+May call: nothing of ShingleFS but ``shinglefs.errors``.
+"""

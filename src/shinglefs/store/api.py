@@ -1,0 +1,100 @@
+"""The contract of a per-drive slice store, as the layers above see it.
+
+A slice is an immutable run of bytes (at most ``MAX_SLICE_SIZE``) named by a
+64-bit id: written once, in pieces appended in order, read by range many
+times, deleted whole. Every piece names a lifetime group (a 64-bit label for
+data expected to die together); a group's pieces fill zones of their own.
+
+``shinglefs.store.SliceStore`` implements this for one drive; the storage node
+(``shinglefs.server``) composes several.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from shinglefs.zoned.model import Buffer
+
+MAX_SLICE_SIZE = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """Counters of one slice store since it was formatted (persisted across restarts).
+
+    ``write_amplification`` = device_bytes_written / user_bytes_written, where
+    device bytes count everything the store wrote to sequential zones (record
+    headers, alignment padding, GC copies) and user bytes count payload the
+    callers submitted. Index checkpoints on conventional space are reported
+    separately in ``checkpoint_bytes_written``.
+    """
+
+    user_bytes_written: int
+    device_bytes_written: int
+    write_amplification: float
+    gc_bytes_copied: int
+    zone_resets: int
+    checkpoint_bytes_written: int
+    slices: int
+    live_bytes: int
+    free_zones: int
+    zones_by_condition: dict[str, int] = field(default_factory=dict)
+    live_bytes_per_zone: dict[int, int] = field(default_factory=dict)
+    group_zone_evictions: int = 0
+    capacity_bytes: int = 0
+
+
+class SliceStoreAPI(ABC):
+    """What the storage node needs of a per-drive slice store. Thread-safe.
+
+    Errors: ``SliceNotFound`` (unknown or deleted slice), ``ChecksumMismatch``
+    (naming drive, zone, offset; wrong bytes are never returned),
+    ``SliceOrderError`` (a piece not at the slice's current length, or past
+    MAX_SLICE_SIZE), ``StoreFull`` (no zone can take the bytes even after GC),
+    and the drive's own ``shinglefs.zoned.errors`` wrapped as ``StoreIOError``.
+    """
+
+    @abstractmethod
+    def submit(
+        self, slice_id: int, offset: int, data: Buffer, group: int, *, durable: bool = False
+    ) -> Future[None]:
+        """Queue a piece of ``slice_id`` at ``offset`` (== its length so far).
+
+        The future completes when the piece is written (readable); when
+        ``durable`` it completes only after a flush covering it. The caller
+        must not modify ``data`` until the future completes.
+        """
+
+    def write(
+        self, slice_id: int, offset: int, data: Buffer, group: int, *, durable: bool = False
+    ) -> None:
+        """``submit`` and wait for it."""
+        self.submit(slice_id, offset, data, group, durable=durable).result()
+
+    @abstractmethod
+    def read(self, slice_id: int, offset: int, length: int) -> bytes:
+        """Return ``length`` bytes of the slice from ``offset`` (short at its end)."""
+
+    @abstractmethod
+    def length(self, slice_id: int) -> int:
+        """Bytes written so far to ``slice_id``; raises SliceNotFound."""
+
+    @abstractmethod
+    def contains(self, slice_id: int) -> bool: ...
+
+    @abstractmethod
+    def delete(self, slice_id: int) -> None:
+        """Delete a slice; logged, so a crash never resurrects it. Idempotent."""
+
+    @abstractmethod
+    def flush(self) -> None:
+        """Make every completed write and delete durable."""
+
+    @abstractmethod
+    def stats(self) -> StoreStats: ...
+
+    @abstractmethod
+    def close(self) -> None:
+        """Flush, write an index checkpoint, stop background work, release the drive."""

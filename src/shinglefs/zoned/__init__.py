@@ -1,0 +1,10 @@
+"""Drives: the zone model and its backends.
+
+Owns: zone types and conditions with the ZBC transitions, the rules a
+host-managed drive enforces (writes only at the write pointer, 4 KiB aligned,
+never across a zone), and I/O tracing for the SMR timing model. Backends: an
+emulated host-managed SMR drive on a file, Linux zoned block devices through
+the kernel ioctls, and conventional drives (flash or CMR).
+
+May call: nothing of ShingleFS but ``shinglefs.errors``.
+"""
