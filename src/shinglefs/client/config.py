@@ -1,0 +1,33 @@
+"""Tunables of one client (one mounted or connected file system)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    """What a client may buffer, read ahead and run in the background.
+
+    Memory bounds: a file holds at most ``file_buffer_bytes`` of written but
+    not yet stored bytes (pending + in flight to the store); all files
+    together at most ``total_buffer_bytes`` (writers block when it is full:
+    back-pressure). The read cache holds at most ``read_cache_bytes``.
+    """
+
+    piece_size: int = 4 * MiB  # stream a slice to the store in pieces of at least this
+    file_buffer_bytes: int = 16 * MiB  # per open file: pending + in flight
+    total_buffer_bytes: int = 256 * MiB  # all files of this client
+    small_file_bytes: int = 4 * MiB  # a file whose first slice ends below this is "small"
+    read_extent: int = 4 * MiB  # unit of drive reads and of the shared read cache
+    readahead_bytes: int = 16 * MiB  # how far a sequential reader is read ahead (>= 8 MiB)
+    read_cache_bytes: int = 256 * MiB
+    io_threads: int = 4  # background readers (readahead) and compaction
+    compact_threshold: int = 16  # slices in a chunk before it is compacted in the background
+    compaction: bool = True
+    deletion_interval: float = 0.5  # seconds between polls of the deletion queue
+    deletion_batch: int = 256
+    deletion_consumer: bool = True
+    durable_slice_commit: bool = True  # a slice is flushed on its drive before meta points at it

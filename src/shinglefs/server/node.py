@@ -1,0 +1,436 @@
+"""A storage node: the drives of one process, each a slice store, and slice placement.
+
+The node never talks to the metadata engine. It names every drive by the
+small integer ``drive_id`` it was given (the client uses the position of the
+drive in the list recorded at format time) and answers "where does a new slice
+go" with :meth:`StorageNode.place`. The client records the answer in meta as
+the slice's replica ``("local", drive_id)`` and passes it back on reads and
+deletes; a node that is not told where a slice lives asks each drive.
+
+Placement rule: all pieces of a slice live on one drive. A new slice goes to
+the drive its lifetime group used last (so a group fills zones on one drive,
+and deleting it resets zones there) unless that drive has less than
+``min_free_fraction`` of its capacity free; otherwise to the drive with the
+most free bytes.
+
+Concurrency: every method is thread-safe. The placement table has its own
+lock; each slice store is thread-safe by contract.
+
+Exclusivity: :meth:`StorageNode.open` takes a lock file per drive
+(``flock``), so a second process (or a second node in this process) cannot
+open the same drives; the lock names the holder's pid.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shinglefs.server.errors import (
+    DriveInUse,
+    NodeClosed,
+    NodeFull,
+    SliceMissing,
+    UnknownDrive,
+)
+from shinglefs.store.api import SliceStoreAPI, StoreStats
+from shinglefs.zoned.model import Buffer
+
+log = logging.getLogger(__name__)
+
+LOCK_DIR_FOR_DEVICES = Path("/run/shinglefs/locks")
+
+
+@dataclass(frozen=True, slots=True)
+class DriveStats:
+    """One drive of the node: its id, spec and store counters."""
+
+    drive_id: int
+    spec: str
+    capacity_bytes: int
+    free_bytes: int
+    store: StoreStats
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStats:
+    """The node's drives summed up (statfs comes from here)."""
+
+    capacity_bytes: int
+    free_bytes: int
+    live_bytes: int
+    user_bytes_written: int
+    device_bytes_written: int
+    drives: list[DriveStats] = field(default_factory=list)
+
+
+class DriveLock:
+    """An exclusive ``flock`` on a lock file next to a drive, holding our pid.
+
+    Lock files live at ``PATH.lock`` for drives on files, and under
+    ``/run/shinglefs/locks`` for block devices. The lock dies with the process,
+    so a crash never leaves a drive locked.
+    """
+
+    def __init__(self, spec: str, path: str) -> None:
+        self.spec = spec
+        self.path = self.lock_path_for(path)
+        self._fd: int | None = None
+
+    @staticmethod
+    def lock_path_for(path: str) -> str:
+        if path.startswith("/dev/"):
+            LOCK_DIR_FOR_DEVICES.mkdir(parents=True, exist_ok=True)
+            return str(LOCK_DIR_FOR_DEVICES / (path.strip("/").replace("/", "_") + ".lock"))
+        return path.rstrip("/") + ".lock"
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = int(os.pread(fd, 32, 0).split()[0])
+            except (ValueError, IndexError, OSError):
+                holder = None
+            os.close(fd)
+            raise DriveInUse(self.spec, self.path, holder) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            try:
+                os.ftruncate(self._fd, 0)
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self._fd)
+                self._fd = None
+
+
+def drive_path(spec: str) -> str:
+    """The PATH of a ``KIND:PATH[:SIZE]`` drive spec (for lock files)."""
+    parts = spec.split(":")
+    if len(parts) < 2:
+        return spec
+    return parts[1]
+
+
+class StorageNode:
+    """The slice stores of one process, addressed by drive id.
+
+    Build one with :meth:`open` (opens and locks drives by spec) or directly
+    from already-open stores (tests, benchmarks).
+    """
+
+    def __init__(
+        self,
+        stores: dict[int, SliceStoreAPI],
+        *,
+        specs: dict[int, str] | None = None,
+        locks: Sequence[DriveLock] = (),
+        min_free_fraction: float = 0.02,
+        stats_ttl: float = 0.5,
+        affinity_capacity: int = 4096,
+    ) -> None:
+        if not stores:
+            raise ValueError("a storage node needs at least one drive")
+        self._stores = dict(stores)
+        self._specs = dict(specs or {i: f"drive{i}" for i in stores})
+        self._locks = list(locks)
+        self._min_free_fraction = min_free_fraction
+        self._stats_ttl = stats_ttl
+        self._lock = threading.Lock()
+        self._affinity: OrderedDict[int, int] = OrderedDict()  # group -> drive
+        self._affinity_capacity = affinity_capacity
+        self._placed: dict[int, int] = {}  # slice -> drive, for slices written by this node
+        self._stats_cache: dict[int, tuple[float, StoreStats]] = {}
+        self._pending_bytes: dict[int, int] = dict.fromkeys(stores, 0)
+        self._closed = False
+
+    # ------------------------------------------------------------------ opening
+    @classmethod
+    def open(
+        cls, drives: Iterable[tuple[int, str]], *, create: bool = False, **kwargs: Any
+    ) -> StorageNode:
+        """Open (``create``: format) each ``(drive_id, spec)`` as a slice store.
+
+        Takes each drive's lock file first; raises ``DriveInUse`` naming the
+        holder pid when another process has it. On any failure the drives
+        already opened are closed and their locks released.
+        """
+        from shinglefs.store import SliceStore
+        from shinglefs.zoned import create_drive, open_drive
+
+        stores: dict[int, SliceStoreAPI] = {}
+        specs: dict[int, str] = {}
+        locks: list[DriveLock] = []
+        try:
+            for drive_id, spec in drives:
+                lock = DriveLock(spec, drive_path(spec))
+                lock.acquire()
+                locks.append(lock)
+                if create:
+                    drive = create_drive(spec)
+                    stores[drive_id] = SliceStore.format(drive)
+                else:
+                    drive = open_drive(spec)
+                    stores[drive_id] = SliceStore.open(drive)
+                specs[drive_id] = spec
+        except BaseException:
+            for store in stores.values():
+                try:
+                    store.close()
+                except Exception:  # pragma: no cover - best effort on the error path
+                    log.exception("closing a store after a failed node open")
+            for lock in locks:
+                lock.release()
+            raise
+        return cls(stores, specs=specs, locks=locks, **kwargs)
+
+    # ------------------------------------------------------------------ placement
+    @property
+    def drive_ids(self) -> list[int]:
+        return sorted(self._stores)
+
+    def _store(self, drive_id: int) -> SliceStoreAPI:
+        if self._closed:
+            raise NodeClosed("the storage node is closed")
+        try:
+            return self._stores[drive_id]
+        except KeyError:
+            raise UnknownDrive(drive_id, self.drive_ids) from None
+
+    def _store_stats(self, drive_id: int) -> StoreStats:
+        now = time.monotonic()
+        cached = self._stats_cache.get(drive_id)
+        if cached is not None and now - cached[0] < self._stats_ttl:
+            return cached[1]
+        stats = self._stores[drive_id].stats()
+        self._stats_cache[drive_id] = (now, stats)
+        return stats
+
+    @staticmethod
+    def _free_bytes(stats: StoreStats) -> int:
+        return max(0, stats.capacity_bytes - stats.live_bytes)
+
+    def place(self, slice_id: int, group: int, size_hint: int = 0) -> int:
+        """Choose the drive of a new slice (see the module docstring); remembers it."""
+        with self._lock:
+            if slice_id in self._placed:
+                return self._placed[slice_id]
+            chosen: int | None = None
+            preferred = self._affinity.get(group)
+            if preferred is not None:
+                stats = self._store_stats(preferred)
+                free = self._free_bytes(stats) - self._pending_bytes[preferred]
+                if free - size_hint >= self._min_free_fraction * stats.capacity_bytes:
+                    chosen = preferred
+            if chosen is None:
+                best_free = -1
+                for drive_id in self.drive_ids:
+                    stats = self._store_stats(drive_id)
+                    free = self._free_bytes(stats) - self._pending_bytes[drive_id]
+                    if free > best_free:
+                        chosen, best_free = drive_id, free
+            assert chosen is not None
+            self._affinity[group] = chosen
+            self._affinity.move_to_end(group)
+            while len(self._affinity) > self._affinity_capacity:
+                self._affinity.popitem(last=False)
+            self._placed[slice_id] = chosen
+            return chosen
+
+    def drive_of(self, slice_id: int) -> int | None:
+        """The drive this node placed ``slice_id`` on, if it did."""
+        with self._lock:
+            return self._placed.get(slice_id)
+
+    def forget(self, slice_id: int) -> None:
+        """Drop the placement record of a finished slice (its drive is in meta now)."""
+        with self._lock:
+            self._placed.pop(slice_id, None)
+
+    # ------------------------------------------------------------------ slice I/O
+    def submit(
+        self,
+        slice_id: int,
+        offset: int,
+        data: Buffer,
+        group: int,
+        *,
+        drive_id: int | None = None,
+        durable: bool = False,
+    ) -> tuple[int, Future[None]]:
+        """Queue a piece of ``slice_id`` at ``offset``; returns ``(drive_id, future)``.
+
+        The first piece of a slice places it (unless ``drive_id`` is given);
+        later pieces go to the same drive. Store errors surface through the
+        future (``StoreFull`` becomes ``NodeFull`` in :meth:`write`).
+        """
+        if drive_id is None:
+            drive_id = self.place(slice_id, group, len(data))
+        store = self._store(drive_id)
+        size = len(data)
+        with self._lock:
+            self._pending_bytes[drive_id] = self._pending_bytes.get(drive_id, 0) + size
+        future = store.submit(slice_id, offset, data, group, durable=durable)
+
+        def _done(_f: Future[None], drive: int = drive_id) -> None:
+            with self._lock:
+                self._pending_bytes[drive] -= size
+                self._stats_cache.pop(drive, None)
+
+        future.add_done_callback(_done)
+        return drive_id, future
+
+    def write(
+        self,
+        slice_id: int,
+        offset: int,
+        data: Buffer,
+        group: int,
+        *,
+        drive_id: int | None = None,
+        durable: bool = False,
+    ) -> int:
+        """``submit`` and wait; returns the drive id. Raises ``NodeFull`` when out of space."""
+        drive_id, future = self.submit(
+            slice_id, offset, data, group, drive_id=drive_id, durable=durable
+        )
+        wait_piece(future, slice_id, drive_id)
+        return drive_id
+
+    def read(self, slice_id: int, offset: int, length: int, drive_id: int | None = None) -> bytes:
+        """Bytes ``[offset, offset+length)`` of a slice (short at its end).
+
+        Raises ``SliceMissing`` when the slice is on no drive (deleted).
+        """
+        from shinglefs.store.errors import SliceNotFound
+
+        if drive_id is None:
+            drive_id = self.locate(slice_id)
+        try:
+            return self._store(drive_id).read(slice_id, offset, length)
+        except SliceNotFound:
+            raise SliceMissing(slice_id, drive_id) from None
+
+    def length(self, slice_id: int, drive_id: int | None = None) -> int:
+        """Bytes written so far to a slice."""
+        from shinglefs.store.errors import SliceNotFound
+
+        if drive_id is None:
+            drive_id = self.locate(slice_id)
+        try:
+            return self._store(drive_id).length(slice_id)
+        except SliceNotFound:
+            raise SliceMissing(slice_id, drive_id) from None
+
+    def locate(self, slice_id: int) -> int:
+        """The drive holding ``slice_id`` (asks each drive when it was not placed here)."""
+        placed = self.drive_of(slice_id)
+        if placed is not None:
+            return placed
+        for drive_id in self.drive_ids:
+            if self._store(drive_id).contains(slice_id):
+                return drive_id
+        raise SliceMissing(slice_id, None)
+
+    def contains(self, slice_id: int, drive_id: int | None = None) -> bool:
+        if drive_id is not None:
+            return self._store(drive_id).contains(slice_id)
+        return any(self._store(d).contains(slice_id) for d in self.drive_ids)
+
+    def delete(self, slice_id: int, drive_id: int | None = None) -> None:
+        """Delete a slice (idempotent: a slice on no drive is already gone)."""
+        targets = [drive_id] if drive_id is not None else self.drive_ids
+        for target in targets:
+            store = self._store(target)
+            if drive_id is not None or store.contains(slice_id):
+                store.delete(slice_id)
+        self.forget(slice_id)
+
+    def flush(self, drive_ids: Iterable[int] | None = None) -> None:
+        """Make every completed write and delete durable on the given drives (default all)."""
+        for drive_id in drive_ids if drive_ids is not None else self.drive_ids:
+            self._store(drive_id).flush()
+
+    def stats(self) -> NodeStats:
+        """Capacity and free space summed over drives, with per-drive store counters."""
+        drives = []
+        for drive_id in self.drive_ids:
+            stats = self._store(drive_id).stats()
+            drives.append(
+                DriveStats(
+                    drive_id=drive_id,
+                    spec=self._specs.get(drive_id, ""),
+                    capacity_bytes=stats.capacity_bytes,
+                    free_bytes=self._free_bytes(stats),
+                    store=stats,
+                )
+            )
+        return NodeStats(
+            capacity_bytes=sum(d.capacity_bytes for d in drives),
+            free_bytes=sum(d.free_bytes for d in drives),
+            live_bytes=sum(d.store.live_bytes for d in drives),
+            user_bytes_written=sum(d.store.user_bytes_written for d in drives),
+            device_bytes_written=sum(d.store.device_bytes_written for d in drives),
+            drives=drives,
+        )
+
+    def store(self, drive_id: int) -> SliceStoreAPI:
+        """The slice store of one drive (benchmarks and tests read its stats/trace)."""
+        return self._store(drive_id)
+
+    def close(self) -> None:
+        """Flush and close every store, then release the drive locks. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        errors: list[BaseException] = []
+        for store in self._stores.values():
+            try:
+                store.close()
+            except Exception as exc:
+                log.exception("closing slice store")
+                errors.append(exc)
+        for lock in self._locks:
+            lock.release()
+        if errors:
+            raise errors[0]
+
+    def abandon(self) -> None:
+        """Release the drive locks WITHOUT flushing or closing the stores.
+
+        Simulates the death of the process for crash tests: whatever was not
+        made durable is left to the drive's power-cut semantics.
+        """
+        self._closed = True
+        for lock in self._locks:
+            lock.release()
+
+    def __enter__(self) -> StorageNode:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def wait_piece(future: Future[None], slice_id: int, drive_id: int) -> None:
+    """Wait for a submitted piece; translate a full store into ``NodeFull``."""
+    from shinglefs.store.errors import StoreFull
+
+    try:
+        future.result()
+    except StoreFull as exc:
+        raise NodeFull(slice_id, drive_id, str(exc)) from exc
