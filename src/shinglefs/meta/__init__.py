@@ -7,3 +7,32 @@ queue, client sessions, id allocation, statfs counters. Backends: SQLite
 
 May call: nothing of ShingleFS but ``shinglefs.errors``.
 """
+
+from shinglefs.meta.api import (
+    ROOT_CTX,
+    ROOT_INO,
+    Ctx,
+    DirEntry,
+    InodeAttr,
+    MetaStore,
+    ReadPiece,
+    SliceInfo,
+    SliceRef,
+    open_meta,
+)
+from shinglefs.meta.errors import FsError, MetaError
+
+__all__ = [
+    "ROOT_CTX",
+    "ROOT_INO",
+    "Ctx",
+    "DirEntry",
+    "FsError",
+    "InodeAttr",
+    "MetaError",
+    "MetaStore",
+    "ReadPiece",
+    "SliceInfo",
+    "SliceRef",
+    "open_meta",
+]

@@ -1,0 +1,731 @@
+"""The contract of the metadata engine, as the client and the storage side see it.
+
+Records are frozen, slotted dataclasses. ``MetaStore`` is the one abstract
+interface; ``shinglefs.meta.engine.SqlMetaStore`` implements it over SQLite and
+PostgreSQL, selected by URL through ``open_meta``.
+
+Rules every method follows (stated once here, repeated only where they bend):
+
+- Every operation is ONE database transaction: it happens completely or not at
+  all. Serialization failures and lock timeouts of the database are retried
+  invisibly with backoff; a caller never sees half an operation.
+- Failures a Linux file system would report raise ``FsError`` carrying that
+  errno (``ENOENT``, ``EEXIST``, ``ENOTDIR``, ``EISDIR``, ``ENOTEMPTY``,
+  ``EINVAL``, ``EACCES``, ``EPERM``, ``ENAMETOOLONG``, ``EMLINK``,
+  ``ENODATA``, ``ERANGE``, ``E2BIG``, ``EOPNOTSUPP``...). A raised error means
+  the transaction was rolled back.
+- ``ctx`` is the caller's credentials; the default ``ROOT_CTX`` bypasses
+  permission checks the way root does on Linux (read/write always, search on
+  directories, execute only if some x bit is set).
+- Names are ``bytes`` (no encoding is assumed). Times are integer nanoseconds
+  since the epoch. Inode numbers and slice ids are positive 64-bit integers;
+  inode numbers are never reused, so ``generation`` is constant.
+- When a call returns, its transaction is committed: durable against a crash
+  of the calling process always, against power loss per the backend's
+  durability setting (see docs/metadata.md and ``MetaStore.durability``).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import stat
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+ROOT_INO: Final = 1
+CHUNK_SIZE: Final = 64 * 1024 * 1024
+BLOCK_SIZE: Final = 4096
+NAME_MAX: Final = 255
+SYMLINK_MAX: Final = 4095
+XATTR_NAME_MAX: Final = 255
+XATTR_SIZE_MAX: Final = 65536
+LINK_MAX: Final = 65000
+"""Largest nlink of a file (ext4's bound); ``link`` beyond it raises EMLINK."""
+
+# setattr time markers, the values Linux uses in timespec.tv_nsec.
+UTIME_NOW: Final = (1 << 30) - 1
+UTIME_OMIT: Final = (1 << 30) - 2
+
+# setxattr flags (linux/xattr.h)
+XATTR_CREATE: Final = 1
+XATTR_REPLACE: Final = 2
+
+# renameat2 flags (linux/fs.h)
+RENAME_NOREPLACE: Final = 1
+RENAME_EXCHANGE: Final = 2
+
+# access() mask bits
+F_OK: Final = os.F_OK
+R_OK: Final = os.R_OK
+W_OK: Final = os.W_OK
+X_OK: Final = os.X_OK
+
+FIRST_COOKIE: Final = 3
+"""Cookies 1 and 2 are left for '.' and '..' (which ``readdir`` does not return)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ctx:
+    """The credentials of the process making a request.
+
+    ``umask`` is applied by ``mknod``/``mkdir``/``create`` (pass 0 when the
+    kernel already applied it). ``groups`` are the supplementary groups.
+    """
+
+    uid: int = 0
+    gid: int = 0
+    pid: int = 0
+    groups: tuple[int, ...] = ()
+    umask: int = 0
+
+    @property
+    def is_root(self) -> bool:
+        return self.uid == 0
+
+    def in_group(self, gid: int) -> bool:
+        return gid == self.gid or gid in self.groups
+
+
+ROOT_CTX: Final = Ctx()
+
+
+@dataclass(frozen=True, slots=True)
+class InodeAttr:
+    """The attributes of one inode. ``mode`` is ``st_mode`` including the type bits."""
+
+    ino: int
+    mode: int
+    uid: int
+    gid: int
+    nlink: int
+    size: int
+    atime_ns: int
+    mtime_ns: int
+    ctime_ns: int
+    rdev: int = 0
+    generation: int = 0
+    flags: int = 0
+
+    @property
+    def type(self) -> int:
+        """The ``stat.S_IFMT`` bits (``stat.S_IFREG``, ``stat.S_IFDIR``...)."""
+        return stat.S_IFMT(self.mode)
+
+    @property
+    def is_dir(self) -> bool:
+        return stat.S_ISDIR(self.mode)
+
+    @property
+    def is_file(self) -> bool:
+        return stat.S_ISREG(self.mode)
+
+    @property
+    def is_symlink(self) -> bool:
+        return stat.S_ISLNK(self.mode)
+
+    @property
+    def blocks(self) -> int:
+        """``st_blocks``: 512-byte units, from the logical size (holes not subtracted)."""
+        return (self.size + 511) // 512
+
+
+@dataclass(frozen=True, slots=True)
+class DirEntry:
+    """One directory entry as ``readdir`` returns it (readdirplus: with attributes).
+
+    ``cookie`` is the entry's stable position: pass it back to ``readdir`` to
+    resume after this entry, whatever was inserted or deleted meanwhile.
+    """
+
+    name: bytes
+    ino: int
+    attr: InodeAttr
+    cookie: int
+
+
+@dataclass(frozen=True, slots=True)
+class SliceRef:
+    """One reference in a chunk's overlay: ``length`` bytes at ``chunk_offset`` in
+    the chunk come from ``slice_id`` starting at ``slice_offset``.
+
+    Within a chunk, references are ordered; a later one wins where they overlap.
+    ``chunk_offset + length`` never exceeds the chunk size.
+    """
+
+    slice_id: int
+    chunk_offset: int
+    length: int
+    slice_offset: int = 0
+
+
+ChunkPiece = SliceRef
+"""Alias: the client speaks of the pieces it commits, the map of the references it holds."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadPiece:
+    """A resolved run of file bytes: ``length`` bytes at ``file_offset`` are
+    ``slice_id`` bytes from ``slice_offset``, or zeros when ``slice_id`` is None (a hole)."""
+
+    file_offset: int
+    length: int
+    slice_id: int | None
+    slice_offset: int = 0
+
+    @property
+    def is_hole(self) -> bool:
+        return self.slice_id is None
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkMap:
+    """A chunk's overlay as stored: references in order (oldest first) and a version
+    that changes on every modification (for ``replace_chunk``)."""
+
+    ino: int
+    chunk_index: int
+    version: int
+    refs: tuple[SliceRef, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkInfo:
+    """A chunk worth compacting (``compaction_candidates``)."""
+
+    ino: int
+    chunk_index: int
+    version: int
+    nrefs: int
+
+
+class SliceState(enum.StrEnum):
+    """The life of a slice in the metadata: WRITING (added, bytes still being
+    written or not yet referenced), COMMITTED (referenced by at least one
+    chunk), TO_DELETE (refcount reached zero; queued for the storage layer)."""
+
+    WRITING = "writing"
+    COMMITTED = "committed"
+    TO_DELETE = "to_delete"
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """Where one copy of a slice lives: a storage server and one of its drives."""
+
+    server: str
+    drive: str
+
+
+@dataclass(frozen=True, slots=True)
+class SliceInfo:
+    """A slice as the metadata knows it. ``group`` is its lifetime group."""
+
+    id: int
+    length: int
+    group: int = 0
+    state: SliceState = SliceState.WRITING
+    refcount: int = 0
+    replicas: tuple[Replica, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StatFs:
+    """What ``statfs`` reports. ``used_bytes`` is the sum of the logical sizes of all
+    allocated inodes (unlinked-but-open ones included); ``inodes`` counts them."""
+
+    block_size: int
+    capacity_bytes: int
+    used_bytes: int
+    free_bytes: int
+    inodes: int
+    inodes_free: int
+    name_max: int = NAME_MAX
+
+
+@dataclass(frozen=True, slots=True)
+class FormatInfo:
+    """The format record of a file system (one row, written by ``format``)."""
+
+    name: str
+    uuid: str
+    chunk_size: int
+    block_size: int
+    schema_version: int
+    secret: str
+    created_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """What a mounted client says about itself when it registers."""
+
+    host: str = ""
+    pid: int = 0
+    mountpoint: str = ""
+    version: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """A registered client session as ``list_sessions`` returns it."""
+
+    id: int
+    info: SessionInfo
+    started_ns: int
+    heartbeat_ns: int
+    open_inodes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RenameResult:
+    """What ``rename`` did: the inode now at the target name, and the inode the
+    target name held before (None if it was free). For RENAME_EXCHANGE
+    ``replaced`` is the inode now at the source name (nothing is released).
+    ``released`` says the replaced inode lost its last link and was freed (its
+    slices queued for deletion); False when it still has links or is open
+    somewhere (then it is freed on its last close or session expiry)."""
+
+    ino: int
+    replaced: InodeAttr | None = None
+    released: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DirPolicy:
+    """Tier and retention policy of a directory: stored now, enforced by the
+    policy layer later. New subdirectories inherit their parent's policy."""
+
+    tier: str | None = None
+    retention: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UnlinkResult:
+    """What ``unlink``/``rmdir`` did: the attributes of the inode after losing the
+    entry (``nlink`` may be 0) and whether it was freed (slices queued)."""
+
+    attr: InodeAttr
+    released: bool
+
+
+class MetaStore(ABC):
+    """The metadata engine: namespace, chunk -> slice map, slices, sessions.
+
+    Thread-safe: each thread uses its own connection. Process-safe: several
+    processes (SQLite: on one host; PostgreSQL: anywhere) may open the same URL.
+    A store must not be shared across ``fork``: open one in each process.
+    """
+
+    durability: str
+    """One line stating what a committed transaction survives (backend setting)."""
+
+    # ---- format and life cycle -------------------------------------------------
+
+    @abstractmethod
+    def format(
+        self,
+        name: str,
+        uuid: str,
+        chunk_size: int = CHUNK_SIZE,
+        block_size: int = BLOCK_SIZE,
+        schema_version: int | None = None,
+        secret: str = "",
+        *,
+        capacity_bytes: int = 0,
+    ) -> FormatInfo:
+        """Create the schema, the format record and the root directory (ino 1,
+        mode 0o755, owned by root). ``schema_version`` must be None or equal to
+        the code's version (SchemaVersionError otherwise).
+
+        Raises AlreadyFormatted if the database already holds a file system.
+        """
+
+    @abstractmethod
+    def format_info(self) -> FormatInfo:
+        """The format record. Raises NotFormatted on an empty database."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Close every connection of this store; further calls fail."""
+
+    # ---- namespace -------------------------------------------------------------
+
+    @abstractmethod
+    def lookup(self, parent: int, name: bytes, ctx: Ctx = ROOT_CTX) -> InodeAttr:
+        """The inode named ``name`` in directory ``parent``.
+
+        ``b"."`` is the directory itself and ``b".."`` its parent (root's is root).
+        Raises ENOENT (no such entry or parent), ENOTDIR (parent not a
+        directory), EACCES (no search permission on parent), ENAMETOOLONG, EINVAL.
+        """
+
+    @abstractmethod
+    def getattr(self, ino: int) -> InodeAttr:
+        """Attributes of ``ino`` (also of an unlinked-but-open inode). ENOENT if gone."""
+
+    @abstractmethod
+    def setattr(
+        self,
+        ino: int,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        size: int | None = None,
+        atime_ns: int | None = None,
+        mtime_ns: int | None = None,
+        ctx: Ctx = ROOT_CTX,
+    ) -> InodeAttr:
+        """Change attributes in one transaction; None leaves a field alone.
+
+        ``mode``: permission bits only (the type bits are kept); owner or root,
+        else EPERM; a non-root caller outside the file's group loses S_ISGID.
+        ``uid``/``gid``: root, or the owner giving the file to one of its own
+        groups, else EPERM; clears S_ISUID (and S_ISGID if group-executable) on
+        non-directories. Times: ``UTIME_NOW`` = now, ``UTIME_OMIT`` (or None) =
+        leave; both-now needs ownership or write permission (EACCES), an
+        explicit time needs ownership (EPERM). ``size``: truncate (see
+        ``truncate``); needs write permission (EACCES), EISDIR on directories,
+        EINVAL on other non-files or negative sizes. ctime is set to now when
+        anything changes. Returns the new attributes.
+        """
+
+    @abstractmethod
+    def mknod(
+        self, parent: int, name: bytes, mode: int, rdev: int = 0, ctx: Ctx = ROOT_CTX
+    ) -> InodeAttr:
+        """Create a regular file, FIFO, socket or (root only, else EPERM) device
+        node. A type of 0 means a regular file; S_IFDIR gives EPERM, other types
+        EINVAL. EEXIST if the name exists; EACCES without write+search on parent.
+        """
+
+    @abstractmethod
+    def mkdir(self, parent: int, name: bytes, mode: int, ctx: Ctx = ROOT_CTX) -> InodeAttr:
+        """Create a directory (nlink 2; the parent's nlink grows by one). Inherits
+        the parent's DirPolicy and its S_ISGID group. EEXIST, EACCES, ENOENT,
+        ENOTDIR, EMLINK (parent at LINK_MAX)."""
+
+    @abstractmethod
+    def create(
+        self,
+        parent: int,
+        name: bytes,
+        mode: int,
+        ctx: Ctx = ROOT_CTX,
+        *,
+        exclusive: bool = True,
+        session: int | None = None,
+    ) -> InodeAttr:
+        """Create a regular file and return its attributes.
+
+        ``exclusive`` (O_EXCL): EEXIST if the name exists. Without it an
+        existing regular file is returned as is (EISDIR for a directory).
+        When ``session`` is given, the file is also opened for that session in
+        the same transaction (see ``open_file``), so it can never be freed
+        between create and open.
+        """
+
+    @abstractmethod
+    def unlink(self, parent: int, name: bytes, ctx: Ctx = ROOT_CTX) -> UnlinkResult:
+        """Remove a non-directory entry. EISDIR for a directory, ENOENT,
+        EACCES, EPERM (sticky parent, caller owns neither parent nor inode).
+        If that was the last link and the inode is open in some session, it
+        stays (readable and writable) until the last close or session expiry;
+        otherwise it is freed now and its slices are dereferenced (queued for
+        deletion when their refcount reaches zero)."""
+
+    @abstractmethod
+    def rmdir(self, parent: int, name: bytes, ctx: Ctx = ROOT_CTX) -> UnlinkResult:
+        """Remove an empty directory. ENOTDIR, ENOTEMPTY, ENOENT, EACCES, EPERM
+        (sticky); EINVAL for ``b"."``, ENOTEMPTY for ``b".."``."""
+
+    @abstractmethod
+    def rename(
+        self,
+        old_parent: int,
+        old_name: bytes,
+        new_parent: int,
+        new_name: bytes,
+        flags: int = 0,
+        ctx: Ctx = ROOT_CTX,
+    ) -> RenameResult:
+        """Atomically move an entry, replacing what the target name held.
+
+        Linux semantics: RENAME_NOREPLACE -> EEXIST if the target exists;
+        RENAME_EXCHANGE swaps the two entries (ENOENT if the target is
+        missing); both flags or unknown bits -> EINVAL. A directory onto a
+        non-directory -> ENOTDIR, a non-directory onto a directory -> EISDIR,
+        onto a non-empty directory -> ENOTEMPTY. Moving a directory into its
+        own subtree -> EINVAL. ``.``/``..`` as either name -> EBUSY. Two names
+        of the same inode: success, nothing changes. Permissions: write+search
+        on both parents, sticky-bit rules on source and replaced target, and
+        write permission on a directory moved to another parent.
+        The replaced inode loses a link; if that was its last, it is freed (its
+        slices dereferenced) unless it is open, in which case freeing is
+        deferred to its last close. Returns what was replaced.
+        """
+
+    @abstractmethod
+    def link(self, ino: int, new_parent: int, new_name: bytes, ctx: Ctx = ROOT_CTX) -> InodeAttr:
+        """Add a hard link. EPERM for a directory, EMLINK at LINK_MAX links,
+        EEXIST, ENOENT (inode gone or already unlinked), EACCES."""
+
+    @abstractmethod
+    def symlink(
+        self, parent: int, name: bytes, target: bytes, ctx: Ctx = ROOT_CTX
+    ) -> InodeAttr:
+        """Create a symbolic link to ``target`` (1..4095 bytes: ENOENT if empty,
+        ENAMETOOLONG if longer). Mode 0o777 | S_IFLNK, size = len(target)."""
+
+    @abstractmethod
+    def readlink(self, ino: int) -> bytes:
+        """The target of a symlink. EINVAL if ``ino`` is not a symlink, ENOENT."""
+
+    @abstractmethod
+    def readdir(
+        self, ino: int, cookie: int = 0, limit: int = 1024, ctx: Ctx = ROOT_CTX
+    ) -> list[DirEntry]:
+        """Up to ``limit`` entries of directory ``ino`` after ``cookie`` (0 = from
+        the start), in cookie order, with attributes. ``.`` and ``..`` are not
+        returned (cookies 1 and 2 are reserved for them). Each entry's cookie
+        is assigned once at insertion and grows monotonically per directory,
+        so resuming after a cookie never repeats or skips an entry that
+        existed throughout. ENOTDIR, ENOENT, EACCES (no read permission)."""
+
+    @abstractmethod
+    def access(self, ctx: Ctx, ino: int, mask: int) -> None:
+        """Raise EACCES unless ``ctx`` may access ``ino`` for ``mask``
+        (R_OK|W_OK|X_OK, or F_OK for existence). Owner, then group
+        (primary or supplementary), then other bits decide; root may read
+        and write anything and execute if any x bit is set (or a directory)."""
+
+    # ---- extended attributes -----------------------------------------------------
+
+    @abstractmethod
+    def getxattr(self, ino: int, name: bytes, ctx: Ctx = ROOT_CTX) -> bytes:
+        """The value of an extended attribute. ENODATA if absent; ERANGE for an
+        empty or too long name; EOPNOTSUPP outside the user., trusted.,
+        security., system. namespaces; EACCES without read permission."""
+
+    @abstractmethod
+    def setxattr(
+        self, ino: int, name: bytes, value: bytes, flags: int = 0, ctx: Ctx = ROOT_CTX
+    ) -> None:
+        """Set an extended attribute. XATTR_CREATE -> EEXIST if present,
+        XATTR_REPLACE -> ENODATA if absent; E2BIG above XATTR_SIZE_MAX; ERANGE,
+        EOPNOTSUPP as for getxattr; EACCES without write permission. Sets ctime."""
+
+    @abstractmethod
+    def listxattr(self, ino: int, ctx: Ctx = ROOT_CTX) -> list[bytes]:
+        """Names of all extended attributes, sorted. ENOENT."""
+
+    @abstractmethod
+    def removexattr(self, ino: int, name: bytes, ctx: Ctx = ROOT_CTX) -> None:
+        """Remove an extended attribute. ENODATA if absent; EACCES. Sets ctime."""
+
+    # ---- directory policy ------------------------------------------------------
+
+    @abstractmethod
+    def set_policy(self, ino: int, policy: DirPolicy, ctx: Ctx = ROOT_CTX) -> None:
+        """Store a directory's tier/retention policy. ENOTDIR; EPERM unless owner or root."""
+
+    @abstractmethod
+    def get_policy(self, ino: int) -> DirPolicy:
+        """A directory's tier/retention policy. ENOTDIR, ENOENT."""
+
+    # ---- statfs ------------------------------------------------------------------
+
+    @abstractmethod
+    def statfs(self, capacity_bytes: int | None = None) -> StatFs:
+        """Counters exact under concurrency. Capacity is ``capacity_bytes`` when
+        given, else the last ``set_capacity`` value (0 if never set)."""
+
+    @abstractmethod
+    def set_capacity(self, capacity_bytes: int) -> None:
+        """Record the raw capacity the storage layer offers (for statfs)."""
+
+    # ---- sessions and open files -----------------------------------------------
+
+    @abstractmethod
+    def register_session(self, info: SessionInfo) -> int:
+        """Register a mounted client; returns its session id (heartbeat = now)."""
+
+    @abstractmethod
+    def heartbeat(self, session: int) -> None:
+        """Mark ``session`` alive now. ESTALE if it expired (the client must
+        re-register and treat its open files as lost)."""
+
+    @abstractmethod
+    def unregister_session(self, session: int) -> list[int]:
+        """Clean end of a session: close all its files (freeing unlinked ones)
+        and remove it. Returns the inodes freed. Idempotent."""
+
+    @abstractmethod
+    def list_sessions(self) -> list[Session]:
+        """All registered sessions with the inodes each holds open."""
+
+    @abstractmethod
+    def open_file(self, session: int, ino: int) -> None:
+        """Record that ``session`` opened ``ino`` (counted: open twice, close
+        twice). ENOENT if the inode is gone, ESTALE if the session is unknown."""
+
+    @abstractmethod
+    def close_file(self, session: int, ino: int) -> bool:
+        """Undo one ``open_file``. If this was the last open anywhere and the
+        inode has no links left, free it (slices dereferenced) and return True."""
+
+    @abstractmethod
+    def expire_sessions(self, timeout_s: float) -> list[int]:
+        """Remove sessions whose last heartbeat is older than ``timeout_s``,
+        close their files (freeing unlinked inodes nobody else holds open).
+        Returns the expired session ids."""
+
+    # ---- ids ---------------------------------------------------------------------
+
+    @abstractmethod
+    def next_slice_id(self) -> int:
+        """A fresh slice id, from a local batch refilled by one transaction.
+        Ids are unique across processes and hosts; a crash only leaves gaps."""
+
+    # ---- slices (storage side) ---------------------------------------------------
+
+    @abstractmethod
+    def add_slice(self, info: SliceInfo) -> None:
+        """Register a slice (normally state WRITING, refcount 0) and its replicas.
+        EEXIST if the id is known."""
+
+    @abstractmethod
+    def set_slice_replicas(self, slice_id: int, replicas: Sequence[Replica]) -> None:
+        """Replace the replica set of a slice. ENOENT if unknown."""
+
+    @abstractmethod
+    def get_slice(self, slice_id: int) -> SliceInfo:
+        """A slice with its replicas. ENOENT if unknown (or already acknowledged deleted)."""
+
+    @abstractmethod
+    def pop_deletions(self, limit: int = 1000, lease_s: float = 60.0) -> list[SliceInfo]:
+        """Up to ``limit`` slices queued for deletion (refcount 0, state TO_DELETE),
+        each leased to the caller for ``lease_s``: a slice popped but not
+        acknowledged within the lease (consumer crashed) is offered again.
+        Crash-safe: nothing leaves the queue before ``ack_deletions``."""
+
+    @abstractmethod
+    def ack_deletions(self, slice_ids: Sequence[int]) -> None:
+        """The storage layer deleted these slices: forget them and their replicas. Idempotent."""
+
+    # ---- content map -------------------------------------------------------------
+
+    @abstractmethod
+    def commit_slice(
+        self,
+        ino: int,
+        chunk_index: int,
+        piece: SliceRef,
+        new_size: int,
+        mtime_ns: int | None = None,
+        *,
+        group: int = 0,
+        slice_length: int | None = None,
+    ) -> InodeAttr:
+        """Append ``piece`` to chunk ``chunk_index``'s overlay and grow the file
+        to at least ``new_size``, in one transaction; also sets mtime/ctime
+        (now when None) and takes a reference on the slice (registering it as
+        COMMITTED with ``group`` and length ``slice_length`` or
+        ``slice_offset + length`` if unknown). EINVAL for a piece outside the
+        chunk or empty, EISDIR/EINVAL for a non-file, ENOENT, ESTALE
+        (SliceStateError) if the slice is already queued for deletion.
+        Returns the new attributes."""
+
+    @abstractmethod
+    def truncate(self, ino: int, size: int, ctx: Ctx = ROOT_CTX) -> InodeAttr:
+        """Set the file size. Down: references past ``size`` are dropped or
+        trimmed, slices no longer referenced are dereferenced (and queued for
+        deletion at zero); bytes later re-exposed by growing read as zeros. Up:
+        size only (a hole). mtime/ctime = now. EISDIR, EINVAL, EACCES."""
+
+    @abstractmethod
+    def read_map(self, ino: int, offset: int, length: int) -> list[ReadPiece]:
+        """Resolve ``[offset, offset + length)`` (clipped to the file size) into
+        contiguous pieces in file order covering it exactly: slice pieces and
+        holes (slice_id None). Empty past EOF. ENOENT, EISDIR."""
+
+    @abstractmethod
+    def get_chunk(self, ino: int, chunk_index: int) -> ChunkMap:
+        """A chunk's stored overlay and version (version 0, no refs if never written)."""
+
+    @abstractmethod
+    def compaction_candidates(self, min_refs: int = 8, limit: int = 100) -> list[ChunkInfo]:
+        """Chunks holding at least ``min_refs`` references, most fragmented first."""
+
+    @abstractmethod
+    def replace_chunk(
+        self,
+        ino: int,
+        chunk_index: int,
+        old_refs_version: int,
+        new_piece: SliceRef | Sequence[SliceRef],
+        *,
+        group: int = 0,
+        slice_length: int | None = None,
+    ) -> ChunkMap:
+        """Compaction: replace a chunk's whole overlay by ``new_piece`` (one or
+        several non-overlapping references), if and only if the chunk is still
+        at ``old_refs_version`` (else ChunkChanged, errno EAGAIN, nothing
+        changed). Old references are dereferenced; the new slice is referenced
+        as in ``commit_slice``. Returns the new map."""
+
+
+def open_meta(url: str, **options: object) -> MetaStore:
+    """Open the metadata engine named by ``url``.
+
+    ``sqlite3:///abs/path/meta.db`` (embedded, several processes on one host)
+    or ``postgresql://user@host:port/db`` (psycopg 3 + a connection pool).
+    Query options: ``?synchronous=full`` (SQLite), ``?pool_max=N`` (PostgreSQL).
+    Raises MetaURLError (bad or unknown URL), MetaUnavailable (server
+    unreachable, database or directory missing) or SchemaVersionError, each
+    with a hint. An unformatted database opens fine; ``format`` it first.
+    """
+    from shinglefs.meta.engine import open_sql_store
+
+    return open_sql_store(url, **options)
+
+
+__all__ = [
+    "BLOCK_SIZE",
+    "CHUNK_SIZE",
+    "FIRST_COOKIE",
+    "LINK_MAX",
+    "NAME_MAX",
+    "RENAME_EXCHANGE",
+    "RENAME_NOREPLACE",
+    "ROOT_CTX",
+    "ROOT_INO",
+    "SYMLINK_MAX",
+    "UTIME_NOW",
+    "UTIME_OMIT",
+    "XATTR_CREATE",
+    "XATTR_REPLACE",
+    "ChunkInfo",
+    "ChunkMap",
+    "ChunkPiece",
+    "Ctx",
+    "DirEntry",
+    "DirPolicy",
+    "FormatInfo",
+    "InodeAttr",
+    "MetaStore",
+    "ReadPiece",
+    "RenameResult",
+    "Replica",
+    "Session",
+    "SessionInfo",
+    "SliceInfo",
+    "SliceRef",
+    "SliceState",
+    "StatFs",
+    "UnlinkResult",
+    "open_meta",
+]
