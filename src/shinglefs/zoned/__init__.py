@@ -8,3 +8,53 @@ the kernel ioctls, and conventional drives (flash or CMR).
 
 May call: nothing of ShingleFS but ``shinglefs.errors``.
 """
+
+from shinglefs.zoned.emulated import EmulatedZonedDrive
+from shinglefs.zoned.errors import (
+    DriveClosedError,
+    DriveFormatError,
+    OutOfRangeError,
+    TooManyOpenZones,
+    UnalignedIOError,
+    WritePointerViolation,
+    ZoneBoundaryError,
+    ZoneError,
+    ZoneFullError,
+    ZoneOfflineError,
+    ZoneReadOnlyError,
+    ZoneTypeError,
+)
+from shinglefs.zoned.model import (
+    BLOCK_SIZE,
+    DEFAULT_ZONE_SIZE,
+    Buffer,
+    TraceRecord,
+    ZoneCondition,
+    ZonedDrive,
+    ZoneInfo,
+    ZoneType,
+)
+
+__all__ = [
+    "BLOCK_SIZE",
+    "DEFAULT_ZONE_SIZE",
+    "Buffer",
+    "DriveClosedError",
+    "DriveFormatError",
+    "EmulatedZonedDrive",
+    "OutOfRangeError",
+    "TooManyOpenZones",
+    "TraceRecord",
+    "UnalignedIOError",
+    "WritePointerViolation",
+    "ZoneBoundaryError",
+    "ZoneCondition",
+    "ZoneError",
+    "ZoneFullError",
+    "ZoneInfo",
+    "ZoneOfflineError",
+    "ZoneReadOnlyError",
+    "ZoneType",
+    "ZoneTypeError",
+    "ZonedDrive",
+]

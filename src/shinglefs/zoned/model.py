@@ -100,6 +100,25 @@ class TraceRecord:
     time: float
 
 
+class DriveOrZoneOpen:
+    """``Backend.open(path)`` on the class opens a drive; ``drive.open(zone)`` opens a zone.
+
+    The ``ZonedDrive`` interface names the explicit OPEN ZONE command ``open``,
+    and the backends' constructors are ``open(path)`` too; this descriptor
+    dispatches on whether it is reached through the class or an instance.
+    """
+
+    def __init__(self, drive_opener: classmethod, zone_opener) -> None:  # type: ignore[type-arg,no-untyped-def]
+        self._drive_opener = drive_opener
+        self._zone_opener = zone_opener
+        self.__doc__ = zone_opener.__doc__
+
+    def __get__(self, obj: object, objtype: type | None = None):  # type: ignore[no-untyped-def]
+        if obj is None:
+            return self._drive_opener.__get__(None, objtype)
+        return self._zone_opener.__get__(obj, objtype)
+
+
 class ZonedDrive(ABC):
     """A zoned (or conventional) drive; see the module docstring for the rules.
 
@@ -114,6 +133,10 @@ class ZonedDrive(ABC):
     conventional_zones: int
     max_open_zones: int
     block_size: int = BLOCK_SIZE
+    #: backend name as used in drive specs ("emulated", "linux", "conventional")
+    kind: str = "zoned"
+    #: False when every zone is CONVENTIONAL (random aligned writes anywhere, no write pointers)
+    is_zoned: bool = True
 
     @property
     def capacity(self) -> int:
@@ -125,6 +148,21 @@ class ZonedDrive(ABC):
 
     def zone_start(self, zone: int) -> int:
         return zone * self.zone_size
+
+    @property
+    def first_sequential_zone(self) -> int:
+        """Index of the first sequential zone (conventional zones come first, as on HC620)."""
+        return self.conventional_zones
+
+    def open_zone(self, zone: int) -> None:
+        """Same as ``open(zone)``: explicitly open ``zone``."""
+        self.open(zone)
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close_drive()
 
     @abstractmethod
     def report_zones(self, start_zone: int = 0, count: int | None = None) -> list[ZoneInfo]:
