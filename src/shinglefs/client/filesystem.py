@@ -1,19 +1,95 @@
-"""Formatting and opening a file system: metadata + the drives recorded at format time.
+"""Formatting and opening a file system: the metadata engine plus the drives recorded at format time.
 
-SKELETON: lands with the metadata engine.
+The drives of a file system are recorded in its metadata at format time (as
+the JSON list ``trusted.shinglefs.drives`` on the root directory, until the
+metadata engine grows a drives table), so ``open_filesystem(meta_url)`` needs
+nothing else. A drive's id is its position in that list; slice replicas in
+meta name it as ``("local", "<id>")``.
 """
 
 from __future__ import annotations
 
+import json
+import uuid as _uuid
+
 from shinglefs.client.config import ClientConfig
+from shinglefs.client.errors import NotAFileSystem
 from shinglefs.client.vfs import VFS
+from shinglefs.meta.api import ROOT_INO, MetaStore, open_meta
+from shinglefs.meta.errors import AlreadyFormatted, FsError, NotFormatted
+from shinglefs.server.node import StorageNode
+
+DRIVES_XATTR = b"trusted.shinglefs.drives"
 
 
 def format_filesystem(meta_url: str, drives: list[str], name: str = "shinglefs") -> None:
-    """Create the metadata format record and format each drive as a slice store."""
-    raise NotImplementedError
+    """Format each drive (``KIND:PATH[:SIZE]``) as a slice store and create the metadata.
+
+    Refuses (``AlreadyFormatted``) before touching any drive when the metadata
+    already holds a file system. Raises ``DriveInUse`` if a drive is locked by
+    a running process, ``UsageError`` for an empty drive list.
+    """
+    from shinglefs.errors import UsageError
+
+    if not drives:
+        raise UsageError("format needs at least one drive", hint="e.g. emulated:/data/d0.img:64G")
+    meta = open_meta(meta_url)
+    try:
+        try:
+            info = meta.format_info()
+        except NotFormatted:
+            pass
+        else:
+            raise AlreadyFormatted(
+                f"{meta_url} already holds file system {info.name!r} ({info.uuid})",
+                hint="use a fresh metadata database, or open the existing file system",
+            )
+        node = StorageNode.open(list(enumerate(drives)), create=True)
+        try:
+            capacity = node.stats().capacity_bytes
+        finally:
+            node.close()
+        meta.format(name, str(_uuid.uuid4()), capacity_bytes=capacity)
+        meta.set_capacity(capacity)
+        meta.setxattr(ROOT_INO, DRIVES_XATTR, json.dumps(list(drives)).encode())
+    finally:
+        meta.close()
 
 
-def open_filesystem(meta_url: str, *, config: ClientConfig | None = None) -> VFS:
-    """Open metadata and the recorded drives as an in-process node; register a session."""
-    raise NotImplementedError
+def recorded_drives(meta: MetaStore) -> list[str]:
+    """The drive specs recorded at format time (position = drive id)."""
+    try:
+        raw = meta.getxattr(ROOT_INO, DRIVES_XATTR)
+    except FsError as exc:
+        raise NotAFileSystem(
+            "the metadata names no drives", hint="format it with `shinglefs format`"
+        ) from exc
+    drives = json.loads(raw)
+    if not isinstance(drives, list) or not all(isinstance(d, str) for d in drives):
+        raise NotAFileSystem(f"the recorded drive list is damaged: {raw[:200]!r}")
+    return drives
+
+
+def open_filesystem(
+    meta_url: str, *, config: ClientConfig | None = None, mountpoint: str = ""
+) -> VFS:
+    """Open the metadata, the recorded drives as an in-process node, register a session.
+
+    Raises ``MetaURLError``/``MetaUnavailable`` (bad or unreachable URL),
+    ``NotFormatted``, ``NotAFileSystem`` (no drive list), ``DriveInUse`` (a
+    drive's lock is held by another process, named by pid), and the drives'
+    own errors; nothing stays open on failure.
+    """
+    meta = open_meta(meta_url)
+    try:
+        meta.format_info()
+        drives = recorded_drives(meta)
+        node = StorageNode.open(list(enumerate(drives)))
+        try:
+            return VFS(meta, node, config, mountpoint=mountpoint)
+        except BaseException:
+            node.close()
+            raise
+    except BaseException:
+        meta.close()
+        raise

@@ -1,0 +1,497 @@
+"""The Python API: a path-based file system over the VFS, no FUSE needed.
+
+    import shinglefs, torch
+    with shinglefs.connect("sqlite3:///data/meta.db") as fs:
+        with fs.open("/ckpt/step-100/model.pt", "wb") as f:
+            torch.save(state_dict, f)
+        fs.replace("/ckpt/step-100.tmp", "/ckpt/step-100")
+
+Files are real ``io`` objects (``BufferedReader``/``BufferedWriter``/
+``BufferedRandom`` over :class:`ShingleRawFile`, ``TextIOWrapper`` in text
+mode) supporting seek/tell/readinto/truncate. Errors are ``OSError``
+subclasses with the POSIX errno (``FileNotFoundError``, ``FileExistsError``,
+``IsADirectoryError``...) chained to the typed ShingleFS error, so code written
+for ``os``/``open`` handles them unchanged.
+
+Paths are absolute or relative to the root, ``/``-separated; symlinks are
+followed (40 levels at most, then ELOOP) except where ``lstat``/``unlink``/
+``readlink`` say otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import io
+import os
+import stat as _stat
+from collections.abc import Iterator
+from typing import IO, Any
+
+from shinglefs.client.config import ClientConfig
+from shinglefs.client.errors import TooManySymlinks
+from shinglefs.client.filesystem import open_filesystem
+from shinglefs.client.vfs import VFS, SetAttrChanges
+from shinglefs.errors import ShingleError
+from shinglefs.meta.api import ROOT_CTX, ROOT_INO, Ctx, InodeAttr, StatFs
+
+MAX_SYMLINK_DEPTH = 40
+WRITE_BUFFER = 4 * 1024 * 1024
+READ_BUFFER = 1024 * 1024
+
+
+@contextlib.contextmanager
+def _as_oserror(path: str | None = None, path2: str | None = None) -> Iterator[None]:
+    try:
+        yield
+    except ShingleError as exc:
+        code = exc.errno or errno.EIO
+        err = OSError(code, os.strerror(code), path, None, path2) if path2 else OSError(
+            code, os.strerror(code), path
+        )
+        raise err from exc
+
+
+def _split(path: str) -> list[str]:
+    return [p for p in path.split("/") if p not in ("", ".")]
+
+
+def _stat_result(attr: InodeAttr) -> os.stat_result:
+    return os.stat_result(
+        (
+            attr.mode,
+            attr.ino,
+            0,
+            attr.nlink,
+            attr.uid,
+            attr.gid,
+            attr.size,
+            attr.atime_ns // 1_000_000_000,
+            attr.mtime_ns // 1_000_000_000,
+            attr.ctime_ns // 1_000_000_000,
+            attr.atime_ns / 1e9,
+            attr.mtime_ns / 1e9,
+            attr.ctime_ns / 1e9,
+            attr.atime_ns,
+            attr.mtime_ns,
+            attr.ctime_ns,
+            4096,
+            attr.blocks,
+            attr.rdev,
+        )
+    )
+
+
+class ShingleRawFile(io.RawIOBase):
+    """An open ShingleFS file as a raw, seekable binary stream (one VFS handle)."""
+
+    def __init__(self, fs: ShingleFS, fh: int, ino: int, path: str, flags: int) -> None:
+        super().__init__()
+        self._fs = fs
+        self._vfs = fs.vfs
+        self.fh = fh
+        self.ino = ino
+        self.name = path
+        self._flags = flags
+        self._pos = 0
+        acc = flags & os.O_ACCMODE
+        self._readable = acc in (os.O_RDONLY, os.O_RDWR)
+        self._writable = acc in (os.O_WRONLY, os.O_RDWR)
+        self._append = bool(flags & os.O_APPEND)
+        if self._append:
+            self._pos = self._size()
+
+    @property
+    def mode(self) -> str:
+        if self._append:
+            return "ab+" if self._readable else "ab"
+        if self._readable and self._writable:
+            return "rb+"
+        return "wb" if self._writable else "rb"
+
+    def _size(self) -> int:
+        with _as_oserror(self.name):
+            return self._vfs.getattr(self.ino).size
+
+    def readable(self) -> bool:
+        return self._readable
+
+    def writable(self) -> bool:
+        return self._writable
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        self._checkClosed()
+        if not self._readable:
+            raise io.UnsupportedOperation("not readable")
+        view = memoryview(buffer).cast("B")
+        with _as_oserror(self.name):
+            data = self._vfs.read(self.fh, self._pos, len(view))
+        n = len(data)
+        view[:n] = data
+        self._pos += n
+        return n
+
+    def readall(self) -> bytes:
+        chunks = []
+        while True:
+            with _as_oserror(self.name):
+                data = self._vfs.read(self.fh, self._pos, 8 * 1024 * 1024)
+            if not data:
+                break
+            self._pos += len(data)
+            chunks.append(data)
+        return b"".join(chunks)
+
+    def write(self, data: Any) -> int:
+        self._checkClosed()
+        if not self._writable:
+            raise io.UnsupportedOperation("not writable")
+        with _as_oserror(self.name):
+            n = self._vfs.write(self.fh, self._pos, data)
+            self._pos = self._vfs.getattr(self.ino).size if self._append else self._pos + n
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self._checkClosed()
+        if whence == io.SEEK_SET:
+            pos = offset
+        elif whence == io.SEEK_CUR:
+            pos = self._pos + offset
+        elif whence == io.SEEK_END:
+            pos = self._size() + offset
+        else:
+            raise ValueError(f"invalid whence {whence}")
+        if pos < 0:
+            raise OSError(errno.EINVAL, "negative seek position", self.name)
+        self._pos = pos
+        return pos
+
+    def tell(self) -> int:
+        self._checkClosed()
+        return self._pos
+
+    def truncate(self, size: int | None = None) -> int:
+        self._checkClosed()
+        if not self._writable:
+            raise io.UnsupportedOperation("not writable")
+        size = self._pos if size is None else size
+        with _as_oserror(self.name):
+            self._vfs.setattr(self.ino, SetAttrChanges(size=size), self.fh, self._fs.ctx)
+        return size
+
+    def flush(self) -> None:
+        if not self.closed and self._writable:
+            with _as_oserror(self.name):
+                self._vfs.flush(self.fh)
+
+    def fsync(self) -> None:
+        """Make this file's data and metadata durable (like ``os.fsync``)."""
+        self._checkClosed()
+        with _as_oserror(self.name):
+            self._vfs.fsync(self.fh, False)
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("ShingleFS files have no OS descriptor (use a FUSE mount)")
+
+    def isatty(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            if self._writable:
+                self.flush()
+        finally:
+            super().close()
+            with _as_oserror(self.name):
+                self._vfs.release(self.fh)
+
+
+def _parse_mode(mode: str) -> tuple[int, bool]:
+    """``open()`` mode string -> (os flags, binary)."""
+    chars = set(mode)
+    if not chars <= set("rwxabt+") or len(mode) != len(chars):
+        raise ValueError(f"invalid mode: {mode!r}")
+    kinds = chars & set("rwxa")
+    if len(kinds) != 1 or ("b" in chars and "t" in chars):
+        raise ValueError(f"invalid mode: {mode!r}")
+    kind = kinds.pop()
+    plus = "+" in chars
+    flags = {
+        "r": os.O_RDONLY,
+        "w": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+        "x": os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+        "a": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+    }[kind]
+    if plus:
+        flags = (flags & ~os.O_WRONLY) | os.O_RDWR
+    return flags, "b" in chars
+
+
+class ShingleFS:
+    """A ShingleFS file system addressed by paths. Thread-safe; close it when done."""
+
+    def __init__(self, vfs: VFS, ctx: Ctx = ROOT_CTX) -> None:
+        self.vfs = vfs
+        self.ctx = ctx
+
+    # ------------------------------------------------------------------ resolution
+    def _walk(self, parts: list[str], follow_last: bool, depth: int = 0) -> InodeAttr:
+        attr = self.vfs.getattr(ROOT_INO)
+        stack = list(reversed(parts))
+        while stack:
+            name = stack.pop()
+            parent = attr
+            attr = self.vfs.lookup(parent.ino, name.encode(), self.ctx)
+            if attr.is_symlink and (stack or follow_last):
+                depth += 1
+                if depth > MAX_SYMLINK_DEPTH:
+                    raise TooManySymlinks(name)
+                target = self.vfs.readlink(attr.ino, self.ctx).decode()
+                attr = self.vfs.getattr(ROOT_INO) if target.startswith("/") else parent
+                stack.extend(reversed(_split(target)))
+        return attr
+
+    def _resolve(self, path: str, follow: bool = True) -> InodeAttr:
+        with _as_oserror(path):
+            return self._walk(_split(path), follow)
+
+    def _parent(self, path: str) -> tuple[int, bytes]:
+        parts = _split(path)
+        if not parts:
+            raise OSError(errno.EBUSY, "the root has no parent", path)
+        parent = self._resolve("/".join(parts[:-1]))
+        if not parent.is_dir:
+            raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+        return parent.ino, parts[-1].encode()
+
+    # ------------------------------------------------------------------ files
+    def open(
+        self,
+        path: str,
+        mode: str = "r",
+        buffering: int = -1,
+        encoding: str | None = None,
+        errors: str | None = None,
+        newline: str | None = None,
+        *,
+        perm: int = 0o644,
+    ) -> IO[Any]:
+        """Open a file like the builtin ``open`` (modes r w x a, + b t)."""
+        flags, binary = _parse_mode(mode)
+        raw = self.open_raw(path, flags, perm)
+        if buffering == 0:
+            if not binary:
+                raw.close()
+                raise ValueError("can't have unbuffered text I/O")
+            return raw
+        file: Any
+        if raw.readable() and raw.writable():
+            file = io.BufferedRandom(raw, buffering if buffering > 1 else WRITE_BUFFER)
+        elif raw.writable():
+            file = io.BufferedWriter(raw, buffering if buffering > 1 else WRITE_BUFFER)
+        else:
+            file = io.BufferedReader(raw, buffering if buffering > 1 else READ_BUFFER)
+        if binary:
+            return file
+        return io.TextIOWrapper(
+            file, encoding=encoding or "utf-8", errors=errors, newline=newline,
+            line_buffering=buffering == 1,
+        )
+
+    def open_raw(self, path: str, flags: int, perm: int = 0o644) -> ShingleRawFile:
+        """Open with ``os.open``-style flags; returns the unbuffered raw file."""
+        if flags & os.O_CREAT:
+            parent, name = self._parent(path)
+            try:
+                existing = self._resolve(path) if not flags & os.O_EXCL else None
+            except FileNotFoundError:
+                existing = None
+            with _as_oserror(path):
+                if existing is None:
+                    fh, attr = self.vfs.create(
+                        parent, name, _stat.S_IFREG | (perm & 0o7777), flags, self.ctx
+                    )
+                    return ShingleRawFile(self, fh, attr.ino, path, flags)
+        attr = self._resolve(path)
+        if attr.is_dir:
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        with _as_oserror(path):
+            fh = self.vfs.open(attr.ino, flags & ~(os.O_CREAT | os.O_EXCL), self.ctx)
+        return ShingleRawFile(self, fh, attr.ino, path, flags)
+
+    def read_bytes(self, path: str) -> bytes:
+        with self.open(path, "rb") as f:
+            return f.read()
+
+    def write_bytes(self, path: str, data: bytes) -> int:
+        with self.open(path, "wb") as f:
+            return f.write(data)
+
+    # ------------------------------------------------------------------ namespace
+    def stat(self, path: str) -> os.stat_result:
+        return _stat_result(self._resolve(path))
+
+    def lstat(self, path: str) -> os.stat_result:
+        return _stat_result(self._resolve(path, follow=False))
+
+    def exists(self, path: str) -> bool:
+        try:
+            self._resolve(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        return True
+
+    def isdir(self, path: str) -> bool:
+        try:
+            return self._resolve(path).is_dir
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+
+    def isfile(self, path: str) -> bool:
+        try:
+            return self._resolve(path).is_file
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+
+    def listdir(self, path: str = "/") -> list[str]:
+        return [name for name, _attr in self.scandir_attrs(path)]
+
+    def scandir_attrs(self, path: str = "/") -> list[tuple[str, InodeAttr]]:
+        """Entries of a directory with their attributes (one listing, no per-entry stat)."""
+        attr = self._resolve(path)
+        with _as_oserror(path):
+            fh = self.vfs.opendir(attr.ino, self.ctx)
+            try:
+                return [
+                    (e.name.decode(errors="surrogateescape"), e.attr)
+                    for e in self.vfs.readdir(fh, 0)
+                ]
+            finally:
+                self.vfs.releasedir(fh)
+
+    def mkdir(self, path: str, mode: int = 0o777) -> None:
+        parent, name = self._parent(path)
+        with _as_oserror(path):
+            self.vfs.mkdir(parent, name, mode & 0o7777, self.ctx)
+
+    def makedirs(self, path: str, mode: int = 0o777, exist_ok: bool = False) -> None:
+        parts = _split(path)
+        for i in range(1, len(parts) + 1):
+            sub = "/" + "/".join(parts[:i])
+            try:
+                self.mkdir(sub, mode)
+            except FileExistsError:
+                if i == len(parts) and not exist_ok:
+                    raise
+                if not self.isdir(sub):
+                    raise
+
+    def rename(self, src: str, dst: str) -> None:
+        """Atomically rename ``src`` to ``dst``, replacing ``dst`` (POSIX rename)."""
+        p_old, n_old = self._parent(src)
+        p_new, n_new = self._parent(dst)
+        with _as_oserror(src, dst):
+            self.vfs.rename(p_old, n_old, p_new, n_new, 0, self.ctx)
+
+    replace = rename
+
+    def unlink(self, path: str) -> None:
+        parent, name = self._parent(path)
+        with _as_oserror(path):
+            self.vfs.unlink(parent, name, self.ctx)
+
+    remove = unlink
+
+    def rmdir(self, path: str) -> None:
+        parent, name = self._parent(path)
+        with _as_oserror(path):
+            self.vfs.rmdir(parent, name, self.ctx)
+
+    def symlink(self, target: str, path: str) -> None:
+        """Create ``path`` as a symlink to ``target`` (argument order of ``os.symlink``)."""
+        parent, name = self._parent(path)
+        with _as_oserror(path):
+            self.vfs.symlink(parent, name, target.encode(), self.ctx)
+
+    def readlink(self, path: str) -> str:
+        attr = self._resolve(path, follow=False)
+        with _as_oserror(path):
+            return self.vfs.readlink(attr.ino, self.ctx).decode(errors="surrogateescape")
+
+    def link(self, src: str, dst: str) -> None:
+        """Hard link: ``dst`` becomes another name of ``src`` (``os.link`` order)."""
+        attr = self._resolve(src, follow=False)
+        parent, name = self._parent(dst)
+        with _as_oserror(src, dst):
+            self.vfs.link(attr.ino, parent, name, self.ctx)
+
+    def truncate(self, path: str, size: int) -> None:
+        attr = self._resolve(path)
+        with _as_oserror(path):
+            self.vfs.setattr(attr.ino, SetAttrChanges(size=size), None, self.ctx)
+
+    def chmod(self, path: str, mode: int) -> None:
+        attr = self._resolve(path)
+        with _as_oserror(path):
+            self.vfs.setattr(attr.ino, SetAttrChanges(mode=mode & 0o7777), None, self.ctx)
+
+    def getxattr(self, path: str, name: str) -> bytes:
+        attr = self._resolve(path)
+        with _as_oserror(path):
+            return self.vfs.getxattr(attr.ino, name.encode(), self.ctx)
+
+    def setxattr(self, path: str, name: str, value: bytes, flags: int = 0) -> None:
+        attr = self._resolve(path)
+        with _as_oserror(path):
+            self.vfs.setxattr(attr.ino, name.encode(), value, flags, self.ctx)
+
+    def listxattr(self, path: str) -> list[str]:
+        attr = self._resolve(path)
+        with _as_oserror(path):
+            return [n.decode() for n in self.vfs.listxattr(attr.ino, self.ctx)]
+
+    def walk(self, top: str = "/", topdown: bool = True) -> Iterator[tuple[str, list[str], list[str]]]:
+        """Like ``os.walk`` (symlinks to directories are not followed)."""
+        try:
+            entries = self.scandir_attrs(top)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        dirs = [n for n, a in entries if a.is_dir]
+        files = [n for n, a in entries if not a.is_dir]
+        if topdown:
+            yield top, dirs, files
+        for d in dirs:
+            yield from self.walk(top.rstrip("/") + "/" + d, topdown)
+        if not topdown:
+            yield top, dirs, files
+
+    def statvfs(self) -> StatFs:
+        """Capacity and free bytes of the drives, inode counts."""
+        with _as_oserror("/"):
+            return self.vfs.statfs(self.ctx)
+
+    # ------------------------------------------------------------------ life cycle
+    def close(self) -> None:
+        """Commit everything buffered, close the drives and the metadata."""
+        with _as_oserror():
+            self.vfs.shutdown()
+
+    def __enter__(self) -> ShingleFS:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def connect(meta_url: str, *, config: ClientConfig | None = None, ctx: Ctx = ROOT_CTX) -> ShingleFS:
+    """Open the file system whose metadata is at ``meta_url`` (drives as recorded at format).
+
+    The process takes the drives' locks: one process at a time per set of
+    drives (``DriveInUse`` otherwise). Call ``close()`` (or use ``with``).
+    """
+    return ShingleFS(open_filesystem(meta_url, config=config), ctx)

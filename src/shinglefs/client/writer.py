@@ -1,0 +1,310 @@
+"""The write path of one file: a buffer that streams slices to the storage node.
+
+A :class:`FileWriter` holds at most one *open slice*: a run of file bytes
+that grows as long as the application writes sequentially within one chunk.
+Bytes are appended to a pending buffer; whenever it reaches ``piece_size``
+(4 MiB) it is handed to the node as the next piece of the slice, while the
+application goes on writing. The slice *ends* (its last piece is stored,
+made durable, and its reference committed into the chunk map) when it reaches
+the chunk end, on close / flush / fsync, on a non-sequential write, on
+truncate, or before a read of the range it covers.
+
+Memory: a file holds at most ``file_buffer_bytes`` pending + in flight (a
+writer past it waits for its oldest piece); all files of a client together
+at most ``total_buffer_bytes`` (:class:`WriteBudget`; a writer past it waits
+for anyone's piece to complete: back-pressure).
+
+Errors: a piece that fails in the background is reported by the next call on
+this writer (write, flush, fsync, close) as the original typed error, like
+Linux reports write-back errors; the failed slice is never committed.
+
+Thread safety: every public method takes the writer's lock, so one file's
+writes are serialised; different files proceed in parallel.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from shinglefs.client.config import ClientConfig
+from shinglefs.server.node import StorageNode, wait_piece
+from shinglefs.zoned.model import Buffer
+
+log = logging.getLogger(__name__)
+
+
+class WriteBudget:
+    """Bytes buffered by all writers of a client, bounded (back-pressure when full)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._cond = threading.Condition()
+
+    def acquire(self, n: int) -> None:
+        """Take ``n`` bytes, waiting while the budget is full (an oversize request
+        proceeds alone when nothing else is buffered, so it can never deadlock)."""
+        with self._cond:
+            while self.used > 0 and self.used + n > self.limit:
+                self._cond.wait()
+            self.used += n
+
+    def release(self, n: int) -> None:
+        with self._cond:
+            self.used -= n
+            self._cond.notify_all()
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedSlice:
+    """A slice whose bytes are stored: what the VFS commits into the chunk map."""
+
+    ino: int
+    chunk_index: int
+    chunk_offset: int
+    slice_id: int
+    length: int
+    drive_id: int
+    group: int
+
+
+class OpenSlice:
+    """The slice a writer is filling: ``[start, start + length)`` of the file."""
+
+    __slots__ = (
+        "chunk_index",
+        "drive_id",
+        "group",
+        "inflight",
+        "length",
+        "pending",
+        "slice_id",
+        "start",
+        "submitted",
+    )
+
+    def __init__(self, slice_id: int, chunk_index: int, start: int) -> None:
+        self.slice_id = slice_id
+        self.chunk_index = chunk_index
+        self.start = start
+        self.length = 0
+        self.submitted = 0
+        self.pending = bytearray()
+        self.drive_id: int | None = None
+        self.group: int | None = None
+        self.inflight: deque[tuple[Future[None], int]] = deque()
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+    def inflight_bytes(self) -> int:
+        return sum(n for f, n in self.inflight if not f.done())
+
+
+class FileWriter:
+    """The write buffer of one inode in one client (shared by all its handles).
+
+    ``new_slice_id()`` allocates slice ids; ``choose_group(small)`` returns the
+    lifetime group once per writer (``small``: the file's first slice ended
+    below ``small_file_bytes``); ``register(slice_id, drive_id, group)`` is
+    called when a slice gets its first piece (meta records the replica);
+    ``commit(FinishedSlice, file_end)`` puts a finished slice into the chunk map.
+    """
+
+    def __init__(
+        self,
+        ino: int,
+        *,
+        node: StorageNode,
+        config: ClientConfig,
+        chunk_size: int,
+        budget: WriteBudget,
+        new_slice_id: Callable[[], int],
+        choose_group: Callable[[bool], int],
+        register: Callable[[int, int, int], None],
+        commit: Callable[[FinishedSlice, int], None],
+        committed_size: int = 0,
+    ) -> None:
+        self.ino = ino
+        self._node = node
+        self._config = config
+        self._chunk_size = chunk_size
+        self._budget = budget
+        self._new_slice_id = new_slice_id
+        self._choose_group = choose_group
+        self._register = register
+        self._commit = commit
+        self.lock = threading.RLock()
+        self.open_slice: OpenSlice | None = None
+        self.group: int | None = None
+        self._committed_size = committed_size
+        self._error: BaseException | None = None
+        self.slices_committed = 0
+        self.pieces_submitted = 0
+
+    # ------------------------------------------------------------------ state
+    def buffered_end(self) -> int:
+        """End offset of bytes written but not yet committed (0 when none)."""
+        s = self.open_slice
+        return s.end if s is not None else 0
+
+    def overlaps(self, offset: int, length: int) -> bool:
+        """Does the open slice cover any of ``[offset, offset + length)``?"""
+        s = self.open_slice
+        return s is not None and s.length > 0 and offset < s.end and s.start < offset + length
+
+    def note_committed_size(self, size: int) -> None:
+        self._committed_size = size
+
+    def _raise_pending_error(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    # ------------------------------------------------------------------ writing
+    def write(self, offset: int, data: Buffer) -> int:
+        """Buffer ``data`` at ``offset``; returns its length. May block on back-pressure."""
+        view = memoryview(data).cast("B")
+        total = len(view)
+        with self.lock:
+            self._raise_pending_error()
+            pos = offset
+            while view:
+                chunk_index = pos // self._chunk_size
+                chunk_end = (chunk_index + 1) * self._chunk_size
+                n = min(len(view), chunk_end - pos)
+                s = self.open_slice
+                if s is None or s.end != pos or s.chunk_index != chunk_index:
+                    if s is not None:
+                        self._finish(s, durable=self._config.durable_slice_commit)
+                    s = self.open_slice = OpenSlice(self._new_slice_id(), chunk_index, pos)
+                self._append(s, view[:n])
+                if s.end == chunk_end:
+                    self._finish(s, durable=self._config.durable_slice_commit)
+                pos += n
+                view = view[n:]
+        return total
+
+    def _append(self, s: OpenSlice, data: memoryview) -> None:
+        piece = self._config.piece_size
+        while data:
+            part = data[: piece - len(s.pending)]
+            n = len(part)
+            # Per-file bound: pending + in flight stay under file_buffer_bytes.
+            while s.inflight and s.inflight_bytes() + len(s.pending) + n > (
+                self._config.file_buffer_bytes
+            ):
+                self._reap_oldest(s)
+            self._budget.acquire(n)
+            s.pending += part
+            s.length += n
+            data = data[n:]
+            if len(s.pending) >= piece:
+                self._submit_pending(s, durable=False, ending=False)
+
+    def _decide_group(self, s: OpenSlice, ending: bool) -> int:
+        if self.group is None:
+            small = ending and s.end < self._config.small_file_bytes and s.start == 0
+            small = small and self._committed_size <= s.end
+            self.group = self._choose_group(small)
+        return self.group
+
+    def _submit_pending(self, s: OpenSlice, *, durable: bool, ending: bool) -> None:
+        data = s.pending
+        n = len(data)
+        if n == 0:
+            return
+        if s.group is None:
+            s.group = self._decide_group(s, ending)
+        s.pending = bytearray()
+        first = s.drive_id is None
+        drive_id, future = self._node.submit(
+            s.slice_id, s.submitted, data, s.group, drive_id=s.drive_id, durable=durable
+        )
+        budget = self._budget
+
+        def _done(f: Future[None], n: int = n) -> None:
+            budget.release(n)
+            if not f.cancelled() and f.exception() is not None and self._error is None:
+                self._error = f.exception()
+
+        future.add_done_callback(_done)
+        s.inflight.append((future, n))
+        s.submitted += n
+        self.pieces_submitted += 1
+        if first:
+            s.drive_id = drive_id
+            self._register(s.slice_id, drive_id, s.group)
+
+    def _reap_oldest(self, s: OpenSlice) -> None:
+        future, _n = s.inflight.popleft()
+        assert s.drive_id is not None
+        wait_piece(future, s.slice_id, s.drive_id)
+
+    def _finish(self, s: OpenSlice, *, durable: bool) -> None:
+        """End slice ``s``: store its last piece, wait for all, commit its reference."""
+        self.open_slice = None
+        try:
+            if s.length == 0:
+                return
+            final_durable = durable and bool(s.pending)
+            self._submit_pending(s, durable=final_durable, ending=True)
+            while s.inflight:
+                self._reap_oldest(s)
+            assert s.drive_id is not None and s.group is not None
+            if durable and not final_durable:
+                self._node.flush([s.drive_id])
+        except BaseException:
+            self._error = None  # reported now, by this raise
+            for future, _n in s.inflight:
+                future.cancel()
+            self._discard(s)
+            raise
+        chunk_offset = s.start - s.chunk_index * self._chunk_size
+        finished = FinishedSlice(
+            ino=self.ino,
+            chunk_index=s.chunk_index,
+            chunk_offset=chunk_offset,
+            slice_id=s.slice_id,
+            length=s.length,
+            drive_id=s.drive_id,
+            group=s.group,
+        )
+        self._commit(finished, s.end)
+        self._committed_size = max(self._committed_size, s.end)
+        self.slices_committed += 1
+        self._node.forget(s.slice_id)
+
+    def _discard(self, s: OpenSlice) -> None:
+        """Drop a failed slice's bytes from its drive (best effort)."""
+        if s.pending:
+            self._budget.release(len(s.pending))
+            s.pending = bytearray()
+        if s.drive_id is not None:
+            try:
+                self._node.delete(s.slice_id, s.drive_id)
+            except Exception:
+                log.warning("could not delete failed slice %#x", s.slice_id, exc_info=True)
+
+    # ------------------------------------------------------------------ ending
+    def flush(self, *, durable: bool | None = None) -> None:
+        """End the open slice (if any) and commit it; report a pending background error."""
+        with self.lock:
+            s = self.open_slice
+            if s is not None:
+                self._finish(s, durable=self._config.durable_slice_commit if durable is None else durable)
+            self._raise_pending_error()
+
+    def abandon(self) -> None:
+        """Forget buffered bytes without storing them (process death in tests)."""
+        with self.lock:
+            s = self.open_slice
+            self.open_slice = None
+            if s is not None and s.pending:
+                self._budget.release(len(s.pending))
