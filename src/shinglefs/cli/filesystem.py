@@ -1,0 +1,289 @@
+"""File-system commands: ``format``, ``mount``, ``umount``, ``up``, ``status``.
+
+Every failure is a typed ``ShingleError`` (one line + hint + exit code, printed
+by the boundary in ``cli.main``); the exit codes are listed in docs/cli.md.
+The format/open logic lives in ``shinglefs.client.filesystem``; mounting in
+``shinglefs.fuse.mount``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from shinglefs.errors import UsageError
+from shinglefs.fuse.errors import NoSpaceError, NotMountedError
+
+if TYPE_CHECKING:
+    from shinglefs.client.vfs import VFS
+
+GiB = 1024**3
+MiB = 1024**2
+
+# `up` defaults: two emulated SMR drives of min(64 GiB, 25% of free space) each
+# (rounded down to whole zones) and a conventional drive for indexes.
+UP_SMR_DRIVES = 2
+UP_MAX_DRIVE_BYTES = 64 * GiB
+UP_FREE_FRACTION = 0.25
+UP_ZONE_BYTES = 256 * MiB
+UP_CONVENTIONAL_BYTES = 4 * GiB
+UP_MIN_DRIVE_BYTES = 4 * UP_ZONE_BYTES
+SMR_KIND = "emulated"
+CONVENTIONAL_KIND = "conventional"
+STATUS_XATTR = "user.shinglefs.status"
+
+
+# -- status -----------------------------------------------------------------------------
+
+
+def collect_status(vfs: VFS, *, meta_url: str | None = None) -> dict[str, Any]:
+    """Capacity, drives, zones by condition and write amplification of an open file system."""
+    from shinglefs.meta.api import ROOT_CTX
+
+    statfs = vfs.statfs(ROOT_CTX)
+    node = vfs.node.stats()
+    user = node.user_bytes_written
+    drives = []
+    for drive in node.drives:
+        store = drive.store
+        drives.append({
+            "id": drive.drive_id,
+            "spec": drive.spec,
+            "capacity_bytes": drive.capacity_bytes,
+            "free_bytes": drive.free_bytes,
+            "live_bytes": store.live_bytes,
+            "slices": store.slices,
+            "write_amplification": round(store.write_amplification, 4),
+            "gc_bytes_copied": store.gc_bytes_copied,
+            "zone_resets": store.zone_resets,
+            "zones": dict(store.zones_by_condition),
+        })
+    zones: dict[str, int] = {}
+    for drive in drives:
+        for condition, count in drive["zones"].items():
+            zones[condition] = zones.get(condition, 0) + count
+    return {
+        "meta_url": meta_url,
+        "capacity_bytes": statfs.capacity_bytes,
+        "used_bytes": statfs.used_bytes,
+        "free_bytes": statfs.free_bytes,
+        "inodes": statfs.inodes,
+        "live_bytes": node.live_bytes,
+        "user_bytes_written": user,
+        "device_bytes_written": node.device_bytes_written,
+        "write_amplification": round(node.device_bytes_written / user, 4) if user else 1.0,
+        "zones": zones,
+        "drives": drives,
+    }
+
+
+def _status_of_mount(mountpoint: str) -> dict[str, Any]:
+    try:
+        raw = os.getxattr(mountpoint, STATUS_XATTR)
+    except OSError as exc:
+        raise NotMountedError(mountpoint) from exc
+    return dict(json.loads(raw))
+
+
+def _status_of_url(meta_url: str) -> dict[str, Any]:
+    from shinglefs.client.filesystem import open_filesystem
+
+    vfs = open_filesystem(meta_url)
+    try:
+        return collect_status(vfs, meta_url=meta_url)
+    finally:
+        vfs.shutdown()
+
+
+def _shinglefs_mounts() -> list[str]:
+    mounts = []
+    with open("/proc/self/mountinfo") as info:
+        for line in info:
+            fields = line.split()
+            sep = fields.index("-")
+            if fields[sep + 1] == "fuse.shinglefs":
+                from shinglefs.fuse.mount import _unescape_mountinfo
+
+                mounts.append(_unescape_mountinfo(fields[4]))
+    return mounts
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _print_status(status: dict[str, Any], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    summary = Table(title=title, show_header=False)
+    summary.add_column("field")
+    summary.add_column("value")
+    for key in ("mountpoint", "meta_url", "pid"):
+        if status.get(key) is not None:
+            summary.add_row(key, str(status[key]))
+    summary.add_row("capacity", _human(status["capacity_bytes"]))
+    summary.add_row("used (files)", _human(status["used_bytes"]))
+    summary.add_row("free", _human(status["free_bytes"]))
+    summary.add_row("live slice bytes", _human(status["live_bytes"]))
+    summary.add_row("inodes", str(status["inodes"]))
+    summary.add_row("write amplification", f"{status['write_amplification']:.3f}")
+    summary.add_row("zones", ", ".join(f"{k} {v}" for k, v in sorted(status["zones"].items())))
+    console.print(summary)
+    drives = Table(title="drives")
+    for column in ("id", "spec", "capacity", "free", "live", "WA", "zones by condition"):
+        drives.add_column(column)
+    for drive in status["drives"]:
+        drives.add_row(
+            str(drive["id"]), drive["spec"], _human(drive["capacity_bytes"]),
+            _human(drive["free_bytes"]), _human(drive["live_bytes"]),
+            f"{drive['write_amplification']:.3f}",
+            ", ".join(f"{k} {v}" for k, v in sorted(drive["zones"].items())),
+        )
+    console.print(drives)
+
+
+# -- up ---------------------------------------------------------------------------------
+
+
+def up_drive_specs(data_dir: Path) -> list[str]:
+    """The drives ``up`` creates in ``data_dir`` on first use (sizes fit the free disk)."""
+    free = shutil.disk_usage(data_dir).free
+    per_drive = min(UP_MAX_DRIVE_BYTES, int(free * UP_FREE_FRACTION))
+    per_drive -= per_drive % UP_ZONE_BYTES
+    if per_drive < UP_MIN_DRIVE_BYTES:
+        raise NoSpaceError(
+            f"{data_dir} has {_human(free)} free; ShingleFS needs at least "
+            f"{_human(UP_MIN_DRIVE_BYTES / UP_FREE_FRACTION)} for its emulated drives",
+            hint="free some space or choose a DATA_DIR on a larger disk",
+        )
+    specs = [f"{SMR_KIND}:{data_dir / f'smr{i}.img'}:{per_drive}" for i in range(UP_SMR_DRIVES)]
+    conventional = min(UP_CONVENTIONAL_BYTES, per_drive)
+    specs.append(f"{CONVENTIONAL_KIND}:{data_dir / 'conventional.img'}:{conventional}")
+    return specs
+
+
+def meta_url_of(data_dir: Path) -> str:
+    return f"sqlite:///{data_dir.resolve() / 'meta.db'}"
+
+
+# -- commands ---------------------------------------------------------------------------
+
+
+def _mount(meta_url: str, mountpoint: Path, *, foreground: bool, allow_other: bool,
+           options: list[str], log_file: Path | None = None) -> None:
+    from shinglefs.client.filesystem import open_filesystem
+    from shinglefs.fuse.mount import mount
+
+    def open_vfs() -> VFS:
+        return open_filesystem(meta_url)
+
+    mount(open_vfs, mountpoint, foreground=foreground, allow_other=allow_other,
+          options=options, meta_url=meta_url, log_file=log_file,
+          status=lambda vfs: collect_status(vfs, meta_url=meta_url))
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("format")
+    def format_(
+        meta_url: str = typer.Argument(..., help="metadata URL: sqlite:///PATH or postgresql://..."),
+        drive: list[str] = typer.Option(
+            ..., "--drive", "-d", help="KIND:PATH[:SIZE], repeat for each drive"
+        ),
+        name: str = typer.Option("shinglefs", "--name", help="file system name"),
+    ) -> None:
+        """Create a file system: the metadata format record and a slice store on each drive."""
+        from shinglefs.client.filesystem import format_filesystem
+
+        format_filesystem(meta_url, list(drive), name=name)
+        typer.echo(f"formatted {name} at {meta_url} with {len(drive)} drive(s)")
+
+    @app.command("mount")
+    def mount_(
+        meta_url: str = typer.Argument(..., help="metadata URL of a formatted file system"),
+        mountpoint: Path = typer.Argument(..., help="an existing empty directory"),
+        foreground: bool = typer.Option(False, "--foreground", "-f",
+                                        help="stay in the foreground until unmounted"),
+        allow_other: bool = typer.Option(False, "--allow-other",
+                                         help="let other users access the mount"),
+        option: list[str] = typer.Option([], "-o", help="extra FUSE mount options, comma separated"),
+        log_file: Path | None = typer.Option(None, "--log-file",
+                                             help="log of a background mount"),
+    ) -> None:
+        """Mount a file system (in the background unless --foreground)."""
+        _mount(meta_url, mountpoint, foreground=foreground, allow_other=allow_other,
+               options=list(option), log_file=log_file)
+        if not foreground:
+            typer.echo(f"mounted {meta_url} at {mountpoint}")
+
+    @app.command("umount")
+    def umount_(
+        mountpoint: Path = typer.Argument(..., help="a ShingleFS mount point"),
+        force: bool = typer.Option(False, "--force",
+                                   help="lazy unmount; cleans a dead mount or a busy one"),
+    ) -> None:
+        """Unmount; returns once the daemon stored every buffered byte and exited."""
+        from shinglefs.fuse.mount import unmount
+
+        unmount(mountpoint, force=force)
+
+    @app.command("up")
+    def up_(
+        data_dir: Path = typer.Argument(..., help="directory holding metadata and drive files"),
+        mountpoint: Path = typer.Argument(..., help="an existing empty directory"),
+        foreground: bool = typer.Option(False, "--foreground", "-f",
+                                        help="stay in the foreground until unmounted"),
+    ) -> None:
+        """Format on first use (SQLite + emulated SMR drives in DATA_DIR), then mount."""
+        from shinglefs.client.filesystem import format_filesystem
+        from shinglefs.fuse.mount import check_fuse, check_mountpoint
+
+        check_mountpoint(mountpoint)
+        check_fuse()
+        if data_dir.exists() and not data_dir.is_dir():
+            raise UsageError(f"{data_dir} is not a directory", hint="choose a directory")
+        data_dir.mkdir(parents=True, exist_ok=True)
+        meta_url = meta_url_of(data_dir)
+        if not (data_dir / "meta.db").exists():
+            specs = up_drive_specs(data_dir)
+            format_filesystem(meta_url, specs, name=data_dir.resolve().name or "shinglefs")
+            typer.echo(f"formatted {data_dir} ({', '.join(s.split(':')[1] for s in specs)})")
+        _mount(meta_url, mountpoint, foreground=foreground, allow_other=False, options=[],
+               log_file=data_dir / "mount.log")
+        if not foreground:
+            typer.echo(f"mounted {data_dir} at {mountpoint} (log: {data_dir / 'mount.log'})")
+
+    @app.command("status")
+    def status_(
+        target: str | None = typer.Argument(None, help="a mount point or a metadata URL "
+                                            "(default: every ShingleFS mount)"),
+        as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    ) -> None:
+        """Capacity, drives, zones by condition and write amplification."""
+        if target is None:
+            results = {mp: _status_of_mount(mp) for mp in _shinglefs_mounts()}
+            if not results:
+                raise NotMountedError("(no ShingleFS mount)")
+        elif "://" in target:
+            results = {target: _status_of_url(target)}
+        else:
+            mountpoint = os.path.abspath(target)
+            if not os.path.isdir(mountpoint):
+                raise UsageError(f"{target} is neither a directory nor a metadata URL",
+                                 hint="pass a mount point or sqlite:///PATH / postgresql://...")
+            results = {mountpoint: _status_of_mount(mountpoint)}
+        if as_json:
+            typer.echo(json.dumps(results if target is None else next(iter(results.values()))))
+            return
+        for title, status in results.items():
+            _print_status(status, title)

@@ -1,0 +1,526 @@
+"""Mounting: run the pyfuse3 loop over a ``VFS`` until unmounted or signalled.
+
+Life of a mount (details and reasons in docs/mount.md):
+
+1. The mount point is checked (a directory, not already a mount point) and
+   /dev/fuse must exist.
+2. Background mode forks BEFORE the file system is opened (a fork after the
+   VFS started its I/O threads would copy a process with half its threads
+   missing); the parent waits on a pipe and exits 0 only once the child
+   reports the mount serving, or prints the child's error and exits with its
+   exit code.
+3. The child (or the foreground process) opens the VFS, mounts, starts the
+   trio loop, and reports ready once a ``stat`` of the mount point through
+   FUSE succeeds. It then writes a state file
+   ``/run/shinglefs/<hash of mount point>.json`` naming its pid and meta URL
+   (``shinglefs status``/``umount`` read it).
+4. SIGINT/SIGTERM: the kernel's dirty pages are written back (``syncfs``
+   while the loop still serves), the mount is unmounted (lazily if busy), the
+   loop ends, and ``VFS.shutdown`` stores every buffered byte before the
+   process exits. An external ``umount``/``fusermount3 -u`` takes the same
+   path from the point where the loop ends (the kernel writes back dirty pages
+   before it lets the unmount finish).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import hashlib
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from shinglefs.errors import ShingleError
+from shinglefs.fuse.errors import (
+    AlreadyMountedError,
+    FuseUnavailableError,
+    MountFailedError,
+    MountPointError,
+    NotMountedError,
+    UnmountBusyError,
+)
+
+if TYPE_CHECKING:
+    from shinglefs.client.vfs import VFS
+
+log = logging.getLogger(__name__)
+
+STATE_DIR = Path(os.environ.get("SHINGLEFS_STATE_DIR", "/run/shinglefs"))
+READY_TIMEOUT = 300.0  # seconds the parent waits for a background mount to serve
+EXIT_TIMEOUT = 120.0  # seconds `umount` waits for the daemon to store its buffers and exit
+
+# Read-ahead of the mount's backing device info (the kernel default is 128 KiB):
+# 1 MiB lets one FUSE read request carry 1 MiB (libfuse negotiates max_pages=256),
+# so a sequential reader pays one thread hop per MiB instead of per 128 KiB.
+READ_AHEAD_KB = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class MountState:
+    """What a running mount publishes in its state file."""
+
+    mountpoint: str
+    pid: int
+    meta_url: str | None
+    started: float
+
+    @property
+    def alive(self) -> bool:
+        """The daemon process exists and is not a zombie."""
+        try:
+            with open(f"/proc/{self.pid}/stat") as proc_stat:
+                return proc_stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except (OSError, IndexError):
+            return False
+
+
+# -- checks and the /proc view of mounts ----------------------------------------------
+
+
+def _unescape_mountinfo(field: str) -> str:
+    """Decode the octal escapes (``\\040`` = space) of /proc/self/mountinfo."""
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and i + 4 <= len(field) and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def mount_entry(mountpoint: str | os.PathLike[str]) -> dict[str, str] | None:
+    """The /proc/self/mountinfo entry mounted at ``mountpoint`` (the last one), if any.
+
+    Works for dead FUSE mounts too (whose ``stat`` fails with ENOTCONN, so
+    ``os.path.ismount`` says False).
+    """
+    target = os.path.abspath(mountpoint)
+    found = None
+    with open("/proc/self/mountinfo") as info:
+        for line in info:
+            fields = line.split()
+            sep = fields.index("-")
+            if _unescape_mountinfo(fields[4]) == target:
+                found = {
+                    "mountpoint": target,
+                    "major_minor": fields[2],
+                    "fstype": fields[sep + 1],
+                    "source": _unescape_mountinfo(fields[sep + 2]),
+                }
+    return found
+
+
+def check_mountpoint(mountpoint: str | os.PathLike[str]) -> str:
+    """The absolute mount point; raises MountPointError / AlreadyMountedError."""
+    path = os.path.abspath(mountpoint)
+    if mount_entry(path) is not None:
+        raise AlreadyMountedError(path)
+    if not os.path.exists(path):
+        raise MountPointError(path, "no such directory")
+    if not os.path.isdir(path):
+        raise MountPointError(path, "not a directory")
+    return path
+
+
+def check_fuse() -> None:
+    """Raise FuseUnavailableError unless this process can mount a FUSE file system."""
+    if not os.path.exists("/dev/fuse"):
+        raise FuseUnavailableError("/dev/fuse does not exist")
+    if os.geteuid() != 0 and shutil.which("fusermount3") is None:
+        raise FuseUnavailableError("fusermount3 is not installed (needed when not root)")
+    try:
+        fd = os.open("/dev/fuse", os.O_RDWR)
+    except OSError as exc:
+        if os.geteuid() == 0 or exc.errno != errno.EACCES:
+            raise FuseUnavailableError(f"cannot open /dev/fuse: {exc.strerror}") from None
+    else:
+        os.close(fd)
+
+
+# -- state files ------------------------------------------------------------------------
+
+
+def state_path(mountpoint: str | os.PathLike[str]) -> Path:
+    digest = hashlib.sha256(os.path.abspath(mountpoint).encode()).hexdigest()[:16]
+    return STATE_DIR / f"{digest}.json"
+
+
+def read_state(mountpoint: str | os.PathLike[str]) -> MountState | None:
+    """The state a mount at ``mountpoint`` published, or None."""
+    try:
+        data = json.loads(state_path(mountpoint).read_text())
+    except (OSError, ValueError):
+        return None
+    return MountState(data["mountpoint"], int(data["pid"]), data.get("meta_url"),
+                      float(data.get("started", 0)))
+
+
+def _write_state(state: MountState) -> None:
+    path = state_path(state.mountpoint)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({
+            "mountpoint": state.mountpoint, "pid": state.pid,
+            "meta_url": state.meta_url, "started": state.started,
+        }))
+        os.replace(tmp, path)
+    except OSError as exc:  # status/umount degrade; the mount itself is fine
+        log.warning("cannot write mount state file %s: %s", path, exc)
+
+
+def _remove_state(mountpoint: str) -> None:
+    state = read_state(mountpoint)
+    if state is not None and state.pid == os.getpid():
+        with contextlib.suppress(OSError):
+            state_path(mountpoint).unlink()
+
+
+# -- unmounting -------------------------------------------------------------------------
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+MNT_DETACH = 2
+
+
+def _umount_syscall(mountpoint: str, flags: int) -> int:
+    """umount2(2); returns 0 or the errno."""
+    if _libc.umount2(mountpoint.encode(), flags) == 0:
+        return 0
+    return ctypes.get_errno()
+
+
+def _kernel_unmount(mountpoint: str, lazy: bool) -> tuple[bool, str]:
+    """Unmount via umount2 (root) or fusermount3; returns (ok, error text)."""
+    if os.geteuid() == 0:
+        err = _umount_syscall(mountpoint, MNT_DETACH if lazy else 0)
+        if err == 0:
+            return True, ""
+        if err != errno.EPERM:
+            return False, os.strerror(err)
+    tool = shutil.which("fusermount3")
+    if tool is not None:
+        cmd = [tool, "-u", "-z", mountpoint] if lazy else [tool, "-u", mountpoint]
+    else:
+        cmd = ["umount", "-l", mountpoint] if lazy else ["umount", mountpoint]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    return proc.returncode == 0, proc.stderr.strip()
+
+
+def unmount(mountpoint: str | os.PathLike[str], *, force: bool = False,
+            timeout: float = EXIT_TIMEOUT) -> None:
+    """Unmount ``mountpoint`` and wait until the daemon stored its buffers and exited.
+
+    ``force`` detaches lazily (``fusermount3 -uz``/``umount -l``): the way to
+    clean a dead mount whose process was killed, or one still in use (the
+    users keep their open files until they close them). Raises
+    NotMountedError, UnmountBusyError, MountFailedError (daemon still
+    running after ``timeout``).
+    """
+    path = os.path.abspath(mountpoint)
+    if mount_entry(path) is None:
+        raise NotMountedError(path)
+    state = read_state(path)
+    ok, detail = _kernel_unmount(path, lazy=False)
+    if not ok and force:
+        ok, detail = _kernel_unmount(path, lazy=True)
+    if not ok:
+        if "busy" in detail.lower():
+            raise UnmountBusyError(path, detail)
+        raise MountFailedError(f"cannot unmount {path}: {detail}",
+                               hint="try `shinglefs umount --force " + path + "`")
+    if state is None:
+        return
+    deadline = time.monotonic() + timeout
+    while state.alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if state.alive:
+        raise MountFailedError(
+            f"{path} is unmounted but its daemon (pid {state.pid}) is still storing buffered "
+            f"data after {timeout:.0f} s",
+            hint=f"wait for pid {state.pid} to exit before mounting again",
+        )
+    with contextlib.suppress(OSError):
+        state_path(path).unlink()
+
+
+# -- serving ----------------------------------------------------------------------------
+
+
+def fuse_options(allow_other: bool, options: Iterable[str], name: str) -> set[str]:
+    """The libfuse options of a mount (see docs/mount.md for why each)."""
+    import pyfuse3
+
+    opts = set(pyfuse3.default_options)  # default_permissions: the kernel checks modes
+    opts.add(f"fsname={name}")
+    opts.add("subtype=shinglefs")
+    if allow_other:
+        opts.add("allow_other")
+    for opt in options:
+        for part in opt.split(","):
+            part = part.strip()
+            if part:
+                opts.add(part)
+    return opts
+
+
+def _tune_bdi(mountpoint: str) -> None:
+    """Raise the read-ahead of the mount's bdi (root only; a no-op elsewhere)."""
+    try:
+        dev = os.stat(mountpoint).st_dev
+        path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+        with open(path, "w") as bdi:
+            bdi.write(str(READ_AHEAD_KB))
+    except OSError as exc:
+        log.info("read-ahead not raised (%s); the kernel default applies", exc)
+
+
+def serve(
+    vfs: VFS,
+    mountpoint: str,
+    *,
+    allow_other: bool = False,
+    options: Iterable[str] = (),
+    meta_url: str | None = None,
+    name: str = "shinglefs",
+    on_ready: Callable[[], None] | None = None,
+    offload_metadata: bool = False,
+    status: Callable[[VFS], dict[str, Any]] | None = None,
+) -> None:
+    """Mount ``vfs`` at ``mountpoint`` and serve until unmounted or SIGINT/SIGTERM.
+
+    Returns after ``vfs.shutdown()`` stored every buffered byte and the mount
+    is gone. ``on_ready`` is called once a stat through the mount succeeded.
+    ``status(vfs)`` feeds the root's virtual ``user.shinglefs.status`` xattr.
+    """
+    import pyfuse3
+    import trio
+
+    from shinglefs.fuse.operations import ShingleOperations
+
+    def status_provider() -> bytes:
+        report = {"meta_url": meta_url, "mountpoint": mountpoint, "pid": os.getpid()}
+        if status is not None:
+            report.update(status(vfs))
+        report.update(mountpoint=mountpoint, pid=os.getpid())
+        return json.dumps(report, default=str).encode()
+
+    ops = ShingleOperations(vfs, offload_metadata=offload_metadata,
+                            status_provider=status_provider)
+    try:
+        pyfuse3.init(ops, mountpoint, fuse_options(allow_other, options, name))
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            vfs.shutdown()
+        raise MountFailedError(f"cannot mount {mountpoint}: {exc}",
+                               hint="check `dmesg` and that /dev/fuse is usable") from None
+
+    async def watch_signals(cancel: trio.CancelScope) -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.info("signal %s: writing back and unmounting %s", signum, mountpoint)
+                # Write back the kernel's dirty pages while the loop still serves them.
+                with contextlib.suppress(Exception):
+                    await trio.to_thread.run_sync(pyfuse3.syncfs, mountpoint)
+                ok, detail = await trio.to_thread.run_sync(_kernel_unmount, mountpoint, False)
+                if not ok:
+                    log.info("unmount on signal failed (%s); detaching", detail)
+                    pyfuse3.terminate()
+                return
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            async def run_loop() -> None:
+                await pyfuse3.main()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(run_loop)
+            nursery.start_soon(watch_signals, nursery.cancel_scope)
+            await trio.to_thread.run_sync(os.stat, mountpoint)
+            await trio.to_thread.run_sync(_tune_bdi, mountpoint)
+            _write_state(MountState(mountpoint, os.getpid(), meta_url, time.time()))
+            if on_ready is not None:
+                on_ready()
+
+    failed: BaseException | None = None
+    try:
+        trio.run(main)
+    except BaseException as exc:
+        failed = exc
+        log.exception("the FUSE loop of %s ended with an error", mountpoint)
+    finally:
+        try:
+            vfs.shutdown()
+        finally:
+            # Unmounts (lazily) only if the loop ended without the kernel unmounting.
+            pyfuse3.close(unmount=True)
+            _remove_state(mountpoint)
+    if failed is not None and not isinstance(failed, KeyboardInterrupt):
+        raise MountFailedError(f"the mount of {mountpoint} failed: {failed}") from failed
+
+
+def mount(
+    vfs: VFS | Callable[[], VFS],
+    mountpoint: str | os.PathLike[str],
+    *,
+    foreground: bool = True,
+    allow_other: bool = False,
+    options: Iterable[str] = (),
+    meta_url: str | None = None,
+    name: str = "shinglefs",
+    log_file: str | os.PathLike[str] | None = None,
+    status: Callable[[VFS], dict[str, Any]] | None = None,
+) -> None:
+    """Mount a file system; in the foreground, return when it is unmounted.
+
+    ``vfs`` is an open VFS or a function opening one. Background mode
+    (``foreground=False``) needs the function: the process forks first, the
+    child opens the VFS and mounts, and this call returns in the parent only
+    when the mount serves (raising the child's error otherwise). The child
+    logs to ``log_file`` (default: ``/run/shinglefs/<hash>.log``).
+    """
+    path = check_mountpoint(mountpoint)
+    check_fuse()
+    if foreground:
+        opened: VFS = vfs() if _is_factory(vfs) else vfs  # type: ignore[operator,assignment]
+        serve(opened, path, allow_other=allow_other, options=options, meta_url=meta_url,
+              name=name, status=status)
+        return
+    if not _is_factory(vfs):
+        raise MountFailedError(
+            "background mounting needs a function that opens the file system, not an open VFS",
+            hint="pass a callable, or mount in the foreground")
+    _daemonize_and_serve(vfs, path, allow_other=allow_other, options=list(options),  # type: ignore[arg-type]
+                         meta_url=meta_url, name=name, status=status,
+                         log_file=str(log_file) if log_file else str(state_path(path).with_suffix(".log")))
+
+
+def _is_factory(vfs: object) -> bool:
+    """A function (or class) that opens a VFS, rather than an open VFS."""
+    return isinstance(vfs, type) or not hasattr(vfs, "lookup")
+
+
+def _daemonize_and_serve(open_vfs: Callable[[], VFS], mountpoint: str, *, allow_other: bool,
+                         options: list[str], meta_url: str | None, name: str,
+                         log_file: str, status: Callable[[VFS], dict[str, Any]] | None) -> None:
+    read_fd, write_fd = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Fork twice so that the daemon is adopted by init (or a subreaper) and is
+    # reaped when it exits, whatever the caller does after we return.
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        try:
+            os.setsid()
+            if os.fork() != 0:
+                os._exit(0)
+            code = _daemon_main(open_vfs, mountpoint, write_fd, allow_other=allow_other,
+                                options=options, meta_url=meta_url, name=name,
+                                log_file=log_file, status=status)
+        except BaseException:
+            code = 1
+        os._exit(code)
+    os.close(write_fd)
+    os.waitpid(pid, 0)
+    message = _read_report(read_fd)
+    os.close(read_fd)
+    if message.get("ok"):
+        return
+    err = MountFailedError(message.get("message", "the mount daemon failed"),
+                           hint=message.get("hint"))
+    err.exit_code = int(message.get("exit_code", MountFailedError.exit_code))
+    raise err
+
+
+def _read_report(read_fd: int) -> dict[str, Any]:
+    """The daemon's JSON report (``{"pid": N}`` first, then ``{"ok": ...}``).
+
+    An error dict on EOF or timeout (the daemon is then sent SIGTERM).
+    """
+    buf = b""
+    daemon_pid = None
+    deadline = time.monotonic() + READY_TIMEOUT
+    while True:
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            try:
+                message = dict(json.loads(line))
+            except ValueError:
+                return {"ok": False, "message": line.decode(errors="replace").strip()}
+            if "ok" in message:
+                return message
+            daemon_pid = message.get("pid", daemon_pid)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            if daemon_pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(daemon_pid, signal.SIGTERM)
+            return {"ok": False,
+                    "message": f"the mount did not come up within {READY_TIMEOUT:.0f} s"}
+        ready, _, _ = select.select([read_fd], [], [], min(remaining, 1.0))
+        if ready:
+            chunk = os.read(read_fd, 65536)
+            if not chunk:
+                return {"ok": False, "message": "the mount daemon exited before the mount was ready"}
+            buf += chunk
+
+
+def _daemon_main(open_vfs: Callable[[], VFS], mountpoint: str, report_fd: int, *,
+                 allow_other: bool, options: list[str], meta_url: str | None, name: str,
+                 log_file: str, status: Callable[[VFS], dict[str, Any]] | None) -> int:
+    """Body of the background child; returns its exit code."""
+    reported = False
+
+    def report(message: dict[str, Any]) -> None:
+        nonlocal reported
+        if not reported:
+            reported = True
+            with contextlib.suppress(OSError):
+                os.write(report_fd, json.dumps(message).encode() + b"\n")
+                os.close(report_fd)
+
+    def on_ready() -> None:
+        report({"ok": True})
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1):
+            os.dup2(devnull, fd)
+        os.close(devnull)
+
+    with contextlib.suppress(OSError):
+        os.write(report_fd, json.dumps({"pid": os.getpid()}).encode() + b"\n")
+    try:
+        os.chdir("/")
+        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+        log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+        os.dup2(log_fd, 2)
+        os.close(log_fd)
+        vfs = open_vfs()
+        serve(vfs, mountpoint, allow_other=allow_other, options=options, meta_url=meta_url,
+              name=name, on_ready=on_ready, status=status)
+    except ShingleError as exc:
+        log.error("mount of %s failed: %s", mountpoint, exc)
+        report({"ok": False, "message": str(exc), "hint": exc.hint, "exit_code": exc.exit_code})
+        return exc.exit_code
+    except BaseException as exc:
+        traceback.print_exc()
+        report({"ok": False, "message": f"the mount daemon failed: {exc!r}",
+                "hint": f"see {log_file}"})
+        return 1
+    report({"ok": False, "message": "the mount ended before it was ready"})
+    return 0

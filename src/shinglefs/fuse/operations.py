@@ -1,0 +1,375 @@
+"""The pyfuse3 operations class: a thin translation from kernel requests to ``VFS`` calls.
+
+Contract of every handler (as in S3QL): only ``pyfuse3.FUSEError`` leaves it.
+A ``ShingleError`` becomes ``FUSEError(exc.errno)``; anything else becomes
+``EIO`` and is logged once with its context (operation, inode, handle).
+
+Threading (see docs/mount.md): pyfuse3 runs every request as a trio task on
+one OS thread, so a blocking call stalls every other request. ``VFS`` calls
+that may wait for a drive (read, write, flush, release, fsync, truncate) run
+in trio worker threads via ``trio.to_thread.run_sync``, one hop per kernel
+request (which is up to 1 MiB with ``max_write``/``max_pages`` at libfuse's
+default), so the hop (~0.1 ms) is paid per megabyte, not per page. Namespace
+operations are single metadata transactions that cost less than a thread hop
+on SQLite; they run inline unless ``offload_metadata`` is set (the right
+choice for a remote PostgreSQL, where each is a network round trip).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import pyfuse3
+import trio
+
+from shinglefs.errors import ShingleError
+from shinglefs.meta.api import Ctx
+
+if TYPE_CHECKING:
+    from shinglefs.client.vfs import VFS
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# How long the kernel may trust what we told it. With the writeback cache the
+# kernel is the authority on size and mtime of files this host writes, so a
+# short attribute timeout costs little locally and bounds how long another
+# host's change (another mount on the same metadata) stays invisible: 1 s.
+ATTR_TIMEOUT = 1.0
+ENTRY_TIMEOUT = 1.0
+
+# The virtual, read-only xattr on the root through which a running mount
+# reports its meta URL and status to `shinglefs status MOUNTPOINT`.
+STATUS_XATTR = b"user.shinglefs.status"
+
+# readdir fetches at most this many entries per kernel request from the VFS;
+# a readdirplus reply buffer (4 KiB to 128 KiB) holds far fewer.
+READDIR_BATCH = 256
+
+
+def _set_attr_changes_type() -> Any:
+    """``SetAttrChanges`` from the client layer (imported late: the client may land later)."""
+    from shinglefs.client import vfs as vfs_module
+
+    changes = getattr(vfs_module, "SetAttrChanges", None)
+    if not isinstance(changes, type):
+        raise ImportError("shinglefs.client.vfs does not define SetAttrChanges yet")
+    return changes
+
+
+def supplementary_groups(pid: int) -> tuple[int, ...]:
+    """The supplementary groups of process ``pid`` from /proc (empty if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"Groups:"):
+                    return tuple(int(g) for g in line.split()[1:])
+    except OSError:
+        pass
+    return ()
+
+
+class ShingleOperations(pyfuse3.Operations):
+    """pyfuse3 handlers delegating to one ``VFS``.
+
+    ``status_provider`` (optional) returns the JSON bytes served as the
+    virtual ``user.shinglefs.status`` xattr of the root.
+    """
+
+    enable_writeback_cache = True
+    # We do not export over NFS, so the kernel never needs to look up "." / "..".
+    supports_dot_lookup = False
+    enable_acl = False
+
+    def __init__(
+        self,
+        vfs: VFS,
+        *,
+        offload_metadata: bool = False,
+        status_provider: Callable[[], bytes] | None = None,
+    ) -> None:
+        super().__init__()
+        self.vfs = vfs
+        self.offload_metadata = offload_metadata
+        self.status_provider = status_provider
+        self._set_attr_changes = _set_attr_changes_type()
+        self._open_file_info = getattr(vfs, "open_file_info", None)
+
+    # -- plumbing -----------------------------------------------------------------
+
+    @staticmethod
+    def _ctx(ctx: pyfuse3.RequestContext) -> Ctx:
+        # Root needs no group check; for anyone else read the supplementary groups
+        # (≈20 µs from /proc) so that group permissions work as on a local disk.
+        groups = supplementary_groups(ctx.pid) if ctx.uid != 0 else ()
+        return Ctx(uid=ctx.uid, gid=ctx.gid, pid=ctx.pid, groups=groups, umask=ctx.umask)
+
+    async def _call(
+        self,
+        op: str,
+        offload: bool,
+        func: Callable[..., T],
+        *args: Any,
+        ino: int | None = None,
+        fh: int | None = None,
+    ) -> T:
+        """Run ``func(*args)`` inline or in a worker thread; translate every error."""
+        try:
+            if offload:
+                return await trio.to_thread.run_sync(func, *args)
+            return func(*args)
+        except pyfuse3.FUSEError:
+            raise
+        except ShingleError as exc:
+            if exc.errno == errno.EIO:
+                log.warning("%s(inode=%s, fh=%s): %s", op, ino, fh, exc)
+            raise pyfuse3.FUSEError(exc.errno) from None
+        except Exception:
+            log.exception("%s(inode=%s, fh=%s) failed unexpectedly; returning EIO", op, ino, fh)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    async def _meta(self, op: str, func: Callable[..., T], *args: Any, ino: int | None = None) -> T:
+        return await self._call(op, self.offload_metadata, func, *args, ino=ino)
+
+    @staticmethod
+    def entry(attr: Any) -> pyfuse3.EntryAttributes:
+        """An ``EntryAttributes`` for the kernel from a VFS ``InodeAttr``."""
+        entry = pyfuse3.EntryAttributes()
+        entry.st_ino = attr.ino
+        entry.generation = getattr(attr, "generation", 0)
+        entry.entry_timeout = ENTRY_TIMEOUT
+        entry.attr_timeout = ATTR_TIMEOUT
+        entry.st_mode = attr.mode
+        entry.st_nlink = attr.nlink
+        entry.st_uid = attr.uid
+        entry.st_gid = attr.gid
+        entry.st_rdev = attr.rdev
+        entry.st_size = attr.size
+        entry.st_blksize = 1 << 20  # tell applications to write in 1 MiB units
+        entry.st_blocks = getattr(attr, "blocks", None) or (attr.size + 511) // 512
+        entry.st_atime_ns = attr.atime_ns
+        entry.st_mtime_ns = attr.mtime_ns
+        entry.st_ctime_ns = attr.ctime_ns
+        return entry
+
+    def _file_info(self, fh: int) -> pyfuse3.FileInfo:
+        keep_cache = bool(self._open_file_info(fh)) if self._open_file_info else False
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep_cache)
+
+    # -- namespace ------------------------------------------------------------------
+
+    async def lookup(
+        self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        attr = await self._meta("lookup", self.vfs.lookup, parent_inode, name, self._ctx(ctx),
+                                ino=parent_inode)
+        return self.entry(attr)
+
+    async def forget(self, inode_list: Any) -> None:
+        # Must not raise: log and carry on with the rest of the list.
+        for ino, nlookup in inode_list:
+            try:
+                self.vfs.forget(ino, nlookup)
+            except Exception:
+                log.exception("forget(inode=%s, nlookup=%s) failed", ino, nlookup)
+
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        return self.entry(await self._meta("getattr", self.vfs.getattr, inode, ino=inode))
+
+    async def setattr(
+        self,
+        inode: int,
+        attr: pyfuse3.EntryAttributes,
+        fields: pyfuse3.SetattrFields,
+        fh: int | None,
+        ctx: pyfuse3.RequestContext,
+    ) -> pyfuse3.EntryAttributes:
+        changes = self._set_attr_changes(
+            mode=attr.st_mode if fields.update_mode else None,
+            uid=attr.st_uid if fields.update_uid else None,
+            gid=attr.st_gid if fields.update_gid else None,
+            size=attr.st_size if fields.update_size else None,
+            atime_ns=attr.st_atime_ns if fields.update_atime else None,
+            mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
+            ctime_ns=attr.st_ctime_ns if fields.update_ctime else None,
+        )
+        # A size change may drop or flush buffered bytes: that can wait on a drive.
+        offload = fields.update_size or self.offload_metadata
+        new = await self._call(
+            "setattr", offload, self.vfs.setattr, inode, changes, fh, self._ctx(ctx),
+            ino=inode, fh=fh,
+        )
+        return self.entry(new)
+
+    async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
+        return await self._meta("readlink", self.vfs.readlink, inode, self._ctx(ctx), ino=inode)
+
+    async def mknod(
+        self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        attr = await self._meta("mknod", self.vfs.mknod, parent_inode, name, mode, rdev,
+                                self._ctx(ctx), ino=parent_inode)
+        return self.entry(attr)
+
+    async def mkdir(
+        self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        attr = await self._meta("mkdir", self.vfs.mkdir, parent_inode, name, mode,
+                                self._ctx(ctx), ino=parent_inode)
+        return self.entry(attr)
+
+    async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        await self._meta("unlink", self.vfs.unlink, parent_inode, name, self._ctx(ctx),
+                         ino=parent_inode)
+
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        await self._meta("rmdir", self.vfs.rmdir, parent_inode, name, self._ctx(ctx),
+                         ino=parent_inode)
+
+    async def symlink(
+        self, parent_inode: int, name: bytes, target: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        attr = await self._meta("symlink", self.vfs.symlink, parent_inode, name, target,
+                                self._ctx(ctx), ino=parent_inode)
+        return self.entry(attr)
+
+    async def rename(
+        self,
+        parent_inode_old: int,
+        name_old: bytes,
+        parent_inode_new: int,
+        name_new: bytes,
+        flags: int,
+        ctx: pyfuse3.RequestContext,
+    ) -> None:
+        await self._meta("rename", self.vfs.rename, parent_inode_old, name_old,
+                         parent_inode_new, name_new, flags, self._ctx(ctx), ino=parent_inode_old)
+
+    async def link(
+        self, inode: int, new_parent_inode: int, new_name: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        attr = await self._meta("link", self.vfs.link, inode, new_parent_inode, new_name,
+                                self._ctx(ctx), ino=inode)
+        return self.entry(attr)
+
+    # -- files ------------------------------------------------------------------------
+
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        fh = await self._meta("open", self.vfs.open, inode, flags, self._ctx(ctx), ino=inode)
+        return self._file_info(fh)
+
+    async def create(
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
+    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        fh, attr = await self._meta("create", self.vfs.create, parent_inode, name, mode, flags,
+                                    self._ctx(ctx), ino=parent_inode)
+        return self._file_info(fh), self.entry(attr)
+
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        return await self._call("read", True, self.vfs.read, fh, off, size, fh=fh)
+
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        return await self._call("write", True, self.vfs.write, fh, off, buf, fh=fh)
+
+    async def flush(self, fh: int) -> None:
+        await self._call("flush", True, self.vfs.flush, fh, fh=fh)
+
+    async def release(self, fh: int) -> None:
+        await self._call("release", True, self.vfs.release, fh, fh=fh)
+
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        await self._call("fsync", True, self.vfs.fsync, fh, datasync, fh=fh)
+
+    # -- directories ----------------------------------------------------------------------
+
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        return await self._meta("opendir", self.vfs.opendir, inode, self._ctx(ctx), ino=inode)
+
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        entries = await self._meta("readdir", self._readdir_batch, fh, start_id)
+        accepted = []
+        for entry in entries:
+            if not pyfuse3.readdir_reply(token, entry.name, self.entry(entry.attr), entry.cookie):
+                break
+            accepted.append(entry)
+        # readdirplus: every accepted entry (but "." and "..") counts as a lookup.
+        remember = getattr(self.vfs, "remember", None)
+        if remember is not None:
+            await self._meta("readdir", remember, [e.attr.ino for e in accepted
+                                                    if e.name not in (b".", b"..")])
+
+    def _readdir_batch(self, fh: int, start_id: int) -> list[Any]:
+        batch = []
+        for entry in self.vfs.readdir(fh, start_id):
+            batch.append(entry)
+            if len(batch) >= READDIR_BATCH:
+                break
+        return batch
+
+    async def releasedir(self, fh: int) -> None:
+        await self._meta("releasedir", self.vfs.releasedir, fh)
+
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        await self._call("fsyncdir", True, self.vfs.fsyncdir, fh, datasync, fh=fh)
+
+    # -- file system ----------------------------------------------------------------------
+
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        st = await self._meta("statfs", self.vfs.statfs, self._ctx(ctx))
+        data = pyfuse3.StatvfsData()
+        data.f_bsize = st.block_size
+        data.f_frsize = st.block_size
+        data.f_blocks = st.capacity_bytes // st.block_size
+        data.f_bfree = st.free_bytes // st.block_size
+        data.f_bavail = data.f_bfree
+        data.f_files = st.inodes + st.inodes_free
+        data.f_ffree = st.inodes_free
+        data.f_favail = st.inodes_free
+        data.f_namemax = st.name_max
+        return data
+
+    # -- extended attributes ----------------------------------------------------------------
+
+    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        if inode == pyfuse3.ROOT_INODE and name == STATUS_XATTR and self.status_provider:
+            return await self._call("getxattr", True, self.status_provider, ino=inode)
+        return await self._meta("getxattr", self.vfs.getxattr, inode, name, self._ctx(ctx),
+                                ino=inode)
+
+    async def setxattr(
+        self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext
+    ) -> None:
+        if inode == pyfuse3.ROOT_INODE and name == STATUS_XATTR:
+            raise pyfuse3.FUSEError(errno.EPERM)
+        # pyfuse3 does not pass setxattr's flags (XATTR_CREATE/REPLACE): 0 = create or replace.
+        await self._meta("setxattr", self.vfs.setxattr, inode, name, value, 0, self._ctx(ctx),
+                         ino=inode)
+
+    async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
+        return await self._meta("listxattr", self.vfs.listxattr, inode, self._ctx(ctx), ino=inode)
+
+    async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        await self._meta("removexattr", self.vfs.removexattr, inode, name, self._ctx(ctx),
+                         ino=inode)
+
+    async def access(self, inode: int, mode: int, ctx: pyfuse3.RequestContext) -> bool:
+        # Only called without the default_permissions mount option.
+        try:
+            self.vfs.access(inode, mode, self._ctx(ctx))
+        except ShingleError as exc:
+            if exc.errno == errno.EACCES:
+                return False
+            raise pyfuse3.FUSEError(exc.errno) from None
+        except Exception:
+            log.exception("access(inode=%s, mode=%o) failed unexpectedly", inode, mode)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+        return True
+
+
+__all__ = ["ATTR_TIMEOUT", "ENTRY_TIMEOUT", "STATUS_XATTR", "ShingleOperations",
+           "supplementary_groups"]
+
