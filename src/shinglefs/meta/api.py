@@ -474,9 +474,7 @@ class MetaStore(ABC):
         EEXIST, ENOENT (inode gone or already unlinked), EACCES."""
 
     @abstractmethod
-    def symlink(
-        self, parent: int, name: bytes, target: bytes, ctx: Ctx = ROOT_CTX
-    ) -> InodeAttr:
+    def symlink(self, parent: int, name: bytes, target: bytes, ctx: Ctx = ROOT_CTX) -> InodeAttr:
         """Create a symbolic link to ``target`` (1..4095 bytes: ENOENT if empty,
         ENAMETOOLONG if longer). Mode 0o777 | S_IFLNK, size = len(target)."""
 

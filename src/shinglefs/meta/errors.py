@@ -70,9 +70,7 @@ class SliceStateError(FsError):
     """A slice is in a state that forbids the operation (e.g. referencing a slice queued for deletion)."""
 
     def __init__(self, slice_id: int, state: str, wanted: str) -> None:
-        super().__init__(
-            _errno.ESTALE, f"slice {slice_id} is {state}; cannot {wanted}", hint=None
-        )
+        super().__init__(_errno.ESTALE, f"slice {slice_id} is {state}; cannot {wanted}", hint=None)
         self.slice_id = slice_id
         self.state = state
 

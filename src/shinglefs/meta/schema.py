@@ -1,0 +1,345 @@
+"""The one schema and the one set of SQL statements, for every backend.
+
+Statements are written once with ``?`` placeholders and ``{greatest}`` /
+``{blob}`` / ``{without_rowid}`` markers; ``Dialect.sql`` renders them for a
+backend (and caches the result). Only SQL that SQLite >= 3.35, PostgreSQL >= 13,
+CockroachDB and YugabyteDB all accept is used: ``INSERT ... ON CONFLICT``,
+``RETURNING``, plain B-tree indexes, no triggers, no sequences, no stored
+procedures, no ``FOR UPDATE`` (isolation comes from BEGIN IMMEDIATE on SQLite and
+SERIALIZABLE on PostgreSQL; see docs/metadata.md).
+
+Key layout (3FS style): an inode row keyed by ``ino``; directory entries keyed
+by ``(parent, name)`` so lookup is one point read and listing one range scan on
+``(parent, cookie)``; chunk references keyed by ``(ino, chunk_index, seq)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SCHEMA_VERSION = 1
+
+# Inode columns in the order InodeAttr takes them.
+INODE_COLS = (
+    "ino, mode, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, rdev, generation, flags"
+)
+INODE_COLS_I = ", ".join(f"i.{c.strip()}" for c in INODE_COLS.split(","))
+COUNTER_SHARDS = 16
+
+DDL = [
+    """CREATE TABLE IF NOT EXISTS format (
+        id INTEGER PRIMARY KEY,
+        name TEXT NOT NULL,
+        uuid TEXT NOT NULL,
+        chunk_size BIGINT NOT NULL,
+        block_size BIGINT NOT NULL,
+        schema_version INTEGER NOT NULL,
+        secret TEXT NOT NULL,
+        created_ns BIGINT NOT NULL,
+        capacity_bytes BIGINT NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS ids (
+        name TEXT PRIMARY KEY,
+        next_id BIGINT NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS counters (
+        shard INTEGER PRIMARY KEY,
+        used_bytes BIGINT NOT NULL,
+        inodes BIGINT NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS inodes (
+        ino BIGINT PRIMARY KEY,
+        mode INTEGER NOT NULL,
+        uid BIGINT NOT NULL,
+        gid BIGINT NOT NULL,
+        nlink BIGINT NOT NULL,
+        size BIGINT NOT NULL,
+        atime_ns BIGINT NOT NULL,
+        mtime_ns BIGINT NOT NULL,
+        ctime_ns BIGINT NOT NULL,
+        rdev BIGINT NOT NULL,
+        generation BIGINT NOT NULL,
+        flags BIGINT NOT NULL,
+        parent BIGINT NOT NULL,
+        next_cookie BIGINT NOT NULL,
+        tier TEXT,
+        retention TEXT,
+        target {blob}
+    )""",
+    """CREATE TABLE IF NOT EXISTS dentries (
+        parent BIGINT NOT NULL,
+        name {blob} NOT NULL,
+        ino BIGINT NOT NULL,
+        cookie BIGINT NOT NULL,
+        PRIMARY KEY (parent, name)
+    ){without_rowid}""",
+    "CREATE UNIQUE INDEX IF NOT EXISTS dentries_cookie ON dentries (parent, cookie, ino)",
+    """CREATE TABLE IF NOT EXISTS xattrs (
+        ino BIGINT NOT NULL,
+        name {blob} NOT NULL,
+        value {blob} NOT NULL,
+        PRIMARY KEY (ino, name)
+    ){without_rowid}""",
+    """CREATE TABLE IF NOT EXISTS chunks (
+        ino BIGINT NOT NULL,
+        chunk_index BIGINT NOT NULL,
+        version BIGINT NOT NULL,
+        nrefs BIGINT NOT NULL,
+        PRIMARY KEY (ino, chunk_index)
+    ){without_rowid}""",
+    "CREATE INDEX IF NOT EXISTS chunks_nrefs ON chunks (nrefs)",
+    """CREATE TABLE IF NOT EXISTS chunk_refs (
+        ino BIGINT NOT NULL,
+        chunk_index BIGINT NOT NULL,
+        seq BIGINT NOT NULL,
+        slice_id BIGINT NOT NULL,
+        chunk_offset BIGINT NOT NULL,
+        length BIGINT NOT NULL,
+        slice_offset BIGINT NOT NULL,
+        PRIMARY KEY (ino, chunk_index, seq)
+    ){without_rowid}""",
+    """CREATE TABLE IF NOT EXISTS slices (
+        id BIGINT PRIMARY KEY,
+        length BIGINT NOT NULL,
+        grp BIGINT NOT NULL,
+        state TEXT NOT NULL,
+        refcount BIGINT NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS slice_replicas (
+        slice_id BIGINT NOT NULL,
+        server TEXT NOT NULL,
+        drive TEXT NOT NULL,
+        PRIMARY KEY (slice_id, server, drive)
+    ){without_rowid}""",
+    """CREATE TABLE IF NOT EXISTS deletions (
+        slice_id BIGINT PRIMARY KEY,
+        queued_ns BIGINT NOT NULL,
+        lease_ns BIGINT NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS deletions_lease ON deletions (lease_ns)",
+    """CREATE TABLE IF NOT EXISTS sessions (
+        id BIGINT PRIMARY KEY,
+        host TEXT NOT NULL,
+        pid BIGINT NOT NULL,
+        mountpoint TEXT NOT NULL,
+        version TEXT NOT NULL,
+        started_ns BIGINT NOT NULL,
+        heartbeat_ns BIGINT NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS open_files (
+        session BIGINT NOT NULL,
+        ino BIGINT NOT NULL,
+        opens BIGINT NOT NULL,
+        PRIMARY KEY (session, ino)
+    ){without_rowid}""",
+    "CREATE INDEX IF NOT EXISTS open_files_ino ON open_files (ino)",
+]
+
+TABLES = [
+    "format", "ids", "counters", "inodes", "dentries", "xattrs", "chunks", "chunk_refs",
+    "slices", "slice_replicas", "deletions", "sessions", "open_files",
+]  # fmt: skip
+
+
+@dataclass
+class Dialect:
+    """The small differences between backends, applied to the shared SQL text."""
+
+    name: str
+    placeholder: str
+    blob: str
+    greatest: str
+    without_rowid: str
+    _cache: dict[str, str] = field(default_factory=dict)
+
+    def sql(self, text: str) -> str:
+        """Render a statement written with ``?`` and ``{markers}`` for this backend."""
+        rendered = self._cache.get(text)
+        if rendered is None:
+            rendered = text.format(
+                blob=self.blob, greatest=self.greatest, without_rowid=self.without_rowid
+            )
+            if self.placeholder != "?":
+                rendered = rendered.replace("?", self.placeholder)
+            self._cache[text] = rendered
+        return rendered
+
+
+SQLITE = Dialect(
+    name="sqlite", placeholder="?", blob="BLOB", greatest="MAX", without_rowid=" WITHOUT ROWID"
+)
+POSTGRES = Dialect(
+    name="postgresql", placeholder="%s", blob="BYTEA", greatest="GREATEST", without_rowid=""
+)
+
+
+# ---- statements --------------------------------------------------------------------
+# Kept here so a reviewer sees every query the engine issues in one place.
+
+SEL_FORMAT = (
+    "SELECT name, uuid, chunk_size, block_size, schema_version, secret, created_ns, "
+    "capacity_bytes FROM format WHERE id = 1"
+)
+INS_FORMAT = (
+    "INSERT INTO format (id, name, uuid, chunk_size, block_size, schema_version, secret, "
+    "created_ns, capacity_bytes) VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+SET_CAPACITY = "UPDATE format SET capacity_bytes = ? WHERE id = 1"
+INS_ID = "INSERT INTO ids (name, next_id) VALUES (?, ?)"
+ALLOC_IDS = "UPDATE ids SET next_id = next_id + ? WHERE name = ? RETURNING next_id"
+INS_COUNTER = "INSERT INTO counters (shard, used_bytes, inodes) VALUES (?, 0, 0)"
+ADD_COUNTERS = (
+    "UPDATE counters SET used_bytes = used_bytes + ?, inodes = inodes + ? WHERE shard = ?"
+)
+SUM_COUNTERS = "SELECT COALESCE(SUM(used_bytes), 0), COALESCE(SUM(inodes), 0) FROM counters"
+
+SEL_INODE = f"SELECT {INODE_COLS} FROM inodes WHERE ino = ?"
+SEL_INODE_EXTRA = f"SELECT {INODE_COLS}, parent, target, tier, retention FROM inodes WHERE ino = ?"
+INS_INODE = (
+    f"INSERT INTO inodes ({INODE_COLS}, parent, next_cookie, tier, retention, target) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+DEL_INODE = "DELETE FROM inodes WHERE ino = ?"
+DEL_XATTRS_OF = "DELETE FROM xattrs WHERE ino = ?"
+
+# The parent of a new entry: touch it, take an entry cookie, return what the
+# permission check needs -- one statement, and the row lock that orders
+# concurrent creates in one directory.
+TOUCH_PARENT_FOR_INSERT = (
+    "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, next_cookie = next_cookie + 1, "
+    "nlink = nlink + ? WHERE ino = ? "
+    "RETURNING mode, uid, gid, nlink, next_cookie - 1, tier, retention"
+)
+TOUCH_DIR = "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE ino = ?"
+TAKE_COOKIE = (
+    "UPDATE inodes SET next_cookie = next_cookie + 1 WHERE ino = ? RETURNING next_cookie - 1"
+)
+SET_NLINK_CTIME = "UPDATE inodes SET nlink = nlink + ?, ctime_ns = ? WHERE ino = ? RETURNING nlink"
+SET_CTIME = "UPDATE inodes SET ctime_ns = ? WHERE ino = ?"
+SET_PARENT = "UPDATE inodes SET parent = ?, ctime_ns = ? WHERE ino = ?"
+UPDATE_ATTRS = (
+    "UPDATE inodes SET mode = ?, uid = ?, gid = ?, size = ?, atime_ns = ?, mtime_ns = ?, "
+    "ctime_ns = ? WHERE ino = ?"
+)
+SET_POLICY = "UPDATE inodes SET tier = ?, retention = ?, ctime_ns = ? WHERE ino = ?"
+
+INS_DENTRY = (
+    "INSERT INTO dentries (parent, name, ino, cookie) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (parent, name) DO NOTHING"
+)
+LOOKUP = (
+    "SELECT p.mode, p.uid, p.gid, p.parent, d.ino FROM inodes p "
+    "LEFT JOIN dentries d ON d.parent = p.ino AND d.name = ? WHERE p.ino = ?"
+)
+LOOKUP_ATTR = (
+    f"SELECT p.mode, p.uid, p.gid, p.parent, {INODE_COLS_I} FROM inodes p "
+    "LEFT JOIN dentries d ON d.parent = p.ino AND d.name = ? "
+    "LEFT JOIN inodes i ON i.ino = d.ino WHERE p.ino = ?"
+)
+SEL_DENTRY = "SELECT ino, cookie FROM dentries WHERE parent = ? AND name = ?"
+DEL_DENTRY = "DELETE FROM dentries WHERE parent = ? AND name = ?"
+MOVE_DENTRY = "UPDATE dentries SET parent = ?, name = ?, cookie = ? WHERE parent = ? AND name = ?"
+SET_DENTRY_INO = "UPDATE dentries SET ino = ? WHERE parent = ? AND name = ?"
+ANY_CHILD = "SELECT 1 FROM dentries WHERE parent = ? LIMIT 1"
+READDIR = (
+    f"SELECT d.name, d.cookie, {INODE_COLS_I} FROM dentries d "
+    "JOIN inodes i ON i.ino = d.ino WHERE d.parent = ? AND d.cookie > ? "
+    "ORDER BY d.cookie LIMIT ?"
+)
+
+SEL_XATTR = "SELECT value FROM xattrs WHERE ino = ? AND name = ?"
+INS_XATTR = (
+    "INSERT INTO xattrs (ino, name, value) VALUES (?, ?, ?) ON CONFLICT (ino, name) DO NOTHING"
+)
+UPD_XATTR = "UPDATE xattrs SET value = ? WHERE ino = ? AND name = ?"
+LIST_XATTR = "SELECT name FROM xattrs WHERE ino = ? ORDER BY name"
+DEL_XATTR = "DELETE FROM xattrs WHERE ino = ? AND name = ?"
+
+# ---- content map ---------------------------------------------------------------------
+GROW_FILE = "UPDATE inodes SET size = {greatest}(size, ?), mtime_ns = ?, ctime_ns = ? WHERE ino = ?"
+BUMP_CHUNK = (
+    "INSERT INTO chunks (ino, chunk_index, version, nrefs) VALUES (?, ?, 1, 1) "
+    "ON CONFLICT (ino, chunk_index) DO UPDATE SET version = chunks.version + 1, "
+    "nrefs = chunks.nrefs + 1 RETURNING version"
+)
+SEL_CHUNK = "SELECT version, nrefs FROM chunks WHERE ino = ? AND chunk_index = ?"
+SET_CHUNK = "UPDATE chunks SET version = ?, nrefs = ? WHERE ino = ? AND chunk_index = ?"
+DEL_CHUNK = "DELETE FROM chunks WHERE ino = ? AND chunk_index = ?"
+DEL_CHUNKS_FROM = "DELETE FROM chunks WHERE ino = ? AND chunk_index >= ?"
+DEL_CHUNKS_OF = "DELETE FROM chunks WHERE ino = ?"
+INS_REF = (
+    "INSERT INTO chunk_refs (ino, chunk_index, seq, slice_id, chunk_offset, length, "
+    "slice_offset) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+SEL_REFS = (
+    "SELECT chunk_index, seq, slice_id, chunk_offset, length, slice_offset FROM chunk_refs "
+    "WHERE ino = ? AND chunk_index >= ? AND chunk_index <= ? ORDER BY chunk_index, seq"
+)
+SEL_REFS_FROM = (
+    "SELECT chunk_index, seq, slice_id, chunk_offset, length, slice_offset FROM chunk_refs "
+    "WHERE ino = ? AND chunk_index >= ?"
+)
+SEL_REF_SLICES_OF = "SELECT slice_id FROM chunk_refs WHERE ino = ?"
+DEL_REFS_OF = "DELETE FROM chunk_refs WHERE ino = ?"
+DEL_REFS_FROM = "DELETE FROM chunk_refs WHERE ino = ? AND chunk_index >= ?"
+DEL_REFS_CHUNK = "DELETE FROM chunk_refs WHERE ino = ? AND chunk_index = ?"
+DEL_REF = "DELETE FROM chunk_refs WHERE ino = ? AND chunk_index = ? AND seq = ?"
+TRIM_REF = "UPDATE chunk_refs SET length = ? WHERE ino = ? AND chunk_index = ? AND seq = ?"
+COUNT_CHUNK_REFS = "SELECT COUNT(*) FROM chunk_refs WHERE ino = ? AND chunk_index = ?"
+CANDIDATES = (
+    "SELECT ino, chunk_index, version, nrefs FROM chunks WHERE nrefs >= ? "
+    "ORDER BY nrefs DESC, ino, chunk_index LIMIT ?"
+)
+
+# ---- slices ------------------------------------------------------------------------
+INS_SLICE = (
+    "INSERT INTO slices (id, length, grp, state, refcount) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (id) DO NOTHING"
+)
+REF_SLICE = (
+    "INSERT INTO slices (id, length, grp, state, refcount) VALUES (?, ?, ?, 'committed', ?) "
+    "ON CONFLICT (id) DO UPDATE SET refcount = slices.refcount + ?, state = 'committed', "
+    "length = {greatest}(slices.length, ?) WHERE slices.state <> 'to_delete' RETURNING refcount"
+)
+DEREF_SLICE = "UPDATE slices SET refcount = refcount - ? WHERE id = ? RETURNING refcount"
+DOOM_SLICE = "UPDATE slices SET state = 'to_delete' WHERE id = ?"
+SEL_SLICE = "SELECT id, length, grp, state, refcount FROM slices WHERE id = ?"
+SEL_SLICE_STATE = "SELECT state FROM slices WHERE id = ?"
+SEL_REPLICAS = "SELECT server, drive FROM slice_replicas WHERE slice_id = ? ORDER BY server, drive"
+INS_REPLICA = (
+    "INSERT INTO slice_replicas (slice_id, server, drive) VALUES (?, ?, ?) "
+    "ON CONFLICT (slice_id, server, drive) DO NOTHING"
+)
+DEL_REPLICAS = "DELETE FROM slice_replicas WHERE slice_id = ?"
+DEL_SLICE = "DELETE FROM slices WHERE id = ?"
+QUEUE_DELETION = (
+    "INSERT INTO deletions (slice_id, queued_ns, lease_ns) VALUES (?, ?, 0) "
+    "ON CONFLICT (slice_id) DO NOTHING"
+)
+SEL_DUE_DELETIONS = (
+    "SELECT slice_id FROM deletions WHERE lease_ns <= ? ORDER BY queued_ns, slice_id LIMIT ?"
+)
+LEASE_DELETION = "UPDATE deletions SET lease_ns = ? WHERE slice_id = ?"
+DEL_DELETION = "DELETE FROM deletions WHERE slice_id = ?"
+
+# ---- sessions ----------------------------------------------------------------------
+INS_SESSION = (
+    "INSERT INTO sessions (id, host, pid, mountpoint, version, started_ns, heartbeat_ns) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+HEARTBEAT = "UPDATE sessions SET heartbeat_ns = ? WHERE id = ?"
+SEL_SESSIONS = (
+    "SELECT id, host, pid, mountpoint, version, started_ns, heartbeat_ns FROM sessions ORDER BY id"
+)
+SEL_EXPIRED = "SELECT id FROM sessions WHERE heartbeat_ns < ? ORDER BY id"
+SEL_SESSION = "SELECT 1 FROM sessions WHERE id = ?"
+DEL_SESSION = "DELETE FROM sessions WHERE id = ?"
+OPEN_FILE = (
+    "INSERT INTO open_files (session, ino, opens) VALUES (?, ?, 1) "
+    "ON CONFLICT (session, ino) DO UPDATE SET opens = open_files.opens + 1"
+)
+CLOSE_FILE = "UPDATE open_files SET opens = opens - 1 WHERE session = ? AND ino = ? RETURNING opens"
+DEL_OPEN = "DELETE FROM open_files WHERE session = ? AND ino = ?"
+SEL_OPEN_OF_SESSION = "SELECT ino FROM open_files WHERE session = ? ORDER BY ino"
+DEL_OPEN_OF_SESSION = "DELETE FROM open_files WHERE session = ?"
+IS_OPEN = "SELECT 1 FROM open_files WHERE ino = ? LIMIT 1"
