@@ -9,6 +9,15 @@ the kernel ioctls, and conventional drives (flash or CMR).
 May call: nothing of ShingleFS but ``shinglefs.errors``.
 """
 
+from shinglefs.zoned.conventional import ConventionalDrive
+from shinglefs.zoned.drivespec import (
+    DriveSpec,
+    DriveSpecError,
+    create_drive,
+    open_drive,
+    parse_drive_spec,
+    parse_size,
+)
 from shinglefs.zoned.emulated import EmulatedZonedDrive
 from shinglefs.zoned.errors import (
     DriveClosedError,
@@ -24,6 +33,7 @@ from shinglefs.zoned.errors import (
     ZoneReadOnlyError,
     ZoneTypeError,
 )
+from shinglefs.zoned.linux import LinuxZonedDrive, aligned_buffer
 from shinglefs.zoned.model import (
     BLOCK_SIZE,
     DEFAULT_ZONE_SIZE,
@@ -39,9 +49,13 @@ __all__ = [
     "BLOCK_SIZE",
     "DEFAULT_ZONE_SIZE",
     "Buffer",
+    "ConventionalDrive",
     "DriveClosedError",
     "DriveFormatError",
+    "DriveSpec",
+    "DriveSpecError",
     "EmulatedZonedDrive",
+    "LinuxZonedDrive",
     "OutOfRangeError",
     "TooManyOpenZones",
     "TraceRecord",
@@ -57,4 +71,9 @@ __all__ = [
     "ZoneType",
     "ZoneTypeError",
     "ZonedDrive",
+    "aligned_buffer",
+    "create_drive",
+    "open_drive",
+    "parse_drive_spec",
+    "parse_size",
 ]

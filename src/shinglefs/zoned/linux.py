@@ -33,8 +33,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from shinglefs.zoned import fileio
 from shinglefs.zoned.errors import (
     DriveClosedError,
@@ -211,6 +209,8 @@ def is_aligned(view: memoryview, alignment: int) -> bool:
     """True when the buffer's address and length are multiples of ``alignment``."""
     if view.nbytes % alignment:
         return False
+    import numpy as np  # lazily: only O_DIRECT users pay for the import
+
     address = np.frombuffer(view, dtype=np.uint8).ctypes.data if view.nbytes else 0
     return address % alignment == 0
 
