@@ -7,3 +7,48 @@ writers into long sequential appends.
 
 May call: ``shinglefs.zoned``.
 """
+
+from shinglefs.store.api import MAX_SLICE_SIZE, SliceStoreAPI, StoreStats
+from shinglefs.store.errors import (
+    ChecksumMismatch,
+    SliceNotFound,
+    SliceOrderError,
+    StoreClosed,
+    StoreError,
+    StoreFormatError,
+    StoreFull,
+    StoreIOError,
+)
+from shinglefs.store.gc import ZoneCollector, choose_victim, cost_benefit
+from shinglefs.store.index import SliceIndex
+from shinglefs.store.log import SliceLog, StoreConfig
+from shinglefs.store.record import RecordHeader, RecordType
+from shinglefs.store.recovery import DiscardedTail, RecoveryReport
+from shinglefs.store.scheduler import WriteScheduler
+from shinglefs.store.slice_store import SliceStore
+
+__all__ = [
+    "MAX_SLICE_SIZE",
+    "ChecksumMismatch",
+    "DiscardedTail",
+    "RecordHeader",
+    "RecordType",
+    "RecoveryReport",
+    "SliceIndex",
+    "SliceLog",
+    "SliceNotFound",
+    "SliceOrderError",
+    "SliceStore",
+    "SliceStoreAPI",
+    "StoreClosed",
+    "StoreConfig",
+    "StoreError",
+    "StoreFormatError",
+    "StoreFull",
+    "StoreIOError",
+    "StoreStats",
+    "WriteScheduler",
+    "ZoneCollector",
+    "choose_victim",
+    "cost_benefit",
+]

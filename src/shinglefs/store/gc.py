@@ -1,0 +1,199 @@
+"""Zone GC: reset dead zones for free, copy live extents out of cheap victims when space runs low.
+
+Policy, in order, each pass:
+
+1. Every written zone whose bytes are all dead is reset without copying a
+   byte (how deleting a lifetime group frees its zones). Metadata zones count
+   as dead once both checkpoint slots cover their last record, because no
+   recovery can then replay anything their tombstones kill.
+2. When fewer than ``gc_free_zones`` zones are free, the victim is the zone
+   with the highest cost-benefit score ``(1 - u) * age / (1 + u)``, where ``u``
+   is its live fraction and ``age`` the device bytes written since it was last
+   written (a clock that survives restarts). Zones still being appended to,
+   metadata zones and zones that failed a previous copy are never victims.
+   Its live extents are read (crc-verified), appended to the GC stream's zone
+   (records flagged as GC copies, keeping their lifetime group), flushed, and
+   only then switched in the index -- each switch conditional on the extent
+   still being where it was read from. The victim is reset once nothing live
+   remains and no reader still uses it.
+
+The background thread copies ``gc_chunk_bytes`` at a time, holding the drive's
+``io_lock`` only while appending a chunk and pausing ``gc_pause_s`` between
+chunks, so acknowledged writes and reads are never blocked for long.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from shinglefs.store.errors import StoreError
+from shinglefs.store.log import GC_STREAM, ZoneRole, ZoneState
+
+if TYPE_CHECKING:
+    from shinglefs.store.log import SliceLog
+
+log = logging.getLogger("shinglefs.store.gc")
+
+
+def cost_benefit(live_fraction: np.ndarray, age: np.ndarray) -> np.ndarray:
+    """The victim score ``(1 - u) * age / (1 + u)``: high for empty, old zones."""
+    u = live_fraction
+    return (1.0 - u) * age / (1.0 + u)
+
+
+def choose_victim(slice_log: SliceLog) -> int | None:
+    """The best GC victim among sealed data/GC zones with dead bytes, or None."""
+    with slice_log._cv:
+        live = slice_log.index.zone_live.copy()
+    zs = slice_log.zs
+    written = slice_log.z_wp - np.arange(slice_log.nz, dtype=np.int64) * zs
+    cand = ((slice_log.z_state == ZoneState.SEALED)
+            & ((slice_log.z_role == ZoneRole.DATA) | (slice_log.z_role == ZoneRole.GC))
+            & (written > 0) & (live < written))
+    for z in slice_log.gc_busy | slice_log.gc_failed | slice_log.pinned:
+        cand[z] = False
+    idx = np.flatnonzero(cand)
+    if idx.size == 0:
+        return None
+    u = live[idx] / float(zs)
+    age = (slice_log.device_bytes - slice_log.z_lastb[idx]).astype(np.float64) + 1.0
+    score = cost_benefit(u, age)
+    best = int(idx[int(np.argmax(score))])
+    if live[best] >= zs - 2 * 4096:
+        return None  # nothing to gain
+    return best
+
+
+class ZoneCollector:
+    """The GC of one slice log: a background thread plus an inline entry for the writer."""
+
+    def __init__(self, slice_log: SliceLog) -> None:
+        self.log = slice_log
+        cfg = slice_log.config
+        self.threshold = (cfg.gc_free_zones if cfg.gc_free_zones is not None
+                          else max(3, slice_log.seq_zones // 20))
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.victims_collected = 0
+        self.last_error: BaseException | None = None
+
+    # -- thread ------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"gc-{self.log.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        interval = self.log.config.gc_interval_s
+        while not self._stop.is_set():
+            self._wake.wait(interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                self.step()
+            except StoreError as exc:
+                self.last_error = exc
+                log.warning("gc of %s: %s", self.log.name, exc)
+            except Exception as exc:  # keep the thread alive; the error is logged
+                self.last_error = exc
+                log.exception("gc of %s failed", self.log.name)
+
+    # -- passes ------------------------------------------------------------------------
+    def step(self) -> None:
+        """One pass: reset dead zones; checkpoint for metadata zones; collect when low."""
+        slog = self.log
+        if slog.closed:
+            return
+        slog.reclaim_dead_zones()
+        if slog.meta_zones_awaiting_checkpoint() and slog.free_zones() < 2 * self.threshold:
+            slog.checkpoint()
+            slog.checkpoint()
+            slog.reclaim_dead_zones()
+        while not self._stop.is_set() and slog.free_zones() < self.threshold:
+            victim = choose_victim(slog)
+            if victim is None or not self.collect(victim, pause=slog.config.gc_pause_s):
+                break
+
+    def collect_for_space(self) -> bool:
+        """Inline GC for a writer short of zones (``io_lock`` held); True if a zone was freed."""
+        slog = self.log
+        if slog.meta_zones_awaiting_checkpoint():
+            slog.checkpoint()
+            slog.checkpoint()
+            if slog.reclaim_dead_zones():
+                return True
+        victim = choose_victim(slog)
+        if victim is None:
+            return False
+        return self.collect(victim, pause=0.0)
+
+    def collect(self, zone: int, *, pause: float = 0.0) -> bool:
+        """Copy the live extents of ``zone`` to the GC stream and reset it; True if reset."""
+        slog = self.log
+        with slog.io_lock:
+            if zone in slog.gc_busy or slog.z_state[zone] not in (ZoneState.SEALED,
+                                                                   ZoneState.ACTIVE):
+                return False
+            slog.detach_idle(zone)
+            slog.gc_busy.add(zone)
+        try:
+            extents = slog.live_extents(zone)
+            chunk_limit = slog.config.gc_chunk_bytes
+            i = 0
+            while i < len(extents):
+                chunk = []
+                size = 0
+                while i < len(extents) and (not chunk or size + extents[i][2] <= chunk_limit):
+                    chunk.append(extents[i])
+                    size += extents[i][2]
+                    i += 1
+                payloads = []
+                for sid, off, length, dev, _group in chunk:
+                    try:
+                        payloads.append(slog.read_extent(sid, off, length, dev))
+                    except StoreError as exc:
+                        if slog.contains(sid):
+                            log.error("gc of %s zone %d: cannot copy slice %#x: %s",
+                                      slog.name, zone, sid, exc)
+                            slog.gc_failed.add(zone)
+                            return False
+                        payloads.append(None)  # deleted meanwhile
+                with slog.io_lock:
+                    items = [(sid, off, data, group)
+                             for (sid, off, _len, _dev, group), data in zip(chunk, payloads,
+                                                                             strict=True)
+                             if data is not None]
+                    written = slog.append(GC_STREAM, items, gc=True)
+                    slog.flush_drive()
+                    sources = {(sid, off): dev for sid, off, _l, dev, _g in chunk}
+                    moves = [(sid, off, sources[(sid, off)], dev)
+                             for sid, off, _l, dev, _g in written]
+                    slog.relocate(moves)
+                if pause:
+                    self._stop.wait(pause)
+            with slog.io_lock:
+                with slog._cv:
+                    remaining = int(slog.index.zone_live[zone])
+                if remaining:
+                    return False
+                slog.reset_zones([zone])
+                self.victims_collected += 1
+                return True
+        finally:
+            slog.gc_busy.discard(zone)

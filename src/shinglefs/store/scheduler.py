@@ -1,0 +1,331 @@
+"""The write scheduler: the one writer of a drive, turning many callers into long appends.
+
+Rules:
+
+- ``submit`` (any thread) checks the piece is at the slice's current length
+  (counting pieces still queued), queues it under its lifetime group and
+  returns a ``Future``. It blocks while more than ``max_queue_bytes`` are
+  queued (back-pressure), never while holding a lock the writer needs.
+- The writer thread picks groups oldest-head first (round robin by age). A
+  group is eligible when it has ``min_run_bytes`` queued, or a durable piece,
+  or its oldest piece waited ``linger_s``, or a flush barrier covers it. It
+  takes up to ``max_run_bytes`` of each eligible group (up to ``batch_bytes``
+  a batch), so 16 writers of 16 groups become 16 long per-group runs rather
+  than interleaved small writes. Within a run, consecutive pieces of one slice
+  become one record, and the run's records go out as one ``pwritev`` of the
+  callers' own memoryviews (no concatenation).
+- Group commit: one flush a batch when any piece in it asked for durability.
+  A future completes when its bytes are written and indexed (readable), and
+  for a durable piece only after that flush.
+- A piece that fails fails every later queued piece of its slice (a slice has
+  no holes); the slice's length falls back to what was written.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from shinglefs.store.api import MAX_SLICE_SIZE
+from shinglefs.store.errors import SliceOrderError, StoreClosed, StoreError
+
+if TYPE_CHECKING:
+    from shinglefs.store.log import SliceLog
+
+log = logging.getLogger("shinglefs.store.scheduler")
+
+
+@dataclass(slots=True, eq=False)
+class PendingWrite:
+    """One queued piece: ``data`` must stay unchanged until ``future`` completes."""
+
+    slice_id: int
+    offset: int
+    data: memoryview
+    group: int
+    durable: bool
+    ticket: int
+    queued_at: float
+    future: Future[None] = field(default_factory=Future)
+
+
+class WriteScheduler:
+    """Drains queued pieces into the slice log; see the module docstring for the rules."""
+
+    def __init__(self, slice_log: SliceLog, *, max_queue_bytes: int = 256 * 1024**2,
+                 min_run_bytes: int = 4 * 1024**2, max_run_bytes: int = 64 * 1024**2,
+                 batch_bytes: int = 128 * 1024**2, linger_s: float = 0.002) -> None:
+        self.log = slice_log
+        self.max_queue_bytes = max_queue_bytes
+        self.min_run_bytes = min_run_bytes
+        self.max_run_bytes = max_run_bytes
+        self.batch_bytes = batch_bytes
+        self.linger_s = linger_s
+        self._cond = threading.Condition(threading.Lock())
+        self._groups: dict[int, deque[PendingWrite]] = {}
+        self._group_bytes: dict[int, int] = {}
+        self._group_durable: dict[int, int] = {}
+        self._group_pending: dict[int, int] = {}
+        self._queued_bytes = 0
+        self._ticket = 0
+        self._expected: dict[int, int] = {}
+        self._slice_pending: dict[int, int] = {}
+        self._failed: dict[int, tuple[int, BaseException]] = {}
+        self._barriers: list[tuple[int, Future[None]]] = []
+        self._stopping = False
+        self._stopped = False
+        self.batches = 0
+        self.runs_written: list[tuple[int, int]] = []  # (group, bytes) of the last 4096 runs
+        self._thread = threading.Thread(target=self._run, name=f"writer-{slice_log.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    # ================================================================= callers
+    def submit(self, slice_id: int, offset: int, data: memoryview, group: int, durable: bool,
+               indexed_length: Callable[[int], int]) -> Future[None]:
+        """Queue a piece; raises SliceOrderError (nothing queued) when it is out of order."""
+        n = data.nbytes
+        with self._cond:
+            if self._stopping:
+                raise StoreClosed("store is closing", drive=self.log.name)
+            while self._queued_bytes and self._queued_bytes + n > self.max_queue_bytes:
+                self._cond.wait()
+                if self._stopping:
+                    raise StoreClosed("store is closing", drive=self.log.name)
+            expected = self._expected.get(slice_id)
+            if expected is None:
+                expected = indexed_length(slice_id)
+            if offset != expected:
+                raise SliceOrderError(slice_id, offset, expected, drive=self.log.name)
+            if offset + n > MAX_SLICE_SIZE:
+                raise SliceOrderError(slice_id, offset, expected, drive=self.log.name,
+                                      detail=f"{offset + n} bytes exceed {MAX_SLICE_SIZE}")
+            self._ticket += 1
+            piece = PendingWrite(slice_id, offset, data, group, durable, self._ticket,
+                                 time.monotonic())
+            if n == 0:
+                piece.future.set_result(None)
+                return piece.future
+            self._expected[slice_id] = offset + n
+            self._slice_pending[slice_id] = self._slice_pending.get(slice_id, 0) + 1
+            queue = self._groups.get(group)
+            if queue is None:
+                queue = self._groups[group] = deque()
+                self._group_bytes[group] = 0
+                self._group_durable[group] = 0
+            queue.append(piece)
+            self._group_bytes[group] += n
+            self._group_pending[group] = self._group_pending.get(group, 0) + 1
+            if durable:
+                self._group_durable[group] += 1
+            self._queued_bytes += n
+            self._cond.notify_all()
+            return piece.future
+
+    def flush(self) -> None:
+        """Wait until every piece submitted before the call is written and durable."""
+        fut: Future[None] = Future()
+        with self._cond:
+            if self._stopped:
+                self.log.flush_drive()
+                return
+            self._barriers.append((self._ticket, fut))
+            self._cond.notify_all()
+        fut.result()
+
+    def wait_slice(self, slice_id: int) -> None:
+        """Wait until no piece of ``slice_id`` is queued or being written."""
+        with self._cond:
+            while self._slice_pending.get(slice_id):
+                self._cond.wait()
+
+    def wait_group(self, group: int) -> None:
+        with self._cond:
+            while self._group_pending.get(group):
+                self._cond.wait()
+
+    def pending_length(self, slice_id: int) -> int | None:
+        """The slice's length counting queued pieces, or None when none is queued."""
+        with self._cond:
+            return self._expected.get(slice_id)
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._queued_bytes
+
+    def close(self) -> None:
+        """Write everything queued, then stop the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join()
+
+    # ================================================================= the writer
+    def _eligible(self, now: float) -> list[int]:
+        barrier = max((t for t, _ in self._barriers), default=0)
+        out = []
+        for group, queue in self._groups.items():
+            if not queue:
+                continue
+            head = queue[0]
+            if (self._stopping or self._group_bytes[group] >= self.min_run_bytes
+                    or self._group_durable[group] or head.ticket <= barrier
+                    or now - head.queued_at >= self.linger_s):
+                out.append(group)
+        out.sort(key=lambda g: self._groups[g][0].ticket)
+        return out
+
+    def _take(self, now: float) -> list[tuple[int, list[PendingWrite]]]:
+        runs = []
+        total = 0
+        for group in self._eligible(now):
+            queue = self._groups[group]
+            run: list[PendingWrite] = []
+            size = 0
+            while queue and (not run or size + queue[0].data.nbytes <= self.max_run_bytes):
+                piece = queue.popleft()
+                n = piece.data.nbytes
+                size += n
+                self._group_bytes[group] -= n
+                self._queued_bytes -= n
+                if piece.durable:
+                    self._group_durable[group] -= 1
+                run.append(piece)
+            if not queue:
+                del self._groups[group]
+                del self._group_bytes[group]
+                del self._group_durable[group]
+            runs.append((group, run))
+            total += size
+            if total >= self.batch_bytes:
+                break
+        if runs:
+            self._cond.notify_all()  # back-pressure waiters
+        return runs
+
+    def _next_wait(self, now: float) -> float | None:
+        heads = [q[0].queued_at for q in self._groups.values() if q]
+        if not heads:
+            return None
+        return max(0.0, min(heads) + self.linger_s - now)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    now = time.monotonic()
+                    runs = self._take(now)
+                    if runs:
+                        break
+                    if self._barriers and not self._groups:
+                        break
+                    if self._stopping and not self._groups:
+                        break
+                    self._cond.wait(self._next_wait(now))
+                barriers = []
+                if not runs and self._barriers:
+                    barriers, self._barriers = self._barriers, []
+                done = self._stopping and not self._groups and not runs and not self._barriers
+            if runs:
+                self._write(runs)
+            if barriers:
+                self._complete_barriers(barriers)
+            if done:
+                with self._cond:
+                    self._stopped = True
+                    self._cond.notify_all()
+                return
+
+    def _complete_barriers(self, barriers: list[tuple[int, Future[None]]]) -> None:
+        try:
+            with self.log.io_lock:
+                self.log.flush_drive()
+        except BaseException as exc:
+            for _, fut in barriers:
+                fut.set_exception(exc)
+            return
+        for _, fut in barriers:
+            fut.set_result(None)
+
+    def _write(self, runs: list[tuple[int, list[PendingWrite]]]) -> None:
+        outcome: list[tuple[list[PendingWrite], BaseException | None]] = []
+        durable = False
+        with self.log.io_lock:
+            for group, run in runs:
+                live: list[PendingWrite] = []
+                for piece in run:
+                    failed = self._failed.get(piece.slice_id)
+                    if failed is not None and piece.ticket < failed[0]:
+                        outcome.append(([piece], failed[1]))
+                    else:
+                        live.append(piece)
+                if not live:
+                    continue
+                try:
+                    extents = self.log.append(
+                        ("g", group), [(p.slice_id, p.offset, p.data, group) for p in live])
+                    self.log.publish(extents)
+                    outcome.append((live, None))
+                    durable = durable or any(p.durable for p in live)
+                    self.runs_written.append((group, sum(p.data.nbytes for p in live)))
+                except StoreError as exc:
+                    outcome.append((live, exc))
+                except Exception as exc:
+                    log.exception("writing a run of group %d failed", group)
+                    outcome.append((live, exc))
+            if durable:
+                try:
+                    self.log.flush_drive()
+                except StoreError as exc:
+                    outcome = [(pieces, err if err is not None
+                                else (exc if any(p.durable for p in pieces) else None))
+                               for pieces, err in outcome]
+            try:
+                self.log.maybe_checkpoint()
+            except StoreError as exc:
+                log.warning("checkpoint of %s failed: %s", self.log.name, exc)
+        if len(self.runs_written) > 4096:
+            del self.runs_written[:-4096]
+        self.batches += 1
+        if self.log.collector is not None:
+            self.log.collector.wake()
+        with self._cond:
+            for pieces, err in outcome:
+                for piece in pieces:
+                    self._settle(piece, err)
+            self._cond.notify_all()
+        for pieces, err in outcome:
+            for piece in pieces:
+                if err is None:
+                    piece.future.set_result(None)
+                else:
+                    piece.future.set_exception(err)
+
+    def _settle(self, piece: PendingWrite, err: BaseException | None) -> None:
+        """Book-keeping for a finished piece (``_cond`` held)."""
+        sid = piece.slice_id
+        if err is not None:
+            failed = self._failed.get(sid)
+            if failed is None or piece.ticket >= failed[0]:
+                # Every piece of this slice queued so far fails too; the slice resumes here.
+                self._failed[sid] = (self._ticket + 1, err)
+                self._expected[sid] = piece.offset
+        left = self._slice_pending.get(sid, 1) - 1
+        if left:
+            self._slice_pending[sid] = left
+        else:
+            self._slice_pending.pop(sid, None)
+            self._expected.pop(sid, None)  # the index is the truth again
+            self._failed.pop(sid, None)
+        group = piece.group
+        left = self._group_pending.get(group, 1) - 1
+        if left:
+            self._group_pending[group] = left
+        else:
+            self._group_pending.pop(group, None)

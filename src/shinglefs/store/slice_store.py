@@ -1,0 +1,227 @@
+"""``SliceStore``: the slice log of one drive behind the ``SliceStoreAPI`` contract."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import Any
+
+from shinglefs.errors import UsageError
+from shinglefs.store.api import MAX_SLICE_SIZE, SliceStoreAPI, StoreStats
+from shinglefs.store.errors import SliceNotFound, StoreClosed
+from shinglefs.store.gc import ZoneCollector
+from shinglefs.store.log import SliceLog, StoreConfig
+from shinglefs.store.recovery import RecoveryReport
+from shinglefs.store.scheduler import WriteScheduler
+from shinglefs.zoned.model import Buffer, ZonedDrive
+
+log = logging.getLogger("shinglefs.store")
+
+_U64 = 1 << 64
+
+
+class SliceStore(SliceStoreAPI):
+    """A thread-safe slice store on one zoned drive.
+
+    ``format`` makes a fresh store (every zone reset); ``open`` recovers an
+    existing one and leaves what it found in ``recovery_report``. Keyword
+    arguments of both are ``StoreConfig`` fields. Writes go through the
+    drive's ``WriteScheduler``; reads go straight to the drive; a
+    ``ZoneCollector`` thread reclaims zones.
+
+    What is durable: a piece submitted with ``durable=True`` once its future
+    completes; everything written or deleted before a ``flush()`` once it
+    returns. A crash never resurrects a deleted-and-flushed slice and never
+    loses an acknowledged durable one.
+    """
+
+    def __init__(self, slice_log: SliceLog) -> None:
+        self._log = slice_log
+        cfg = slice_log.config
+        self.name = slice_log.name
+        self.collector = ZoneCollector(slice_log)
+        slice_log.collector = self.collector
+        self.scheduler = WriteScheduler(
+            slice_log, max_queue_bytes=cfg.max_queue_bytes, min_run_bytes=cfg.min_run_bytes,
+            max_run_bytes=cfg.max_run_bytes, batch_bytes=cfg.batch_bytes,
+            linger_s=cfg.linger_s)
+        if cfg.gc_background:
+            self.collector.start()
+        self._closed = False
+        self._close_lock = threading.Lock()
+
+    # ================================================================= lifecycle
+    @classmethod
+    def format(cls, drive: ZonedDrive, **config: Any) -> SliceStore:
+        """Make ``drive`` an empty slice store (destroys what it held)."""
+        return cls(SliceLog.format(drive, StoreConfig(**config)))
+
+    @classmethod
+    def open(cls, drive: ZonedDrive, **config: Any) -> SliceStore:
+        """Open an existing store, recovering from the last checkpoint and the log after it."""
+        return cls(SliceLog.open(drive, StoreConfig(**config)))
+
+    @property
+    def drive(self) -> ZonedDrive:
+        return self._log.drive
+
+    @property
+    def slice_log(self) -> SliceLog:
+        return self._log
+
+    @property
+    def recovery_report(self) -> RecoveryReport:
+        return self._log.recovery_report
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed("store is closed", drive=self.name)
+
+    def close(self) -> None:
+        """Write what is queued, stop GC, flush, checkpoint and release the drive."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.scheduler.close()
+        self.collector.stop()
+        self._log.close()
+
+    def __enter__(self) -> SliceStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ================================================================= writing
+    def submit(self, slice_id: int, offset: int, data: Buffer, group: int, *,
+               durable: bool = False) -> Future[None]:
+        self._check_open()
+        if not 0 <= slice_id < _U64:
+            raise UsageError(f"slice id {slice_id} is not a 64-bit unsigned integer")
+        if not 0 <= group < _U64:
+            raise UsageError(f"lifetime group {group} is not a 64-bit unsigned integer")
+        view = memoryview(data)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        return self.scheduler.submit(slice_id, offset, view, group, durable, self._indexed_length)
+
+    def _indexed_length(self, slice_id: int) -> int:
+        with self._log._cv:
+            n = self._log.index.length(slice_id)
+        return 0 if n is None else n
+
+    def delete(self, slice_id: int) -> None:
+        """Delete a slice (after its queued pieces are written); idempotent; durable at flush."""
+        self._check_open()
+        self.scheduler.wait_slice(slice_id)
+        with self._log.io_lock:
+            self._log.delete([slice_id])
+        self.collector.wake()
+
+    def delete_many(self, slice_ids: list[int]) -> int:
+        """Delete several slices with one tombstone record; returns how many existed."""
+        self._check_open()
+        for sid in slice_ids:
+            self.scheduler.wait_slice(sid)
+        with self._log.io_lock:
+            n = self._log.delete(slice_ids)
+        self.collector.wake()
+        return n
+
+    def delete_group(self, group: int) -> list[int]:
+        """Delete every slice with a piece in ``group``; returns their ids. Durable at flush.
+
+        One group-delete record is logged; the group's zones become dead and
+        are reset without copying.
+        """
+        self._check_open()
+        self.scheduler.wait_group(group)
+        with self._log.io_lock:
+            removed = self._log.delete_group(group)
+        self.collector.wake()
+        return removed
+
+    def flush(self) -> None:
+        """Return when every write and delete completed before the call is durable."""
+        self._check_open()
+        self.scheduler.flush()
+
+    # ================================================================= reading
+    def read(self, slice_id: int, offset: int, length: int) -> bytes:
+        self._check_open()
+        if offset < 0 or length < 0:
+            raise UsageError(f"bad range offset={offset} length={length}")
+        buf = bytearray(min(length, MAX_SLICE_SIZE))
+        n = self._log.readinto(slice_id, offset, memoryview(buf))
+        if n < len(buf):
+            del buf[n:]
+        return bytes(buf)
+
+    def readinto(self, slice_id: int, offset: int, buffer: Buffer) -> int:
+        """Fill ``buffer`` from ``offset`` of the slice; returns the bytes read (short at its end)."""
+        self._check_open()
+        view = memoryview(buffer)
+        if view.ndim != 1 or view.itemsize != 1:
+            view = view.cast("B")
+        if offset < 0:
+            raise UsageError(f"bad offset {offset}")
+        return self._log.readinto(slice_id, offset, view)
+
+    def length(self, slice_id: int) -> int:
+        self._check_open()
+        pending = self.scheduler.pending_length(slice_id)
+        try:
+            return self._log.length(slice_id)
+        except SliceNotFound:
+            if pending:
+                return 0
+            raise
+
+    def contains(self, slice_id: int) -> bool:
+        self._check_open()
+        return self._log.contains(slice_id)
+
+    def slice_ids(self) -> Iterator[int]:
+        """Every slice id held (a snapshot), for reconciliation with the metadata."""
+        self._check_open()
+        return self._log.slice_ids()
+
+    # ================================================================= counters
+    def stats(self) -> StoreStats:
+        slog = self._log
+        with slog.io_lock:
+            with slog._cv:
+                live = slog.index.zone_live
+                per_zone = {int(z): int(live[z]) for z in live.nonzero()[0]}
+                slices = slog.index.slices
+                live_bytes = slog.index.live_bytes
+            user = slog.user_bytes
+            device = slog.device_bytes
+            return StoreStats(
+                user_bytes_written=user,
+                device_bytes_written=device,
+                write_amplification=(device / user) if user else 1.0,
+                gc_bytes_copied=slog.gc_bytes,
+                zone_resets=slog.zone_resets,
+                checkpoint_bytes_written=slog.checkpoint_bytes_written,
+                slices=slices,
+                live_bytes=live_bytes,
+                free_zones=slog.free_zones(),
+                zones_by_condition=slog.zones_by_condition(),
+                live_bytes_per_zone=per_zone,
+                group_zone_evictions=slog.evictions,
+                capacity_bytes=slog.seq_zones * slog.zs,
+            )
+
+    def checkpoint(self) -> int:
+        """Write an index checkpoint now; returns its size in bytes."""
+        self._check_open()
+        return self._log.checkpoint()
+
+    def collect_garbage(self) -> None:
+        """Run one GC pass in the calling thread (reset dead zones; collect if space is low)."""
+        self._check_open()
+        self.collector.step()
