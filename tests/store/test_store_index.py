@@ -1,0 +1,111 @@
+"""The compact slice index against a dict model, and its memory per extent."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shinglefs.store.index import SliceIndex
+
+ZS = 1 << 20
+NZ = 64
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.integers(0, 30), st.integers(1, 5), st.integers(0, 3)),
+        st.tuples(st.just("remove"), st.integers(0, 30)),
+        st.tuples(st.just("relocate"), st.integers(0, 30), st.integers(0, 4)),
+        st.tuples(st.just("group"), st.integers(0, 3)),
+        st.tuples(st.just("truncate"), st.integers(0, 30), st.integers(0, 4)),
+        st.tuples(st.just("merge")),
+        st.tuples(st.just("reload")),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops)
+def test_index_matches_a_dict_model(program):
+    index = SliceIndex(ZS, NZ, tail_limit=4)
+    model: dict[int, list[list[int]]] = {}  # sid -> [[off, len, dev, group]]
+    next_dev = [3 * ZS]
+
+    def new_dev() -> int:
+        next_dev[0] = (next_dev[0] + 8192) % (NZ * ZS)
+        return next_dev[0]
+
+    for op in program:
+        if op[0] == "add":
+            _, sid, n, group = op
+            exts = model.setdefault(sid, [])
+            off = exts[-1][0] + exts[-1][1] if exts else 0
+            dev = new_dev()
+            exts.append([off, n * 100, dev, group])
+            index.add(sid, off, n * 100, dev, group)
+        elif op[0] == "remove":
+            freed = index.remove(op[1])
+            assert freed == sum(e[1] for e in model.pop(op[1], []))
+        elif op[0] == "relocate":
+            _, sid, k = op
+            exts = model.get(sid, [])
+            dev = new_dev()
+            if k < len(exts):
+                assert index.relocate(sid, exts[k][0], exts[k][2], dev)
+                assert not index.relocate(sid, exts[k][0], exts[k][2] + 1, dev)
+                exts[k][2] = dev
+            else:
+                assert not index.relocate(sid, 10**6, None, dev)
+        elif op[0] == "group":
+            victims = sorted(s for s, ex in model.items() if any(e[3] == op[1] for e in ex))
+            assert index.remove_group(op[1]) == victims
+            for s in victims:
+                del model[s]
+        elif op[0] == "truncate":
+            _, sid, k = op
+            exts = model.get(sid)
+            if exts and k < len(exts):
+                index.truncate(sid, exts[k][0])
+                del exts[k:]
+                if not exts:
+                    del model[sid]
+        elif op[0] == "merge":
+            index.merge()
+        elif op[0] == "reload":
+            cols = {k: v.copy() for k, v in index.columns().items()}
+            fresh = SliceIndex(ZS, NZ, tail_limit=4)
+            fresh.load_columns(cols, index.group_labels)
+            index = fresh
+        # Invariants after every step.
+        assert index.slices == len(model)
+        assert len(index) == sum(len(e) for e in model.values())
+        for sid in range(31):
+            exts = model.get(sid)
+            assert index.contains(sid) == bool(exts)
+            assert index.extents(sid) == [(e[0], e[1], e[2]) for e in (exts or [])]
+            assert index.length(sid) == (exts[-1][0] + exts[-1][1] if exts else None)
+        assert sorted(index.slice_ids()) == sorted(model)
+        live = np.zeros(NZ, np.int64)
+        for exts in model.values():
+            for e in exts:
+                live[e[2] // ZS] += e[1]
+        assert (index.zone_live == live).all()
+        assert index.live_bytes == int(live.sum())
+
+
+def test_extents_in_zone_lists_base_and_tail_with_their_group():
+    index = SliceIndex(ZS, NZ, tail_limit=1000)
+    index.add(1, 0, 10, 5 * ZS, 77)
+    index.merge()
+    index.add(2, 0, 20, 5 * ZS + 8192, 78)
+    index.add(3, 0, 30, 6 * ZS, 79)
+    assert index.extents_in_zone(5) == [(1, 0, 10, 5 * ZS, 77), (2, 0, 20, 5 * ZS + 8192, 78)]
+
+
+def test_columns_cost_28_bytes_an_extent():
+    index = SliceIndex(1 << 28, 1000, tail_limit=1 << 30)
+    for i in range(10_000):
+        index.add(i, 0, 8 << 20, (i % 900) * (1 << 28), i % 7)
+    index.merge()
+    assert index.memory_bytes() == 28 * 10_000
