@@ -414,13 +414,15 @@ class EmulatedZonedDrive(ZonedDrive):
                 )
             if length == 0:
                 return
-            if cond in (ZoneCondition.EMPTY, ZoneCondition.CLOSED):
+            opening = cond in (ZoneCondition.EMPTY, ZoneCondition.CLOSED)
+            if opening:
                 self._take_open_resource(zone, explicit=False)
+            self._pwritev(zone, views, offset)  # on failure the zone is as it was
+            if opening:
                 self._implicit_open[zone] = None
                 self._cond[zone] = ZoneCondition.IMPLICIT_OPEN
             elif cond is ZoneCondition.IMPLICIT_OPEN:
                 self._implicit_open.move_to_end(zone)
-            self._pwritev(zone, views, offset)
             self._wp[zone] = offset + length
             self._last_write = (zone, offset, offset + length)
             if offset + length == end:

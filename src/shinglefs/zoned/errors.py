@@ -50,6 +50,7 @@ the ``OSError.errno`` through).
 from __future__ import annotations
 
 import errno as _errno
+from typing import Any
 
 from shinglefs.errors import ShingleError
 
@@ -86,12 +87,15 @@ class ZoneError(ShingleError):
         if errno is not None:
             self.errno = errno
 
-    def __reduce__(self):  # keep drive/zone/offset across pickling (process pools)
+    def __reduce__(self) -> tuple[Any, ...]:  # keep drive/zone/offset across pickling
         return (_rebuild, (type(self), self.args[0], self.drive, self.zone, self.offset,
                            self.errno, self.hint))
 
 
-def _rebuild(cls, message, drive, zone, offset, errno, hint):  # type: ignore[no-untyped-def]
+def _rebuild(
+    cls: type[ZoneError], message: str, drive: str, zone: int | None, offset: int | None,
+    errno: int, hint: str | None,
+) -> ZoneError:
     err = cls.__new__(cls)
     Exception.__init__(err, message)
     err.drive, err.zone, err.offset, err.errno = drive, zone, offset, errno

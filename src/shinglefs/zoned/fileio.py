@@ -14,6 +14,7 @@ import ctypes.util
 import errno
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from shinglefs.zoned.model import Buffer
 
@@ -101,10 +102,10 @@ def write_zeros(fd: int, offset: int, length: int) -> None:
         length -= n
 
 
-_libc = None
+_libc: Any = None
 
 
-def _fallocate():  # type: ignore[no-untyped-def]
+def _fallocate() -> Any:
     global _libc
     if _libc is None:
         name = ctypes.util.find_library("c") or "libc.so.6"

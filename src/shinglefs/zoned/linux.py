@@ -227,26 +227,31 @@ def classify_write_error(
     report itself failed). The order mirrors what the device checks.
     """
     z = None if zone is None else zone.index
-    where = dict(drive=drive, zone=z, offset=offset)
-    if exc.errno == errno.ETOOMANYREFS:
-        return TooManyOpenZones("the device has no open-zone resource left", **where)
+    code = exc.errno
+    if code == errno.ETOOMANYREFS:
+        return TooManyOpenZones("the device has no open-zone resource left", drive=drive,
+                                zone=z, offset=offset)
     if zone is not None:
         if zone.condition is ZoneCondition.OFFLINE:
-            return ZoneOfflineError("zone is OFFLINE", errno=exc.errno, **where)
+            return ZoneOfflineError("zone is OFFLINE", drive=drive, zone=z, offset=offset,
+                                    errno=code)
         if zone.condition is ZoneCondition.READ_ONLY:
-            return ZoneReadOnlyError("zone is READ_ONLY", errno=exc.errno, **where)
+            return ZoneReadOnlyError("zone is READ_ONLY", drive=drive, zone=z, offset=offset,
+                                     errno=code)
         if zone.type is not ZoneType.CONVENTIONAL:
             if zone.condition is ZoneCondition.FULL:
-                return ZoneFullError("zone is FULL", errno=exc.errno, **where)
+                return ZoneFullError("zone is FULL", drive=drive, zone=z, offset=offset,
+                                     errno=code)
             if offset != zone.write_pointer:
                 return WritePointerViolation(
                     f"write is not at the write pointer {zone.write_pointer}",
-                    errno=exc.errno, **where,
+                    drive=drive, zone=z, offset=offset, errno=code,
                 )
             if offset + length > zone.start + zone.capacity:
-                return ZoneBoundaryError("write crosses the zone capacity", errno=exc.errno,
-                                         **where)
-    return ZoneError(f"write failed: {exc.strerror}", errno=exc.errno, **where)
+                return ZoneBoundaryError("write crosses the zone capacity", drive=drive,
+                                         zone=z, offset=offset, errno=code)
+    return ZoneError(f"write failed: {exc.strerror}", drive=drive, zone=z, offset=offset,
+                     errno=code)
 
 
 # -- the drive -----------------------------------------------------------------------------
@@ -472,22 +477,23 @@ class LinuxZonedDrive(ZonedDrive):
         try:
             fcntl.ioctl(self._fd, request, arg)
         except OSError as exc:
-            where = dict(drive=self.name, zone=zone, offset=zone * self.zone_size)
+            at = zone * self.zone_size
             if exc.errno == errno.ETOOMANYREFS:
-                raise TooManyOpenZones(f"{op}: no open-zone resource left", **where) from exc
+                raise TooManyOpenZones(f"{op}: no open-zone resource left", drive=self.name,
+                                       zone=zone, offset=at) from exc
             try:
                 cond = self.zone_info(zone).condition
             except ZoneError:
                 cond = None
+            error: type[ZoneError] = ZoneError
+            message = f"{op} failed: {exc.strerror}"
             if cond is ZoneCondition.OFFLINE:
-                raise ZoneOfflineError(f"{op}: zone is OFFLINE", errno=exc.errno,
-                                       **where) from exc
-            if cond is ZoneCondition.READ_ONLY:
-                raise ZoneReadOnlyError(f"{op}: zone is READ_ONLY", errno=exc.errno,
-                                        **where) from exc
-            if cond is ZoneCondition.FULL and op == "open":
-                raise ZoneFullError("cannot open a FULL zone", errno=exc.errno, **where) from exc
-            raise ZoneError(f"{op} failed: {exc.strerror}", errno=exc.errno, **where) from exc
+                error, message = ZoneOfflineError, f"{op}: zone is OFFLINE"
+            elif cond is ZoneCondition.READ_ONLY:
+                error, message = ZoneReadOnlyError, f"{op}: zone is READ_ONLY"
+            elif cond is ZoneCondition.FULL and op == "open":
+                error, message = ZoneFullError, "cannot open a FULL zone"
+            raise error(message, drive=self.name, zone=zone, offset=at, errno=exc.errno) from exc
 
     def reset(self, zone: int) -> None:
         self._zone_command("reset", BLKRESETZONE, zone)

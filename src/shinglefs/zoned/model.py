@@ -24,6 +24,7 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Self
 
 # Anything exposing the buffer protocol as bytes (collections.abc.Buffer is 3.12+).
 Buffer = bytes | bytearray | memoryview
@@ -108,12 +109,12 @@ class DriveOrZoneOpen:
     dispatches on whether it is reached through the class or an instance.
     """
 
-    def __init__(self, drive_opener: classmethod, zone_opener) -> None:  # type: ignore[type-arg,no-untyped-def]
+    def __init__(self, drive_opener: Any, zone_opener: Any) -> None:
         self._drive_opener = drive_opener
         self._zone_opener = zone_opener
         self.__doc__ = zone_opener.__doc__
 
-    def __get__(self, obj: object, objtype: type | None = None):  # type: ignore[no-untyped-def]
+    def __get__(self, obj: object, objtype: type | None = None) -> Any:
         if obj is None:
             return self._drive_opener.__get__(None, objtype)
         return self._zone_opener.__get__(obj, objtype)
@@ -158,7 +159,7 @@ class ZonedDrive(ABC):
         """Same as ``open(zone)``: explicitly open ``zone``."""
         self.open(zone)
 
-    def __enter__(self):  # type: ignore[no-untyped-def]
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
