@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shinglefs.store.errors import StoreError
+from shinglefs.store.errors import StoreError, StoreFull
 from shinglefs.store.log import GC_STREAM, ZoneRole, ZoneState
 
 if TYPE_CHECKING:
@@ -175,11 +175,18 @@ class ZoneCollector:
                             return False
                         payloads.append(None)  # deleted meanwhile
                 with slog.io_lock:
+                    if slog.closed:
+                        return False
                     items = [(sid, off, data, group)
                              for (sid, off, _len, _dev, group), data in zip(chunk, payloads,
                                                                              strict=True)
                              if data is not None]
-                    written = slog.append(GC_STREAM, items, gc=True)
+                    try:
+                        written = slog.append(GC_STREAM, items, gc=True)
+                    except StoreFull as exc:
+                        log.warning("gc of %s zone %d: no room for copies: %s", slog.name,
+                                    zone, exc)
+                        return False
                     slog.flush_drive()
                     sources = {(sid, off): dev for sid, off, _l, dev, _g in chunk}
                     moves = [(sid, off, sources[(sid, off)], dev)

@@ -89,14 +89,14 @@ class StoreConfig:
 
     ``gc_free_zones``: GC copies live data when fewer zones are free (default:
     5 % of the sequential zones, at least 3). ``gc_reserve_zones``: free zones
-    only GC and tombstones may take. ``open_zone_reserve``: open zones kept for
+    only GC and tombstones may take (at least 2: one for each). ``open_zone_reserve``: open zones kept for
     the GC and metadata streams. ``checkpoint_interval_bytes``: device bytes
     between index checkpoints. ``checkpoint_path``: put checkpoints in a file
     instead of the drive's conventional zones.
     """
 
     gc_free_zones: int | None = None
-    gc_reserve_zones: int = 1
+    gc_reserve_zones: int = 2
     open_zone_reserve: int = 2
     checkpoint_interval_bytes: int = 4 * 1024**3
     checkpoint_path: str | None = None
@@ -284,9 +284,20 @@ class SliceLog:
                 self.evictions += 1
         table[z] = key
 
-    def _allocate(self, privileged: bool, zones_needed: int = 1) -> int:
-        """An EMPTY zone; reclaims dead zones, then runs GC, before raising StoreFull."""
-        reserve = 0 if privileged else self.config.gc_reserve_zones
+    def _allocate(self, key: StreamKey, zones_needed: int = 1) -> int:
+        """An EMPTY zone; reclaims dead zones, then runs GC, before raising StoreFull.
+
+        Reserves: data streams leave ``gc_reserve_zones`` free zones (at least
+        2), the metadata stream leaves one (for GC), the GC stream may take the
+        last zone -- so deletes and GC can still make room on a full drive.
+        """
+        privileged = key in (GC_STREAM, META_STREAM)
+        if key == GC_STREAM:
+            reserve = 0
+        elif key == META_STREAM:
+            reserve = 1
+        else:
+            reserve = max(2, self.config.gc_reserve_zones)
         for _attempt in range(64):
             free = np.flatnonzero(self.z_state == ZoneState.EMPTY)
             if free.size >= reserve + zones_needed:
@@ -305,7 +316,7 @@ class SliceLog:
             if self.room(z) >= MIN_ROOM:
                 return z
             self._seal(z)
-        z = self._allocate(privileged=key in (GC_STREAM, META_STREAM))
+        z = self._allocate(key)
         self._attach(z, key, group)
         return z
 
@@ -318,7 +329,7 @@ class SliceLog:
         # Each zone switch may cost one extra header block.
         per_zone = self.zs - HEADER_BLOCK
         zones = -(-(footprint - room) // per_zone)
-        self._allocate(privileged=key in (GC_STREAM, META_STREAM), zones_needed=zones)
+        self._allocate(key, zones_needed=zones)
 
     # ================================================================= appending
     def append(self, key: StreamKey, items: Sequence[tuple[int, int, Any, int]], *,
