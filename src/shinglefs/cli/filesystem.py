@@ -181,12 +181,17 @@ def meta_url_of(data_dir: Path) -> str:
 
 
 def _mount(meta_url: str, mountpoint: Path, *, foreground: bool, allow_other: bool,
-           options: list[str], log_file: Path | None = None) -> None:
-    from shinglefs.client.filesystem import open_filesystem
+           options: list[str], log_file: Path | None = None,
+           format_first: tuple[list[str], str] | None = None) -> None:
+    """Mount ``meta_url``; ``format_first=(drives, name)`` formats it first, in the
+    process that then opens it (SQLite state must not cross the background fork)."""
+    from shinglefs.client.filesystem import format_filesystem, open_filesystem
     from shinglefs.fuse.mount import mount
 
     def open_vfs() -> VFS:
-        return open_filesystem(meta_url)
+        if format_first is not None:
+            format_filesystem(meta_url, format_first[0], name=format_first[1])
+        return open_filesystem(meta_url, mountpoint=str(mountpoint.resolve()))
 
     mount(open_vfs, mountpoint, foreground=foreground, allow_other=allow_other,
           options=options, meta_url=meta_url, log_file=log_file,
@@ -245,7 +250,6 @@ def register(app: typer.Typer) -> None:
                                         help="stay in the foreground until unmounted"),
     ) -> None:
         """Format on first use (SQLite + emulated SMR drives in DATA_DIR), then mount."""
-        from shinglefs.client.filesystem import format_filesystem
         from shinglefs.fuse.mount import check_fuse, check_mountpoint
 
         check_mountpoint(mountpoint)
@@ -254,12 +258,15 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"{data_dir} is not a directory", hint="choose a directory")
         data_dir.mkdir(parents=True, exist_ok=True)
         meta_url = meta_url_of(data_dir)
+        format_first = None
         if not (data_dir / "meta.db").exists():
             specs = up_drive_specs(data_dir)
-            format_filesystem(meta_url, specs, name=data_dir.resolve().name or "shinglefs")
-            typer.echo(f"formatted {data_dir} ({', '.join(s.split(':')[1] for s in specs)})")
+            format_first = (specs, data_dir.resolve().name or "shinglefs")
         _mount(meta_url, mountpoint, foreground=foreground, allow_other=False, options=[],
-               log_file=data_dir / "mount.log")
+               log_file=data_dir / "mount.log", format_first=format_first)
+        if format_first is not None and not foreground:
+            typer.echo(f"formatted {data_dir}: "
+                       f"{', '.join(s.split(':', 1)[1] for s in format_first[0])}")
         if not foreground:
             typer.echo(f"mounted {data_dir} at {mountpoint} (log: {data_dir / 'mount.log'})")
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -195,8 +196,7 @@ class ShingleOperations(pyfuse3.Operations):
             size=attr.st_size if fields.update_size else None,
             atime_ns=attr.st_atime_ns if fields.update_atime else None,
             mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
-            ctime_ns=attr.st_ctime_ns if fields.update_ctime else None,
-        )
+        )  # ctime: the metadata engine sets it to now on any change
         # A size change may drop or flush buffered bytes: that can wait on a drive.
         offload = fields.update_size or self.offload_metadata
         new = await self._call(
@@ -258,15 +258,35 @@ class ShingleOperations(pyfuse3.Operations):
 
     # -- files ------------------------------------------------------------------------
 
+    @staticmethod
+    def _writeback_flags(flags: int) -> int:
+        """Open flags as the writeback cache needs them (as libfuse's passthrough_ll does).
+
+        The kernel may read pages through any handle of the inode to fill a
+        partly written page, so a write-only open becomes read-write; and it
+        appends itself (it owns the size), so O_APPEND is dropped. The
+        kernel already checked the caller's permissions for the real flags
+        (``default_permissions``).
+        """
+        if flags & os.O_ACCMODE == os.O_WRONLY:
+            flags = (flags & ~os.O_ACCMODE) | os.O_RDWR
+        return flags & ~os.O_APPEND
+
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
-        fh = await self._meta("open", self.vfs.open, inode, flags, self._ctx(ctx), ino=inode)
+        wanted = self._writeback_flags(flags)
+        vctx = self._ctx(ctx)
+        if wanted != flags and flags & os.O_ACCMODE == os.O_WRONLY:
+            # The VFS would check read permission for the O_RDWR we made up.
+            vctx = Ctx(uid=0, gid=vctx.gid, pid=vctx.pid, groups=vctx.groups, umask=vctx.umask)
+        fh = await self._meta("open", self.vfs.open, inode, wanted, vctx, ino=inode)
         return self._file_info(fh)
 
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        fh, attr = await self._meta("create", self.vfs.create, parent_inode, name, mode, flags,
-                                    self._ctx(ctx), ino=parent_inode)
+        fh, attr = await self._meta("create", self.vfs.create, parent_inode, name, mode,
+                                    self._writeback_flags(flags), self._ctx(ctx),
+                                    ino=parent_inode)
         return self._file_info(fh), self.entry(attr)
 
     async def read(self, fh: int, off: int, size: int) -> bytes:

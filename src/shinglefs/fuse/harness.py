@@ -1,0 +1,154 @@
+"""A real mount in a subprocess, for tests and benchmarks.
+
+``MountedFileSystem`` formats a fresh file system (SQLite metadata and
+emulated SMR drives as sparse files in a directory), mounts it by running
+``shinglefs mount --foreground`` as a child process, polls
+``os.path.ismount`` until it serves, and always unmounts (``fusermount3 -u``,
+then SIGTERM/SIGKILL, then a lazy unmount) when stopped, so a failing test
+never leaves a mount behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+GiB = 1024**3
+
+
+def shinglefs_command() -> list[str]:
+    """The ``shinglefs`` console script of this interpreter's environment."""
+    script = Path(sys.executable).with_name("shinglefs")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "from shinglefs.cli.main import main; main()"]
+
+
+def default_drives(data_dir: Path, *, smr_drives: int = 2, smr_bytes: int = 8 * GiB,
+                   conventional_bytes: int = 1 * GiB) -> list[str]:
+    """Drive specs for a test file system: sparse files, so their size costs nothing."""
+    specs = [f"emulated:{data_dir / f'smr{i}.img'}:{smr_bytes}" for i in range(smr_drives)]
+    if conventional_bytes:
+        specs.append(f"conventional:{data_dir / 'conventional.img'}:{conventional_bytes}")
+    return specs
+
+
+class MountedFileSystem:
+    """A formatted file system in ``data_dir`` mounted at ``mountpoint`` by a child process."""
+
+    def __init__(self, data_dir: Path, mountpoint: Path, *, drives: list[str] | None = None,
+                 env: dict[str, str] | None = None, extra_args: list[str] | None = None) -> None:
+        self.data_dir = Path(data_dir)
+        self.mountpoint = Path(mountpoint)
+        self.meta_url = f"sqlite:///{self.data_dir.resolve() / 'meta.db'}"
+        self.drives = drives
+        self.env = env
+        self.extra_args = extra_args or []
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = self.data_dir / "mount.log"
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def format(self) -> None:
+        from shinglefs.client.filesystem import format_filesystem
+
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.mountpoint.mkdir(parents=True, exist_ok=True)
+        drives = self.drives or default_drives(self.data_dir)
+        format_filesystem(self.meta_url, drives, name="test")
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Mount in a child process; return when the mount serves (raises on failure)."""
+        env = dict(os.environ)
+        env.setdefault("SHINGLEFS_LOG", "WARNING")
+        env.update(self.env or {})
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [*shinglefs_command(), "mount", self.meta_url, str(self.mountpoint),
+                 "--foreground", *self.extra_args],
+                stdout=log, stderr=log, env=env, start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while not os.path.ismount(self.mountpoint):
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the mount process exited with {self.process.returncode}:\n"
+                                   f"{self.log_text()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the mount did not come up within {timeout} s:\n"
+                                   f"{self.log_text()}")
+            time.sleep(0.02)
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        """Unmount and wait for the child; escalates to signals and a lazy unmount."""
+        process = self.process
+        if process is None:
+            return None
+        if os.path.ismount(self.mountpoint):
+            subprocess.run(["fusermount3", "-u", str(self.mountpoint)], capture_output=True,
+                           check=False)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGKILL)
+                process.wait()
+        self._detach_if_mounted()
+        self.process = None
+        return process.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the mount process (a crash); the dead mount is detached lazily."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            self.process = None
+        self._detach_if_mounted()
+
+    def _detach_if_mounted(self) -> None:
+        from shinglefs.fuse.mount import mount_entry
+
+        if mount_entry(self.mountpoint) is not None:
+            tool = shutil.which("fusermount3")
+            cmd = [tool, "-u", "-z", str(self.mountpoint)] if tool else \
+                ["umount", "-l", str(self.mountpoint)]
+            subprocess.run(cmd, capture_output=True, check=False)
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-8000:]
+        except OSError:
+            return ""
+
+    def __enter__(self) -> MountedFileSystem:
+        self.format()
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def drop_caches() -> bool:
+    """Drop the kernel's clean page cache (root only); returns whether it happened."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as knob:
+            knob.write("3\n")
+        return True
+    except OSError:
+        return False

@@ -1,0 +1,185 @@
+"""The file-system commands end to end: format, mount, status, umount, up, and their errors.
+
+Every command runs as the real ``shinglefs`` console script in a subprocess;
+every mount made here is unmounted in a ``finally`` (lazily if need be).
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shinglefs.fuse.errors import (
+    AlreadyMountedError,
+    MountPointError,
+    NotMountedError,
+)
+from shinglefs.fuse.harness import MountedFileSystem, default_drives, shinglefs_command
+from shinglefs.fuse.mount import mount_entry
+
+pytestmark = pytest.mark.fuse
+
+GiB = 1024**3
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*shinglefs_command(), *args], capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def force_unmount(path: Path) -> None:
+    if mount_entry(path) is not None:
+        subprocess.run(["fusermount3", "-u", "-z", str(path)], capture_output=True, check=False)
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Iterator[Path]:
+    (tmp_path / "mnt").mkdir()
+    try:
+        yield tmp_path
+    finally:
+        force_unmount(tmp_path / "mnt")
+
+
+def format_in(workdir: Path) -> str:
+    data = workdir / "data"
+    data.mkdir(exist_ok=True)
+    url = f"sqlite:///{data / 'meta.db'}"
+    drives = default_drives(data, smr_drives=1, smr_bytes=4 * GiB, conventional_bytes=0)
+    args = ["format", url, "--name", "clitest"]
+    for spec in drives:
+        args += ["--drive", spec]
+    result = cli(*args)
+    assert result.returncode == 0, result.stderr
+    return url
+
+
+def test_background_mount_status_and_umount_keep_the_data(workdir: Path) -> None:
+    url = format_in(workdir)
+    mnt = workdir / "mnt"
+    result = cli("mount", url, str(mnt))
+    assert result.returncode == 0, result.stderr
+    assert os.path.ismount(mnt)  # ready when the command returns
+    try:
+        (mnt / "kept").write_bytes(b"k" * 100_000)
+        status = cli("status", str(mnt), "--json")
+        assert status.returncode == 0, status.stderr
+        report = json.loads(status.stdout)
+        assert report["meta_url"] == url
+        assert report["capacity_bytes"] >= 4 * GiB - 256 * 1024**2
+        assert len(report["drives"]) == 1 and report["zones"]
+        assert report["write_amplification"] >= 1.0
+        table = cli("status", str(mnt))
+        assert table.returncode == 0 and "write amplification" in table.stdout
+    finally:
+        result = cli("umount", str(mnt))
+    assert result.returncode == 0, result.stderr
+    assert not os.path.ismount(mnt)
+    # The daemon has exited: the drives are free to be opened again, bytes intact.
+    fs2 = MountedFileSystem(workdir / "data", mnt)
+    fs2.start()
+    try:
+        assert (mnt / "kept").read_bytes() == b"k" * 100_000
+    finally:
+        fs2.stop()
+
+
+def test_sigterm_writes_back_dirty_mmap_pages_before_exit(workdir: Path) -> None:
+    fs = MountedFileSystem(workdir / "data", workdir / "mnt")
+    fs.format()
+    fs.start()
+    try:
+        path = fs.mountpoint / "dirty"
+        path.write_bytes(bytes(1024 * 1024))
+        with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+            m[:11] = b"dirty pages"  # no msync: only in the kernel page cache
+        assert fs.process is not None
+        fs.process.send_signal(signal.SIGTERM)
+        assert fs.process.wait(timeout=60) == 0, fs.log_text()
+        fs.process = None
+        assert mount_entry(fs.mountpoint) is None
+        fs.start()
+        assert path.read_bytes()[:11] == b"dirty pages"
+    finally:
+        fs.stop()
+
+
+def test_umount_force_cleans_a_dead_mount(workdir: Path) -> None:
+    fs = MountedFileSystem(workdir / "data", workdir / "mnt")
+    fs.format()
+    fs.start()
+    assert fs.process is not None
+    os.kill(fs.process.pid, signal.SIGKILL)
+    fs.process.wait()
+    fs.process = None
+    assert mount_entry(fs.mountpoint) is not None  # dead, still in the mount table
+    with pytest.raises(OSError):
+        os.listdir(fs.mountpoint)
+    result = cli("umount", "--force", str(fs.mountpoint))
+    assert result.returncode == 0, result.stderr
+    assert mount_entry(fs.mountpoint) is None
+
+
+def test_mount_errors_have_one_line_and_documented_exit_codes(workdir: Path) -> None:
+    url = format_in(workdir)
+    missing = cli("mount", url, str(workdir / "nope"))
+    assert missing.returncode == MountPointError.exit_code
+    assert "no such directory" in missing.stderr and "hint:" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    (workdir / "file").write_text("")
+    not_dir = cli("mount", url, str(workdir / "file"))
+    assert not_dir.returncode == MountPointError.exit_code
+    not_mounted = cli("umount", str(workdir / "mnt"))
+    assert not_mounted.returncode == NotMountedError.exit_code
+    bad_url = cli("mount", "nosuchdb://x", str(workdir / "mnt"))
+    assert bad_url.returncode not in (0, 1) and "Traceback" not in bad_url.stderr
+    unformatted = cli("mount", f"sqlite:///{workdir / 'empty.db'}", str(workdir / "mnt"))
+    assert unformatted.returncode not in (0, 1), unformatted.stderr
+    assert "Traceback" not in unformatted.stderr and "hint:" in unformatted.stderr
+    assert mount_entry(workdir / "mnt") is None
+    again = cli("format", url, "--drive", f"emulated:{workdir / 'x.img'}:1073741824")
+    assert again.returncode not in (0, 1) and "Traceback" not in again.stderr
+
+
+def test_mount_on_a_mounted_directory_is_refused(workdir: Path) -> None:
+    fs = MountedFileSystem(workdir / "data", workdir / "mnt")
+    fs.format()
+    fs.start()
+    try:
+        result = cli("mount", fs.meta_url, str(fs.mountpoint))
+        assert result.returncode == AlreadyMountedError.exit_code
+        assert "already a mount point" in result.stderr
+    finally:
+        fs.stop()
+
+
+def test_up_formats_once_then_mounts_the_existing_file_system(workdir: Path) -> None:
+    data, mnt = workdir / "up", workdir / "mnt"
+    first = cli("up", str(data), str(mnt))
+    assert first.returncode == 0, first.stderr
+    try:
+        assert (data / "meta.db").exists()
+        images = sorted(p.name for p in data.iterdir() if p.suffix == ".img")
+        assert images == ["conventional.img", "smr0.img", "smr1.img"]
+        (mnt / "hello").write_text("world")
+    finally:
+        assert cli("umount", str(mnt)).returncode == 0
+    second = cli("up", str(data), str(mnt))
+    assert second.returncode == 0, second.stderr
+    try:
+        assert "formatted" not in second.stdout
+        assert (mnt / "hello").read_text() == "world"
+    finally:
+        assert cli("umount", str(mnt)).returncode == 0
+    deadline = time.monotonic() + 5
+    while mount_entry(mnt) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert mount_entry(mnt) is None
