@@ -144,7 +144,7 @@ def test_gc_moves_live_extents_while_writers_and_readers_run(drive_factory):
     try:
         for sid, data in stable.items():
             assert store.read(sid, 0, len(data)) == data
-        assert store.stats().gc_bytes_copied == stats.gc_bytes_copied
+        assert store.stats().gc_bytes_copied >= stats.gc_bytes_copied  # persisted (GC ran on)
     finally:
         store.close()
 
