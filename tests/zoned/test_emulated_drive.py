@@ -506,3 +506,43 @@ def test_reads_and_flushes_run_beside_appends(emulated: EmulatedZonedDrive) -> N
     for z in range(SEQ, SEQ + 3):
         assert emulated.read(emulated.zone_start(z), 100 * BS) == b"".join(
             blocks(1, i) for i in range(100))
+
+
+# -- on a raw block device ------------------------------------------------------------------
+
+
+@pytest.fixture
+def loop_device(tmp_path: Path):  # type: ignore[no-untyped-def]
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("losetup") is None:
+        pytest.skip("needs root and losetup to attach a loop device")
+    backing = tmp_path / "backing.img"
+    with open(backing, "wb") as f:
+        f.write(b"\xee" * (4 * ZONE_SIZE))  # old contents a fresh drive must not show
+    try:
+        device = subprocess.run(["losetup", "-f", "--show", str(backing)], check=True,
+                                capture_output=True, text=True).stdout.strip()
+    except subprocess.CalledProcessError as exc:
+        pytest.skip(f"losetup failed: {exc.stderr.strip()}")
+    yield device
+    subprocess.run(["losetup", "-d", device], check=False)
+
+
+def test_emulated_drive_on_a_block_device_keeps_its_table_elsewhere(
+    loop_device: str, tmp_path: Path
+) -> None:
+    table = str(tmp_path / "loop.zones")
+    d = EmulatedZonedDrive.create(loop_device, zone_size=ZONE_SIZE, zone_count=4,
+                                  conventional_zones=1, table_path=table)
+    assert d.read(d.zone_start(1), BS) == bytes(BS)  # old device bytes are not data
+    d.append(1, blocks(3, 1))
+    d.close_drive()
+    d = EmulatedZonedDrive.open(loop_device, table_path=table)
+    assert d.zone_info(1).written == 3 * BS
+    assert d.read(d.zone_start(1), 4 * BS) == blocks(3, 1) + bytes(BS)
+    d.close_drive()
+    with pytest.raises(UsageError, match="less than"):
+        EmulatedZonedDrive.create(loop_device, zone_size=ZONE_SIZE, zone_count=5,
+                                  table_path=str(tmp_path / "other.zones"))

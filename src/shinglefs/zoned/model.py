@@ -9,13 +9,18 @@ layers above can rely on them whatever the drive:
 - writes and reads are aligned to ``block_size`` (4 KiB) in offset and length;
 - writes to FULL, READ_ONLY or OFFLINE zones fail; reads of OFFLINE zones fail;
 - at most ``max_open_zones`` sequential zones are open (implicitly or
-  explicitly) at once; a write to an EMPTY or CLOSED zone opens it implicitly,
-  and fails (with the kernel's errno, see errors.py) when that would exceed
-  the limit.
+  explicitly) at once (0 = no limit); a write to an EMPTY or CLOSED zone opens
+  it implicitly. When opening one more zone (by a write or by ``open``) would
+  exceed the limit, the drive first implicitly closes the least recently
+  written IMPLICIT_OPEN zone (ZBC); it fails with ``TooManyOpenZones``
+  (ETOOMANYREFS) only when every open zone is explicitly open.
 
 Durability: ``write``/``append`` return when the bytes are in the drive's
-volatile cache; ``flush`` makes every earlier write durable. After a crash the
-write pointer of a zone never points past bytes that were not durable.
+volatile cache; ``flush`` makes every earlier write durable; ``reset`` is
+durable when it returns. After a crash the write pointer of a zone never
+points past bytes that were not durable, except that the last write before a
+power cut may survive as a block prefix (a torn write: see docs/drives.md);
+bytes past a write pointer read as zeros.
 """
 
 from __future__ import annotations
