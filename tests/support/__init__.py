@@ -1,0 +1,1 @@
+"""Test support shared across layers: the private PostgreSQL cluster (pgcluster)."""
