@@ -270,7 +270,8 @@ class LinuxZonedDrive(ZonedDrive):
     kind = "linux"
 
     def __init__(self, path: str, fd: int, limits: QueueLimits, zone_size: int, zone_count: int,
-                 name: str) -> None:
+                 name: str, *, conventional_zones: int | None = None) -> None:
+        """Wrap an open ``fd``; use ``open(path)``. ``conventional_zones`` None: count from a report."""
         self.path = path
         self.name = name
         self.limits = limits
@@ -284,11 +285,13 @@ class LinuxZonedDrive(ZonedDrive):
         self._bounce_lock = threading.Lock()
         self._bounce: mmap.mmap | None = None
         self._trace: list[TraceRecord] | None = None
-        zones = self.report_zones()
-        leading = 0
-        while leading < len(zones) and zones[leading].type is ZoneType.CONVENTIONAL:
-            leading += 1
-        self.conventional_zones = leading
+        if conventional_zones is None:
+            zones = self.report_zones()
+            conventional_zones = 0
+            while (conventional_zones < len(zones)
+                   and zones[conventional_zones].type is ZoneType.CONVENTIONAL):
+                conventional_zones += 1
+        self.conventional_zones = conventional_zones
 
     @classmethod
     def open_drive(cls, path: str | os.PathLike[str], *, name: str | None = None,
@@ -415,12 +418,15 @@ class LinuxZonedDrive(ZonedDrive):
         return self._bounce
 
     def read(self, offset: int, length: int) -> bytes:
+        self._check_open()
+        self._check_read(offset, length)
+        if length == 0:
+            return b""
+        # O_DIRECT needs an aligned target; the mmap is freed with its last reference
+        # (closing it here could fail while a traceback still holds a view of it).
         buffer = aligned_buffer(length)
-        try:
-            self.readinto(offset, memoryview(buffer)[:length])
-            return buffer[:length]
-        finally:
-            buffer.close()
+        self.readinto(offset, memoryview(buffer))
+        return buffer[:length]
 
     def readinto(self, offset: int, buffer: memoryview) -> int:
         self._check_open()
@@ -428,13 +434,7 @@ class LinuxZonedDrive(ZonedDrive):
         if view.ndim != 1 or view.itemsize != 1:
             view = view.cast("B")
         length = view.nbytes
-        bs = self.block_size
-        if offset % bs or length % bs:
-            raise UnalignedIOError(f"read of {length} bytes is not aligned to {bs} bytes",
-                                   drive=self.name, zone=self.zone_of(offset), offset=offset)
-        if offset < 0 or offset + length > self.capacity:
-            raise OutOfRangeError(f"read of {length} bytes is outside the drive",
-                                  drive=self.name, offset=offset)
+        self._check_read(offset, length)
         if self._trace is not None:
             self._trace.append(TraceRecord("read", self.zone_of(offset), offset, length,
                                            time.perf_counter()))
@@ -462,6 +462,15 @@ class LinuxZonedDrive(ZonedDrive):
             raise ZoneError(f"read failed: {exc.strerror}", drive=self.name, zone=zone,
                             offset=offset, errno=exc.errno) from exc
         return length
+
+    def _check_read(self, offset: int, length: int) -> None:
+        bs = self.block_size
+        if offset % bs or length % bs:
+            raise UnalignedIOError(f"read of {length} bytes is not aligned to {bs} bytes",
+                                   drive=self.name, zone=self.zone_of(offset), offset=offset)
+        if offset < 0 or length < 0 or offset + length > self.capacity:
+            raise OutOfRangeError(f"read of {length} bytes is outside the drive",
+                                  drive=self.name, offset=offset)
 
     # -- zone management ------------------------------------------------------------------
     def _zone_command(self, op: str, request: int, zone: int) -> None:
@@ -523,7 +532,11 @@ class LinuxZonedDrive(ZonedDrive):
         self._closed = True
         os.close(self._fd)
         if self._bounce is not None:
-            self._bounce.close()
+            try:
+                self._bounce.close()
+            except BufferError:  # a view still held by a traceback: freed with it
+                pass
+            self._bounce = None
 
     # -- checks and tracing -----------------------------------------------------------------
     def _check_open(self) -> None:
