@@ -1,0 +1,129 @@
+"""The write scheduler: coalescing, group commit, open-zone policy, failure propagation."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from storekit import MiB, payload
+
+from shinglefs.store import SliceOrderError, SliceStore, StoreIOError
+from shinglefs.zoned import ZoneCondition
+
+
+def test_sixteen_writers_of_sixteen_groups_become_long_per_group_runs(drive_factory):
+    drive = drive_factory(zone_size=16 * MiB, zone_count=40, max_open_zones=32)
+    store = SliceStore.format(drive, linger_s=0.2, gc_background=False)
+    piece = 256 * 1024
+    pieces = 32  # 8 MiB a writer
+    drive.start_trace()
+    barrier = threading.Barrier(16)
+
+    def writer(g: int) -> None:
+        data = payload(g, piece * pieces)
+        view = memoryview(data)
+        barrier.wait()
+        futures = [store.submit(g, i * piece, view[i * piece : (i + 1) * piece], group=100 + g)
+                   for i in range(pieces)]
+        for f in futures:
+            f.result()
+
+    threads = [threading.Thread(target=writer, args=(g,)) for g in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    trace = drive.stop_trace()
+    data_writes = [t for t in trace if t.op == "write" and t.zone >= drive.conventional_zones]
+    by_zone: dict[int, list[int]] = {}
+    for w in data_writes:
+        by_zone.setdefault(w.zone, []).append(w.length)
+    assert len(by_zone) == 16  # one zone a group: no interleaving of groups in a zone
+    for zone, lengths in by_zone.items():
+        # Every run is >= 4 MiB except the group's last one (its queue then held less).
+        assert all(n >= 4 * MiB for n in lengths[:-1]), (zone, lengths)
+        assert sum(lengths) >= 8 * MiB
+    for g in range(16):
+        assert store.read(g, 0, piece * pieces) == payload(g, piece * pieces)
+    store.close()
+
+
+def test_concurrent_durable_writes_share_flushes(drive_factory):
+    drive = drive_factory(zone_size=4 * MiB, zone_count=32)
+    store = SliceStore.format(drive, gc_background=False)
+    drive.start_trace()
+    per_thread = 20
+
+    def writer(t: int) -> None:
+        for i in range(per_thread):
+            sid = t * 1000 + i
+            store.write(sid, 0, payload(sid, 64 * 1024), group=t, durable=True)
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    trace = drive.stop_trace()
+    flushes = sum(1 for t in trace if t.op == "flush")
+    assert flushes < 0.75 * 8 * per_thread, flushes
+    for t in range(8):
+        assert store.read(t * 1000 + 5, 0, 64 * 1024) == payload(t * 1000 + 5, 64 * 1024)
+    store.close()
+
+
+def test_more_groups_than_open_zones_evict_the_least_recently_written(drive_factory):
+    drive = drive_factory(zone_size=MiB, zone_count=32, max_open_zones=4)
+    store = SliceStore.format(drive, gc_background=False, linger_s=0.0)
+    for rnd in range(3):
+        for g in range(5):  # 5 groups, 2 group open zones (4 minus the GC/metadata reserve)
+            sid = g * 10 + rnd
+            store.write(sid, 0, payload(sid, 100_000), group=g)
+    stats = store.stats()
+    assert stats.group_zone_evictions >= 10
+    implicit, explicit = drive.open_zone_count()
+    assert implicit + explicit <= 4
+    for g in range(5):
+        for rnd in range(3):
+            assert store.read(g * 10 + rnd, 0, 100_000) == payload(g * 10 + rnd, 100_000)
+    # Each group still owns its zone: 5 groups, 5 zones.
+    assert len(stats.live_bytes_per_zone) == 5
+    store.close()
+
+
+def test_a_failed_zone_write_fails_the_rest_of_the_slice_and_the_store_goes_on(store):
+    store.write(1, 0, payload(1, 100_000), group=3)
+    zone = store.slice_log.index.extents(1)[0][2] // MiB
+    store.drive.fail_zone(zone, ZoneCondition.READ_ONLY)
+    first = store.submit(1, 100_000, b"x" * 5000, group=3)
+    with pytest.raises(StoreIOError) as info:
+        first.result()
+    assert info.value.zone == zone
+    assert store.length(1) == 100_000
+    with pytest.raises(SliceOrderError):
+        store.write(1, 105_000, b"y", group=3)
+    store.write(1, 100_000, b"z" * 5000, group=3)  # the retry lands in a fresh zone
+    assert store.read(1, 0, 200_000) == payload(1, 100_000) + b"z" * 5000
+    assert store.read(1, 0, 10) == payload(1, 10)  # a READ_ONLY zone still reads
+
+
+def test_back_pressure_bounds_queued_bytes(drive_factory):
+    drive = drive_factory(zone_size=4 * MiB, zone_count=32)
+    store = SliceStore.format(drive, max_queue_bytes=MiB, gc_background=False)
+    seen = []
+    orig = store.scheduler._take
+
+    def spy(now):
+        seen.append(store.scheduler.queued_bytes)
+        return orig(now)
+
+    store.scheduler._take = spy
+    data = payload(5, 16 * MiB)
+    view = memoryview(data)
+    futures = [store.submit(5, i * 256 * 1024, view[i * 256 * 1024 : (i + 1) * 256 * 1024], 0)
+               for i in range(64)]
+    for f in futures:
+        f.result()
+    assert max(seen) <= MiB
+    assert store.read(5, 0, 16 * MiB) == data
+    store.close()
