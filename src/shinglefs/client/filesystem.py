@@ -15,15 +15,26 @@ import uuid as _uuid
 from shinglefs.client.config import ClientConfig
 from shinglefs.client.errors import NotAFileSystem
 from shinglefs.client.vfs import VFS
-from shinglefs.meta.api import ROOT_INO, MetaStore, open_meta
+from shinglefs.meta.api import CHUNK_SIZE, ROOT_INO, MetaStore, open_meta
 from shinglefs.meta.errors import AlreadyFormatted, FsError, NotFormatted
 from shinglefs.server.node import StorageNode
 
 DRIVES_XATTR = b"trusted.shinglefs.drives"
 
 
-def format_filesystem(meta_url: str, drives: list[str], name: str = "shinglefs") -> None:
+def format_filesystem(
+    meta_url: str,
+    drives: list[str],
+    name: str = "shinglefs",
+    *,
+    chunk_size: int = CHUNK_SIZE,
+    zone_size: int | None = None,
+) -> None:
     """Format each drive (``KIND:PATH[:SIZE]``) as a slice store and create the metadata.
+
+    ``chunk_size`` (default 64 MiB) is the file-offset unit of the chunk map;
+    a slice never crosses a chunk. Smaller values are for tests only.
+    ``zone_size`` applies to emulated drives created here (default 256 MiB).
 
     Refuses (``AlreadyFormatted``) before touching any drive when the metadata
     already holds a file system. Raises ``DriveInUse`` if a drive is locked by
@@ -44,12 +55,12 @@ def format_filesystem(meta_url: str, drives: list[str], name: str = "shinglefs")
                 f"{meta_url} already holds file system {info.name!r} ({info.uuid})",
                 hint="use a fresh metadata database, or open the existing file system",
             )
-        node = StorageNode.open(list(enumerate(drives)), create=True)
+        node = StorageNode.open(list(enumerate(drives)), create=True, zone_size=zone_size)
         try:
             capacity = node.stats().capacity_bytes
         finally:
             node.close()
-        meta.format(name, str(_uuid.uuid4()), capacity_bytes=capacity)
+        meta.format(name, str(_uuid.uuid4()), chunk_size=chunk_size, capacity_bytes=capacity)
         meta.set_capacity(capacity)
         meta.setxattr(ROOT_INO, DRIVES_XATTR, json.dumps(list(drives)).encode())
     finally:

@@ -80,7 +80,7 @@ class ShingleFileSystem(AbstractFileSystem):
         meta = meta or os.environ.get(META_ENV)
         if not meta:
             raise UsageError(
-                "no ShingleFS metadata URL",
+                f"no ShingleFS metadata URL (storage option meta= or {META_ENV})",
                 hint=f"pass meta='sqlite3:///path/meta.db' as a storage option or set {META_ENV}",
             )
         self.meta_url = meta

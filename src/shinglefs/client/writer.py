@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -39,20 +40,47 @@ log = logging.getLogger(__name__)
 
 
 class WriteBudget:
-    """Bytes buffered by all writers of a client, bounded (back-pressure when full)."""
+    """Bytes buffered by all writers of a client, bounded (back-pressure when full).
+
+    Pending bytes sit in writers until a piece fills, so a full budget could
+    be held entirely by idle writers. A writer that must wait therefore first
+    *spills* its own pending bytes as a (shorter) piece, and if the budget is
+    still full after a short wait, spills the pending bytes of writers that are
+    idle (their lock is free). Spilled bytes are released when their piece is
+    stored, so a waiter always makes progress.
+    """
+
+    SPILL_WAIT = 0.05
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
         self._cond = threading.Condition()
+        self._writers: weakref.WeakSet[FileWriter] = weakref.WeakSet()
 
-    def acquire(self, n: int) -> None:
+    def register(self, writer: FileWriter) -> None:
+        with self._cond:
+            self._writers.add(writer)
+
+    def acquire(self, n: int, owner: FileWriter | None = None) -> None:
         """Take ``n`` bytes, waiting while the budget is full (an oversize request
         proceeds alone when nothing else is buffered, so it can never deadlock)."""
-        with self._cond:
-            while self.used > 0 and self.used + n > self.limit:
-                self._cond.wait()
-            self.used += n
+        spilled_own = owner is None
+        while True:
+            with self._cond:
+                if self.used == 0 or self.used + n <= self.limit:
+                    self.used += n
+                    return
+                if spilled_own and self._cond.wait(self.SPILL_WAIT):
+                    continue
+                others = [w for w in self._writers if w is not owner]
+            if not spilled_own:
+                assert owner is not None
+                owner.spill(own=True)
+                spilled_own = True
+                continue
+            for writer in others:
+                writer.spill(own=False)
 
     def release(self, n: int) -> None:
         with self._cond:
@@ -147,6 +175,7 @@ class FileWriter:
         self._error: BaseException | None = None
         self.slices_committed = 0
         self.pieces_submitted = 0
+        budget.register(self)
 
     # ------------------------------------------------------------------ state
     def buffered_end(self) -> int:
@@ -201,7 +230,7 @@ class FileWriter:
                 self._config.file_buffer_bytes
             ):
                 self._reap_oldest(s)
-            self._budget.acquire(n)
+            self._budget.acquire(n, self)
             s.pending += part
             s.length += n
             data = data[n:]
@@ -291,6 +320,26 @@ class FileWriter:
                 self._node.delete(s.slice_id, s.drive_id)
             except Exception:
                 log.warning("could not delete failed slice %#x", s.slice_id, exc_info=True)
+
+    def spill(self, *, own: bool) -> None:
+        """Submit pending bytes now (a short piece) to free write budget.
+
+        ``own``: called by this writer's own thread (holding its lock); else by
+        another writer waiting for budget, which skips a writer that is busy.
+        """
+        if own:
+            s = self.open_slice
+            if s is not None and s.pending:
+                self._submit_pending(s, durable=False, ending=False)
+            return
+        if not self.lock.acquire(blocking=False):
+            return
+        try:
+            s = self.open_slice
+            if s is not None and s.pending:
+                self._submit_pending(s, durable=False, ending=False)
+        finally:
+            self.lock.release()
 
     # ------------------------------------------------------------------ ending
     def flush(self, *, durable: bool | None = None) -> None:

@@ -161,9 +161,16 @@ class StorageNode:
     # ------------------------------------------------------------------ opening
     @classmethod
     def open(
-        cls, drives: Iterable[tuple[int, str]], *, create: bool = False, **kwargs: Any
+        cls,
+        drives: Iterable[tuple[int, str]],
+        *,
+        create: bool = False,
+        zone_size: int | None = None,
+        **kwargs: Any,
     ) -> StorageNode:
         """Open (``create``: format) each ``(drive_id, spec)`` as a slice store.
+
+        ``zone_size`` applies when creating emulated drives (default 256 MiB).
 
         Takes each drive's lock file first; raises ``DriveInUse`` naming the
         holder pid when another process has it. On any failure the drives
@@ -181,7 +188,11 @@ class StorageNode:
                 lock.acquire()
                 locks.append(lock)
                 if create:
-                    drive = create_drive(spec)
+                    drive = (
+                        create_drive(spec)
+                        if zone_size is None
+                        else create_drive(spec, zone_size=zone_size)
+                    )
                     stores[drive_id] = SliceStore.format(drive)
                 else:
                     drive = open_drive(spec)

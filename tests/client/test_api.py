@@ -1,0 +1,137 @@
+"""The path-based Python API and fsspec: real io objects, torch.save/torch.load, errors as OSError."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import fsspec
+import pytest
+import torch
+from fsfixtures import FsFactory, MiB, pattern
+
+from shinglefs.client import fsspec_impl
+from shinglefs.client.api import ShingleFS, connect
+
+
+def test_open_modes_seek_tell_readinto(pyfs: ShingleFS) -> None:
+    with pyfs.open("/f.bin", "wb") as f:
+        assert isinstance(f, io.BufferedWriter)
+        f.write(b"0123456789")
+        assert f.tell() == 10
+    with pyfs.open("/f.bin", "r+b") as f:
+        f.seek(3)
+        f.write(b"abc")
+        f.seek(-2, io.SEEK_END)
+        assert f.read() == b"89"
+        f.seek(0)
+        buf = bytearray(6)
+        assert f.readinto(buf) == 6 and bytes(buf) == b"012abc"
+    with pyfs.open("/f.bin", "ab") as f:
+        f.write(b"!")
+    with pyfs.open("/f.bin", "r") as t:
+        assert t.read() == "012abc6789!"
+    with pytest.raises(FileExistsError):
+        pyfs.open("/f.bin", "xb")
+    with pyfs.open("/f.bin", "w") as t:
+        t.write("text\n")
+    assert pyfs.read_bytes("/f.bin") == b"text\n"
+
+
+def test_namespace_calls_and_oserror_subclasses(pyfs: ShingleFS) -> None:
+    pyfs.makedirs("/a/b/c")
+    pyfs.makedirs("/a/b", exist_ok=True)
+    with pytest.raises(FileExistsError):
+        pyfs.makedirs("/a/b")
+    pyfs.write_bytes("/a/b/x", b"x")
+    assert pyfs.exists("/a/b/x") and pyfs.isfile("/a/b/x") and pyfs.isdir("/a/b")
+    assert sorted(pyfs.listdir("/a/b")) == ["c", "x"]
+    assert list(pyfs.walk("/a")) == [("/a", ["b"], []), ("/a/b", ["c"], ["x"]), ("/a/b/c", [], [])]
+    pyfs.write_bytes("/a/b/y", b"y")
+    pyfs.replace("/a/b/y", "/a/b/x")
+    assert pyfs.read_bytes("/a/b/x") == b"y"
+    pyfs.symlink("b/x", "/a/lnk")
+    assert pyfs.read_bytes("/a/lnk") == b"y" and pyfs.readlink("/a/lnk") == "b/x"
+    pyfs.link("/a/b/x", "/a/hard")
+    assert pyfs.stat("/a/hard").st_nlink == 2
+    pyfs.truncate("/a/hard", 0)
+    assert pyfs.stat("/a/b/x").st_size == 0
+    with pytest.raises(FileNotFoundError):
+        pyfs.stat("/missing")
+    with pytest.raises(OSError) as exc:
+        pyfs.rmdir("/a/b")
+    assert exc.value.errno == 39  # ENOTEMPTY
+    with pytest.raises(IsADirectoryError):
+        pyfs.open("/a", "rb")
+    pyfs.remove("/a/b/x")
+    assert not pyfs.exists("/a/b/x")
+
+
+def test_torch_save_and_load_through_the_python_api(pyfs: ShingleFS) -> None:
+    state = {"weight": torch.randn(512, 512), "step": torch.tensor(7)}
+    with pyfs.open("/model.pt", "wb") as f:
+        torch.save(state, f)
+    with pyfs.open("/model.pt", "rb") as f:
+        back = torch.load(f)
+    assert torch.equal(back["weight"], state["weight"]) and int(back["step"]) == 7
+
+
+def test_fsync_through_the_api(pyfs: ShingleFS) -> None:
+    with pyfs.open("/d.bin", "wb", buffering=0) as raw:
+        raw.write(pattern(40, MiB))
+        raw.fsync()
+        assert pyfs.vfs.meta.getattr(raw.ino).size == MiB
+
+
+def test_connect_and_fsspec_share_one_connection(fs_factory: FsFactory, monkeypatch) -> None:
+    fs_factory.format()
+    url = fs_factory.meta_url
+    try:
+        state = {"w": torch.arange(1000.0)}
+        with fsspec.open("shinglefs://ckpt/model.pt", "wb", meta=url) as f:
+            torch.save(state, f)
+        with fsspec.open("shinglefs://ckpt/model.pt", "rb", meta=url) as f:
+            assert torch.equal(torch.load(f)["w"], state["w"])
+        monkeypatch.setenv("SHINGLEFS_META", url)
+        sfs = fsspec.filesystem("shinglefs")
+        assert sfs.ls("/ckpt", detail=False) == ["/ckpt/model.pt"]
+        info = sfs.info("shinglefs://ckpt/model.pt")
+        assert info["type"] == "file" and info["size"] > 4000
+        sfs.cp_file("/ckpt/model.pt", "/ckpt/copy.pt")
+        sfs.mv("/ckpt/copy.pt", "/ckpt/moved.pt")
+        assert sfs.cat_file("/ckpt/moved.pt") == sfs.cat_file("/ckpt/model.pt")
+        sfs.pipe_file("/ckpt/.metadata", b"meta")
+        assert sfs.exists("/ckpt/.metadata")
+        sfs.rm("/ckpt", recursive=True)
+        assert not sfs.exists("/ckpt")
+        with pytest.raises(FileNotFoundError):
+            sfs.info("/ckpt")
+    finally:
+        fsspec_impl.close_connections()
+
+
+def test_fsspec_without_a_meta_url_is_a_clear_error(monkeypatch) -> None:
+    monkeypatch.delenv("SHINGLEFS_META", raising=False)
+    from shinglefs.errors import UsageError
+
+    with pytest.raises(UsageError, match="SHINGLEFS_META"):
+        fsspec_impl.ShingleFileSystem(skip_instance_cache=True)
+
+
+def test_connect_opens_a_formatted_file_system(fs_factory: FsFactory) -> None:
+    fs_factory.format()
+    with connect(fs_factory.meta_url) as fs:
+        fs.write_bytes("/hello", b"world")
+    with connect(fs_factory.meta_url) as fs:
+        assert fs.read_bytes("/hello") == b"world"
+        assert fs.statvfs().capacity_bytes > 0
+
+
+def test_a_second_client_cannot_open_locked_drives(fs_factory: FsFactory) -> None:
+    from shinglefs.server.errors import DriveInUse
+
+    fs_factory.format()
+    with connect(fs_factory.meta_url):
+        with pytest.raises(DriveInUse) as exc:
+            connect(fs_factory.meta_url)
+        assert str(os.getpid()) in str(exc.value)

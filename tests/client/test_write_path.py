@@ -1,0 +1,152 @@
+"""The write path: streamed pieces, one slice per chunk, overlays, bounded memory, groups."""
+
+from __future__ import annotations
+
+import os
+
+from fsfixtures import FsFactory, MiB, create, pattern, read_all
+
+from shinglefs.client.config import ClientConfig
+from shinglefs.client.vfs import VFS, SetAttrChanges
+from shinglefs.meta.api import ROOT_CTX, ROOT_INO
+
+
+def test_sequential_write_is_streamed_in_4mib_pieces_before_close(vfs: VFS) -> None:
+    fh, ino = create(vfs, b"big")
+    data = pattern(1, 20 * MiB)
+    before = vfs.node.stats().user_bytes_written
+    for off in range(0, len(data), MiB):
+        vfs.write(fh, off, data[off : off + MiB])
+    # Still open, never flushed: at least 16 MiB already reached the store in 4 MiB pieces.
+    streamed = vfs.node.stats().user_bytes_written - before
+    writer = vfs._inodes[ino].writer
+    assert streamed >= 16 * MiB
+    assert writer.pieces_submitted >= 4
+    assert writer.slices_committed == 0
+    vfs.release(fh)
+    assert read_all(vfs, ino) == data
+
+
+def test_a_sequential_chunk_becomes_one_slice(fs_factory: FsFactory) -> None:
+    vfs = fs_factory.vfs(chunk_size=8 * MiB)
+    fh, ino = create(vfs, b"seq")
+    data = pattern(2, 20 * MiB)
+    for off in range(0, len(data), 3 * MiB):
+        vfs.write(fh, off, data[off : off + 3 * MiB])
+    vfs.release(fh)
+    for chunk_index, expected in [(0, 8 * MiB), (1, 8 * MiB), (2, 4 * MiB)]:
+        chunk = vfs.meta.get_chunk(ino, chunk_index)
+        assert len(chunk.refs) == 1
+        assert chunk.refs[0].length == expected
+    assert read_all(vfs, ino) == data
+
+
+def test_getattr_size_includes_buffered_writes(vfs: VFS) -> None:
+    fh, ino = create(vfs, b"buffered")
+    vfs.write(fh, 0, b"x" * 1000)
+    assert vfs.meta.getattr(ino).size == 0  # nothing committed yet
+    assert vfs.getattr(ino).size == 1000
+    vfs.flush(fh)
+    assert vfs.meta.getattr(ino).size == 1000
+    vfs.release(fh)
+
+
+def test_overwrites_become_overlays_that_read_back_exact(vfs: VFS) -> None:
+    fh, ino = create(vfs, b"overlay")
+    model = bytearray(pattern(3, 6 * MiB))
+    vfs.write(fh, 0, bytes(model))
+    for i, (off, n) in enumerate([(100, 10), (4 * MiB - 5, 20), (5, 3 * MiB), (6 * MiB - 1, 1)]):
+        chunk = pattern(10 + i, n)
+        vfs.write(fh, off, chunk)
+        model[off : off + n] = chunk
+    # Read before close: sees this client's own buffered writes.
+    assert vfs.read(fh, 0, len(model) + 100) == bytes(model)
+    vfs.release(fh)
+    assert read_all(vfs, ino) == bytes(model)
+
+
+def test_writes_past_eof_leave_holes_that_read_as_zeros(vfs: VFS) -> None:
+    fh, ino = create(vfs, b"holes")
+    vfs.write(fh, 10 * MiB, b"tail")
+    vfs.write(fh, 100, b"head")
+    vfs.release(fh)
+    data = read_all(vfs, ino)
+    assert len(data) == 10 * MiB + 4
+    assert data[100:104] == b"head" and data[-4:] == b"tail"
+    assert data[:100] == bytes(100) and data[104 : 10 * MiB] == bytes(10 * MiB - 104)
+
+
+def test_truncate_down_then_up_reads_zeros_in_the_regrown_part(vfs: VFS) -> None:
+    fh, ino = create(vfs, b"trunc")
+    data = pattern(4, 5 * MiB)
+    vfs.write(fh, 0, data)
+    vfs.setattr(ino, SetAttrChanges(size=MiB + 7), fh, ROOT_CTX)
+    assert vfs.getattr(ino).size == MiB + 7
+    assert vfs.read(fh, 0, 10 * MiB) == data[: MiB + 7]
+    vfs.setattr(ino, SetAttrChanges(size=3 * MiB), fh, ROOT_CTX)
+    assert vfs.read(fh, 0, 10 * MiB) == data[: MiB + 7] + bytes(3 * MiB - MiB - 7)
+    vfs.release(fh)
+
+
+def test_ftruncate_extend_then_fill_like_safetensors(vfs: VFS) -> None:
+    fh, ino = create(vfs, b"st.tmp")
+    vfs.setattr(ino, SetAttrChanges(size=9 * MiB), fh, ROOT_CTX)
+    data = pattern(5, 9 * MiB)
+    for off in range(0, len(data), MiB):
+        vfs.write(fh, off, data[off : off + MiB])
+    vfs.release(fh)
+    assert vfs.getattr(ino).size == 9 * MiB
+    assert read_all(vfs, ino) == data
+
+
+def test_o_append_writes_at_the_end(vfs: VFS) -> None:
+    fh, ino = create(vfs, b"log")
+    vfs.write(fh, 0, b"first\n")
+    vfs.release(fh)
+    fh = vfs.open(ino, os.O_WRONLY | os.O_APPEND, ROOT_CTX)
+    vfs.write(fh, 0, b"second\n")  # offset ignored under O_APPEND
+    vfs.write(fh, 0, b"third\n")
+    vfs.release(fh)
+    assert read_all(vfs, ino) == b"first\nsecond\nthird\n"
+
+
+def test_o_trunc_on_open_empties_the_file(vfs: VFS) -> None:
+    fh, ino = create(vfs, b"t")
+    vfs.write(fh, 0, b"old contents")
+    vfs.release(fh)
+    fh = vfs.open(ino, os.O_WRONLY | os.O_TRUNC, ROOT_CTX)
+    vfs.write(fh, 0, b"new")
+    vfs.release(fh)
+    assert read_all(vfs, ino) == b"new"
+
+
+def test_buffered_bytes_stay_under_the_client_budget(fs_factory: FsFactory) -> None:
+    config = ClientConfig(total_buffer_bytes=8 * MiB, file_buffer_bytes=8 * MiB)
+    vfs = fs_factory.vfs(config)
+    handles = [create(vfs, f"f{i}".encode()) for i in range(3)]
+    block = pattern(6, MiB)
+    peak = 0
+    for step in range(12):
+        for fh, _ino in handles:
+            vfs.write(fh, step * MiB, block)
+            peak = max(peak, vfs.stats()["buffered_bytes"])
+    assert peak <= 8 * MiB + MiB  # one write may be admitted alone past a drained budget
+    for fh, ino in handles:
+        vfs.release(fh)
+        assert read_all(vfs, ino) == block * 12
+
+
+def test_large_file_is_its_own_group_and_small_file_joins_its_directory(vfs: VFS) -> None:
+    d = vfs.mkdir(ROOT_INO, b"dir", 0o755, ROOT_CTX)
+    fh, small = create(vfs, b"small.json", d.ino)
+    vfs.write(fh, 0, b"{}")
+    vfs.release(fh)
+    fh, large = create(vfs, b"large.bin", d.ino)
+    vfs.write(fh, 0, pattern(7, 5 * MiB))
+    vfs.release(fh)
+    small_slice = vfs.meta.get_chunk(small, 0).refs[0].slice_id
+    large_slice = vfs.meta.get_chunk(large, 0).refs[0].slice_id
+    assert vfs.meta.get_slice(small_slice).group == d.ino
+    assert vfs.meta.get_slice(large_slice).group == large
+    replicas = vfs.meta.get_slice(large_slice).replicas
+    assert [(r.server, r.drive) for r in replicas] == [("local", "0")]
