@@ -182,6 +182,14 @@ class SqlMetaStore(MetaStore):
             self._ids[name] = (nxt + 1, end)
             return nxt
 
+    def _lock_rows(self, tx: Tx, *inos: int | None) -> None:
+        """Row-lock the inodes an operation will modify, in ascending order (see
+        ``schema.lock_inodes``); a no-op on SQLite."""
+        if not self._b.dialect.row_locks:
+            return
+        wanted = sorted({i for i in inos if i is not None})
+        tx.all(S.lock_inodes(len(wanted)), wanted)
+
     def _counters(self, tx: Tx, used_delta: int, inode_delta: int) -> None:
         tx.run(S.ADD_COUNTERS, (used_delta, inode_delta, self._shard))
 
@@ -590,6 +598,7 @@ class SqlMetaStore(MetaStore):
             )
         pmode, puid, pgid = row[0], row[1], row[2]
         victim = _attr(row, 4)
+        self._lock_rows(tx, parent, victim.ino)
         if not permits(pmode, puid, pgid, ctx, W_OK | X_OK):
             raise FsError(E.EACCES, f"no write permission on directory {parent}", ino=parent)
         if not self._sticky_ok(pmode, puid, victim.uid, ctx):
@@ -670,6 +679,7 @@ class SqlMetaStore(MetaStore):
                 )
             if dst is not None and dst.ino == src.ino:
                 return RenameResult(src.ino, None, False)
+            self._lock_rows(tx, old_parent, new_parent, src.ino, dst.ino if dst else None)
             for prow, pino in ((srow, old_parent), (drow, new_parent)):
                 if not permits(prow[0], prow[1], prow[2], ctx, W_OK | X_OK):
                     raise FsError(E.EACCES, f"no write permission on directory {pino}", ino=pino)
@@ -774,6 +784,7 @@ class SqlMetaStore(MetaStore):
             if row is None or row[4] == 0:
                 raise FsError(E.ENOENT, f"inode {ino} has no links left", ino=ino)
             a = _attr(row)
+            self._lock_rows(tx, ino, new_parent)
             prow = tx.one(S.TOUCH_PARENT_FOR_INSERT, (now, now, 0, new_parent))
             self._dir_for_entry(tx, prow, new_parent, ctx)
             if not tx.run(S.INS_DENTRY, (new_parent, new_name, ino, prow[4])):

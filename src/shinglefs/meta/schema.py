@@ -147,6 +147,8 @@ class Dialect:
 
     name: str
     placeholder: str
+    row_locks: bool
+    """The backend takes explicit row locks (``FOR UPDATE``) to order writers."""
     blob: str
     greatest: str
     without_rowid: str
@@ -166,10 +168,10 @@ class Dialect:
 
 
 SQLITE = Dialect(
-    name="sqlite", placeholder="?", blob="BLOB", greatest="MAX", without_rowid=" WITHOUT ROWID"
+    name="sqlite", placeholder="?", row_locks=False, blob="BLOB", greatest="MAX", without_rowid=" WITHOUT ROWID"
 )
 POSTGRES = Dialect(
-    name="postgresql", placeholder="%s", blob="BYTEA", greatest="GREATEST", without_rowid=""
+    name="postgresql", placeholder="%s", row_locks=True, blob="BYTEA", greatest="GREATEST", without_rowid=""
 )
 
 
@@ -192,6 +194,18 @@ ADD_COUNTERS = (
     "UPDATE counters SET used_bytes = used_bytes + ?, inodes = inodes + ? WHERE shard = ?"
 )
 SUM_COUNTERS = "SELECT COALESCE(SUM(used_bytes), 0), COALESCE(SUM(inodes), 0) FROM counters"
+
+
+
+def lock_inodes(count: int) -> str:
+    """Lock ``count`` inode rows in ascending ino order (PostgreSQL-family only:
+    SQLite's BEGIN IMMEDIATE already serializes writers). Taking every row an
+    operation will modify up front, in one global order, makes deadlocks
+    between multi-row operations (rename, unlink, link) impossible; a
+    conflicting writer then fails with 40001 and is retried."""
+    marks = ", ".join("?" * count)
+    return f"SELECT ino FROM inodes WHERE ino IN ({marks}) ORDER BY ino FOR UPDATE"
+
 
 SEL_INODE = f"SELECT {INODE_COLS} FROM inodes WHERE ino = ?"
 SEL_INODE_EXTRA = f"SELECT {INODE_COLS}, parent, target, tier, retention FROM inodes WHERE ino = ?"
