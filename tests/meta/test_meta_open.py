@@ -1,0 +1,167 @@
+"""Opening by URL, formatting, typed set-up errors, ids, statfs, threads."""
+
+from __future__ import annotations
+
+import errno as E
+import sqlite3
+import threading
+import uuid
+
+import pytest
+from tests.support.pgcluster import free_port
+
+from shinglefs.meta import open_meta
+from shinglefs.meta.api import ROOT_INO, SliceRef
+from shinglefs.meta.errors import (
+    AlreadyFormatted,
+    MetaError,
+    MetaUnavailable,
+    MetaURLError,
+    NotFormatted,
+    SchemaVersionError,
+)
+
+
+def one_line(exc: MetaError) -> None:
+    assert "\n" not in str(exc) and exc.hint and "\n" not in exc.hint
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["mysql://u@h/db", "meta.db", "sqlite3://relative/meta.db", "postgresql://u@127.0.0.1:5432/"],
+)
+def test_bad_urls_raise_metaurlerror_with_a_hint(url):
+    with pytest.raises(MetaURLError) as info:
+        open_meta(url)
+    assert info.value.errno == E.EINVAL and info.value.exit_code == 2
+    one_line(info.value)
+
+
+def test_sqlite_unknown_option_is_refused(tmp_path):
+    with pytest.raises(MetaURLError):
+        open_meta(f"sqlite3://{tmp_path}/m.db?journal=delete")
+
+
+def test_sqlite_missing_directory_is_unavailable(tmp_path):
+    with pytest.raises(MetaUnavailable) as info:
+        open_meta(f"sqlite3://{tmp_path}/no/such/dir/meta.db")
+    assert "mkdir" in info.value.hint
+    one_line(info.value)
+
+
+def test_sqlite_file_that_is_not_a_database(tmp_path):
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(MetaUnavailable) as info:
+        open_meta(f"sqlite3://{junk}")
+    one_line(info.value)
+
+
+def test_sqlite_synchronous_full_is_stated_in_durability(tmp_path):
+    store = open_meta(f"sqlite3://{tmp_path}/m.db?synchronous=full")
+    assert "FULL" in store.durability and "power loss" in store.durability
+    store.close()
+    store = open_meta(f"sqlite3://{tmp_path}/m.db")
+    assert "NORMAL" in store.durability
+    store.close()
+
+
+def test_postgres_unreachable_server_is_one_line_with_hint():
+    with pytest.raises(MetaUnavailable) as info:
+        open_meta(f"postgresql://postgres@127.0.0.1:{free_port()}/x")
+    assert "cannot reach PostgreSQL" in str(info.value)
+    one_line(info.value)
+
+
+def test_postgres_missing_database_says_how_to_create_it(pg_cluster):
+    with pytest.raises(MetaUnavailable) as info:
+        open_meta(pg_cluster.url("no_such_db"))
+    assert "does not exist" in str(info.value) and "CREATE DATABASE" in info.value.hint
+    one_line(info.value)
+
+
+def test_format_record_round_trips(meta_url):
+    store = open_meta(meta_url)
+    with pytest.raises(NotFormatted):
+        store.format_info()
+    with pytest.raises(NotFormatted):
+        store.getattr(ROOT_INO)
+    fs_uuid = str(uuid.uuid4())
+    info = store.format("corpus", fs_uuid, chunk_size=1 << 20, block_size=4096, secret="k")
+    assert store.format_info() == info
+    assert (info.name, info.uuid, info.chunk_size, info.secret) == ("corpus", fs_uuid, 1 << 20, "k")
+    with pytest.raises(AlreadyFormatted):
+        store.format("again", str(uuid.uuid4()))
+    store.close()
+    reopened = open_meta(meta_url)
+    assert reopened.format_info() == info
+    reopened.close()
+
+
+def test_format_refuses_another_schema_version(meta_url):
+    store = open_meta(meta_url)
+    with pytest.raises(SchemaVersionError):
+        store.format("x", "u", schema_version=99)
+    store.close()
+
+
+def test_schema_of_another_version_is_refused_on_open(meta, meta_url):
+    meta._b.run(lambda tx: tx.run("UPDATE format SET schema_version = 99"), "write")
+    with pytest.raises(SchemaVersionError) as info:
+        open_meta(meta_url)
+    assert "99" in str(info.value)
+    one_line(info.value)
+
+
+def test_slice_ids_are_unique_across_stores(meta, meta_url):
+    other = open_meta(meta_url)
+    ids = [meta.next_slice_id() for _ in range(1500)] + [other.next_slice_id() for _ in range(1500)]
+    other.close()
+    assert len(set(ids)) == len(ids) and min(ids) > 0
+
+
+def test_statfs_counts_inodes_bytes_and_capacity(meta, check):
+    base = meta.statfs()
+    assert (base.inodes, base.used_bytes, base.capacity_bytes) == (1, 0, 0)
+    meta.set_capacity(10_000)
+    f = meta.create(ROOT_INO, b"f", 0o644)
+    meta.mkdir(ROOT_INO, b"d", 0o755)
+    meta.commit_slice(f.ino, 0, SliceRef(meta.next_slice_id(), 0, 3000), 3000)
+    st = meta.statfs()
+    assert (st.inodes, st.used_bytes, st.capacity_bytes, st.free_bytes) == (3, 3000, 10_000, 7000)
+    assert meta.statfs(capacity_bytes=2000).free_bytes == 0
+    meta.unlink(ROOT_INO, b"f")
+    assert (meta.statfs().inodes, meta.statfs().used_bytes) == (2, 0)
+    check()
+
+
+def test_threads_share_one_store(meta, check):
+    d = meta.mkdir(ROOT_INO, b"d", 0o777)
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        try:
+            for i in range(40):
+                meta.create(d.ino, b"t%d-%d" % (t, i), 0o644)
+                if i % 3 == 0:
+                    meta.rename(d.ino, b"t%d-%d" % (t, i), d.ino, b"shared")
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(meta.readdir(d.ino, 0, 1000)) == 4 * 40 - 4 * 14 + 1
+    check()
+
+
+def test_sqlite_database_is_in_wal_mode(tmp_path):
+    store = open_meta(f"sqlite3://{tmp_path}/m.db")
+    store.format("x", "u")
+    store.close()
+    conn = sqlite3.connect(tmp_path / "m.db")
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
