@@ -53,6 +53,7 @@ import random
 import stat
 import threading
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -131,6 +132,12 @@ class EmulatedZonedDrive(ZonedDrive):
         self._wp = [z * zs + off for z, off in enumerate(wp_offsets)]
         self._durable_wp = list(self._wp)
         self._failed = list(failed)
+        # The zone table as saved (encoded durable pointers and failed marks), and
+        # the zones written or finished since the last flush: a flush re-encodes
+        # only those, so its cost does not grow with the zone count.
+        self._entries = array("Q", [ZoneTable.encode(off, f) for off, f in zip(wp_offsets, failed,
+                                                                                strict=True)])
+        self._unflushed: set[int] = set()
         self._cond: list[ZoneCondition] = [
             self._resting_condition(z) for z in range(self.zone_count)
         ]
@@ -424,6 +431,7 @@ class EmulatedZonedDrive(ZonedDrive):
             elif cond is ZoneCondition.IMPLICIT_OPEN:
                 self._implicit_open.move_to_end(zone)
             self._wp[zone] = offset + length
+            self._unflushed.add(zone)
             self._last_write = (zone, offset, offset + length)
             if offset + length == end:
                 self._release_open(zone)
@@ -538,8 +546,8 @@ class EmulatedZonedDrive(ZonedDrive):
             if self._last_write is not None and self._last_write[0] == zone:
                 self._last_write = None
             if self._durable_wp[zone] != start:
-                self._durable_wp[zone] = start
-                self._save_table(self._durable_wp)
+                self._set_durable(zone, start)
+                self._table.save_entries(self._entries)
             fileio.discard(self._fd, start, old_wp - start)
 
     def open_zone(self, zone: int) -> None:
@@ -601,6 +609,7 @@ class EmulatedZonedDrive(ZonedDrive):
             # earlier crash; after FINISH they are readable, so make them zeros.
             fileio.discard(self._fd, old_wp, end - old_wp)
             self._wp[zone] = end
+            self._unflushed.add(zone)
             self._cond[zone] = ZoneCondition.FULL
 
     def flush(self) -> None:
@@ -611,21 +620,32 @@ class EmulatedZonedDrive(ZonedDrive):
         with self._persist_lock:
             with self._lock:
                 self._check_open()
-                snapshot = list(self._wp)
+                dirty, self._unflushed = self._unflushed, set()
+                snapshot = [(z, self._wp[z]) for z in dirty]
                 conv_flushed = len(self._conv_unflushed)
                 last_write = self._last_write
-            fileio.fdatasync(self._fd)
-            if snapshot != self._durable_wp:
-                self._save_table(snapshot)
+            try:
+                fileio.fdatasync(self._fd)
+                changed = False
+                for z, wp in snapshot:
+                    if self._durable_wp[z] != wp:
+                        self._set_durable(z, wp)
+                        changed = True
+                if changed:
+                    self._table.save_entries(self._entries)
+            except BaseException:
+                with self._lock:
+                    self._unflushed |= dirty
+                raise
             with self._lock:
-                self._durable_wp = snapshot
                 del self._conv_unflushed[:conv_flushed]
                 if self._last_write == last_write:
                     self._last_write = None
 
-    def _save_table(self, wps: list[int]) -> None:
-        zs = self.zone_size
-        self._table.save([wp - z * zs for z, wp in enumerate(wps)], self._failed)
+    def _set_durable(self, zone: int, wp: int) -> None:
+        """Record ``wp`` as ``zone``'s durable pointer (saved by the caller's next table save)."""
+        self._durable_wp[zone] = wp
+        self._entries[zone] = ZoneTable.encode(wp - zone * self.zone_size, self._failed[zone])
 
     def close_drive(self) -> None:
         """Flush, then release the files; further calls raise DriveClosedError. Idempotent."""
@@ -654,7 +674,8 @@ class EmulatedZonedDrive(ZonedDrive):
             self._release_open(zone)
             self._failed[zone] = condition
             self._cond[zone] = condition
-            self._save_table(self._durable_wp)
+            self._set_durable(zone, self._durable_wp[zone])
+            self._table.save_entries(self._entries)
 
     def simulate_power_cut(
         self,
@@ -694,10 +715,12 @@ class EmulatedZonedDrive(ZonedDrive):
                 for a, b in _subtract((off, off + length), kept):
                     fileio.discard(self._fd, a, b - a)
             fileio.fdatasync(self._fd)
-            if new_wp != self._durable_wp:
-                self._save_table(new_wp)
+            if torn_result is not None and not self._is_conventional(torn_result[0]):
+                zone = torn_result[0]
+                if new_wp[zone] != self._durable_wp[zone]:
+                    self._set_durable(zone, new_wp[zone])
+                    self._table.save_entries(self._entries)
             self._wp = new_wp
-            self._durable_wp = list(new_wp)
         self._release()
         return torn_result
 

@@ -164,17 +164,26 @@ class ZoneTable:
         return cls(path, fd, geometry, generation, drive), wps, conds
 
     # -- updates -------------------------------------------------------------------------
+    @staticmethod
+    def encode(wp_offset: int, condition: ZoneCondition | None) -> int:
+        """One zone's entry: its write pointer offset, plus the condition if terminal."""
+        if condition in _STORED_CONDITIONS:
+            return int(condition) << 56 | wp_offset
+        return wp_offset
+
     def save(self, wp_offsets: list[int], conditions: list[ZoneCondition | None]) -> None:
         """Durably replace the table: ``wp_offsets`` relative to each zone's start."""
-        entries = [
-            (int(c) << 56 | wp) if c in _STORED_CONDITIONS else wp
-            for wp, c in zip(wp_offsets, conditions, strict=True)
-        ]
+        self.save_entries(
+            array("Q", [self.encode(wp, c) for wp, c in zip(wp_offsets, conditions, strict=True)])
+        )
+
+    def save_entries(self, entries: array | list[int]) -> None:
+        """Durably replace the table with already encoded ``entries`` (one per zone)."""
         self._write_slot(entries)
 
-    def _write_slot(self, entries: list[int]) -> None:
+    def _write_slot(self, entries: array | list[int]) -> None:
         generation = self._generation + 1
-        body = array("Q", entries).tobytes()
+        body = (entries if isinstance(entries, array) else array("Q", entries)).tobytes()
         crc = crc32c.crc32c(struct.pack("<Q", generation) + body)
         slot = generation % 2
         os.pwrite(
