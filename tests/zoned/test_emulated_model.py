@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -259,3 +260,14 @@ EmulatedDriveMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_emulated_drive_matches_model = EmulatedDriveMachine.TestCase
+
+
+class LongEmulatedDriveMachine(EmulatedDriveMachine):
+    """The same machine, many more and longer runs (``make test-all``)."""
+
+
+LongEmulatedDriveMachine.TestCase.settings = settings(
+    max_examples=1500, stateful_step_count=60, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_emulated_drive_matches_model_soak = pytest.mark.slow(LongEmulatedDriveMachine.TestCase)
