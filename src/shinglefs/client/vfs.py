@@ -75,6 +75,7 @@ log = logging.getLogger(__name__)
 __all__ = ["VFS", "Ctx", "DirEntry", "InodeAttr", "SetAttrChanges", "StatFs"]
 
 LOCAL_SERVER = "local"
+COMPACTION_ATTEMPTS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -791,15 +792,24 @@ class VFS:
                 return total
 
     def _run_queued_compactions(self) -> None:
+        """Compact the chunks this client's commits flagged; a chunk that changed
+        while being compacted (its writer is still busy) is retried a few times."""
         while True:
             with self._lock:
                 if not self._compact_queue:
                     return
                 ino, chunk_index = self._compact_queue.pop(0)
-            try:
-                self.compact_chunk(ino, chunk_index)
-            except FsError as exc:
-                log.info("compaction of inode %d chunk %d skipped: %s", ino, chunk_index, exc)
+            for attempt in range(COMPACTION_ATTEMPTS):
+                try:
+                    if self.compact_chunk(ino, chunk_index):
+                        break
+                except FsError as exc:
+                    log.info("compaction of inode %d chunk %d skipped: %s", ino, chunk_index, exc)
+                    break
+                if len(self.meta.get_chunk(ino, chunk_index).refs) < 2 or self._stop.wait(
+                    0.1 * (attempt + 1)
+                ):
+                    break
 
     def compact_chunk(self, ino: int, chunk_index: int) -> bool:
         """Rewrite a fragmented chunk as one sequential slice (optimistic swap).

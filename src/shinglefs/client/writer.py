@@ -184,9 +184,17 @@ class FileWriter:
         return s.end if s is not None else 0
 
     def overlaps(self, offset: int, length: int) -> bool:
-        """Does the open slice cover any of ``[offset, offset + length)``?"""
+        """Must the open slice be committed before reading ``[offset, offset + length)``?
+
+        True when it holds bytes of that range, or when the range reaches past
+        the committed size into the hole before the open slice (which reads as
+        zeros only once the slice is committed and the size grown).
+        """
         s = self.open_slice
-        return s is not None and s.length > 0 and offset < s.end and s.start < offset + length
+        if s is None or s.length == 0 or offset >= s.end:
+            return False
+        end = offset + length
+        return s.start < end or end > self._committed_size
 
     def note_committed_size(self, size: int) -> None:
         self._committed_size = size
