@@ -546,3 +546,14 @@ def test_emulated_drive_on_a_block_device_keeps_its_table_elsewhere(
     with pytest.raises(UsageError, match="less than"):
         EmulatedZonedDrive.create(loop_device, zone_size=ZONE_SIZE, zone_count=5,
                                   table_path=str(tmp_path / "other.zones"))
+
+
+def test_trace_holds_only_io_that_passed_the_rules(emulated: EmulatedZonedDrive) -> None:
+    emulated.start_trace()
+    with pytest.raises(WritePointerViolation):
+        emulated.write(SEQ, emulated.zone_start(SEQ) + BS, blocks(1, 1))
+    emulated.fail_zone(SEQ + 1, ZoneCondition.OFFLINE)
+    with pytest.raises(ZoneOfflineError):
+        emulated.reset(SEQ + 1)
+    emulated.write(0, 3 * BS, blocks(1, 2))
+    assert [(r.op, r.zone, r.offset) for r in emulated.stop_trace()] == [("write", 0, 3 * BS)]

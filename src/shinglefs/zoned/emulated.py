@@ -386,8 +386,6 @@ class EmulatedZonedDrive(ZonedDrive):
                 f"offset is outside the zone [{start}, {end})", drive=self.name, zone=zone,
                 offset=offset,
             )
-        if self._trace is not None:
-            self._trace.append(TraceRecord("write", zone, offset, length, time.perf_counter()))
         with self._lock:
             self._check_open()
             self._check_usable(zone, offset)
@@ -397,7 +395,7 @@ class EmulatedZonedDrive(ZonedDrive):
                         f"write of {length} bytes crosses the zone end {end}",
                         drive=self.name, zone=zone, offset=offset,
                     )
-                self._pwritev(zone, views, offset)
+                self._pwritev(zone, views, offset, length)
                 if length:
                     self._conv_unflushed.append((offset, length))
                     self._last_write = (zone, offset, offset + length)
@@ -424,7 +422,7 @@ class EmulatedZonedDrive(ZonedDrive):
             opening = cond in (ZoneCondition.EMPTY, ZoneCondition.CLOSED)
             if opening:
                 self._take_open_resource(zone, explicit=False)
-            self._pwritev(zone, views, offset)  # on failure the zone is as it was
+            self._pwritev(zone, views, offset, length)  # on failure the zone is as it was
             if opening:
                 self._implicit_open[zone] = None
                 self._cond[zone] = ZoneCondition.IMPLICIT_OPEN
@@ -437,7 +435,10 @@ class EmulatedZonedDrive(ZonedDrive):
                 self._release_open(zone)
                 self._cond[zone] = ZoneCondition.FULL
 
-    def _pwritev(self, zone: int, views: list[memoryview], offset: int) -> None:
+    def _pwritev(self, zone: int, views: list[memoryview], offset: int, length: int) -> None:
+        # Traced here, after every rule passed: the trace holds the I/O the media saw.
+        if self._trace is not None:
+            self._trace.append(TraceRecord("write", zone, offset, length, time.perf_counter()))
         try:
             fileio.pwritev_all(self._fd, views, offset)
         except OSError as exc:
@@ -532,13 +533,11 @@ class EmulatedZonedDrive(ZonedDrive):
         self._check_open()
         self._check_zone(zone)
         self._check_sequential(zone, "reset")
-        if self._trace is not None:
-            self._trace.append(TraceRecord("reset", zone, zone * self.zone_size, 0,
-                                           time.perf_counter()))
         start = zone * self.zone_size
         with self._persist_lock, self._lock:
             self._check_open()
             self._check_usable(zone, start)
+            self._trace_command("reset", zone)
             old_wp = self._wp[zone]
             self._release_open(zone)
             self._wp[zone] = start
@@ -555,11 +554,10 @@ class EmulatedZonedDrive(ZonedDrive):
         self._check_open()
         self._check_zone(zone)
         self._check_sequential(zone, "open")
-        if self._trace is not None:
-            self._trace.append(TraceRecord("open", zone, self._wp[zone], 0, time.perf_counter()))
         with self._lock:
             self._check_open()
             self._check_usable(zone, self._wp[zone])
+            self._trace_command("open", zone)
             cond = self._cond[zone]
             if cond is ZoneCondition.EXPLICIT_OPEN:
                 return
@@ -581,11 +579,10 @@ class EmulatedZonedDrive(ZonedDrive):
         self._check_open()
         self._check_zone(zone)
         self._check_sequential(zone, "close")
-        if self._trace is not None:
-            self._trace.append(TraceRecord("close", zone, self._wp[zone], 0, time.perf_counter()))
         with self._lock:
             self._check_open()
             self._check_usable(zone, self._wp[zone])
+            self._trace_command("close", zone)
             if self._cond[zone].is_open:
                 self._release_open(zone)
                 self._cond[zone] = self._closed_condition(zone)
@@ -595,11 +592,10 @@ class EmulatedZonedDrive(ZonedDrive):
         self._check_open()
         self._check_zone(zone)
         self._check_sequential(zone, "finish")
-        if self._trace is not None:
-            self._trace.append(TraceRecord("finish", zone, self._wp[zone], 0, time.perf_counter()))
         with self._lock:
             self._check_open()
             self._check_usable(zone, self._wp[zone])
+            self._trace_command("finish", zone)
             if self._cond[zone] is ZoneCondition.FULL:
                 return
             end = (zone + 1) * self.zone_size
@@ -725,6 +721,11 @@ class EmulatedZonedDrive(ZonedDrive):
         return torn_result
 
     # -- tracing ---------------------------------------------------------------------------
+    def _trace_command(self, op: str, zone: int) -> None:
+        """Record a zone command (offset: the write pointer it found)."""
+        if self._trace is not None:
+            self._trace.append(TraceRecord(op, zone, self._wp[zone], 0, time.perf_counter()))
+
     def start_trace(self) -> None:
         self._trace = []
 
