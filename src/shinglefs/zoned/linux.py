@@ -314,7 +314,14 @@ class LinuxZonedDrive(ZonedDrive):
                 f"{path} is not a zoned device (queue/zoned is 'none')", drive=name,
                 hint="use conventional:PATH for an ordinary disk",
             )
-        fd = os.open(path, os.O_RDWR | os.O_DIRECT | os.O_EXCL)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_DIRECT | os.O_EXCL)
+        except OSError as exc:
+            raise ZoneError(
+                f"cannot open {path}: {exc.strerror}", drive=name, errno=exc.errno,
+                hint="it must not be mounted or held by another process (O_EXCL), and "
+                "needs root or the disk group",
+            ) from exc
         try:
             zone_sectors = _ioctl_u32(fd, BLKGETZONESZ)
             zone_count = _ioctl_u32(fd, BLKGETNRZONES)
