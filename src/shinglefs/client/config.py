@@ -30,4 +30,5 @@ class ClientConfig:
     deletion_interval: float = 0.5  # seconds between polls of the deletion queue
     deletion_batch: int = 256
     deletion_consumer: bool = True
+    session_timeout: float = 120.0  # a session silent this long is expired (crashed client)
     durable_slice_commit: bool = True  # a slice is flushed on its drive before meta points at it

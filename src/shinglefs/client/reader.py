@@ -118,8 +118,13 @@ class ExtentCache:
 
     def read(self, slice_id: int, offset: int, length: int) -> bytes:
         """``length`` bytes of a slice from ``offset`` through the cache (short at its end)."""
-        out = bytearray()
         end = offset + length
+        index = offset // self.extent
+        if (end - 1) // self.extent == index:  # the common case: one extent, one copy
+            data = self._get_or_start((slice_id, index), background=False).result()
+            start = offset - index * self.extent
+            return data[start : start + length]
+        out = bytearray()
         pos = offset
         while pos < end:
             index = pos // self.extent
@@ -174,6 +179,15 @@ def assemble(pieces: Iterable[ReadPiece], cache: SliceReader, offset: int, size:
     ``pieces`` must cover the range contiguously from ``offset`` (as
     ``MetaStore.read_map`` returns them); the result is short only at EOF.
     """
+    pieces = list(pieces)
+    if len(pieces) == 1 and pieces[0].slice_id is not None and pieces[0].file_offset == offset:
+        piece = pieces[0]
+        data = cache.read(piece.slice_id, piece.slice_offset, piece.length)
+        if len(data) != piece.length:
+            from shinglefs.client.errors import ShortSlice
+
+            raise ShortSlice(piece.slice_id, piece.slice_offset, piece.length, len(data))
+        return data[:size] if len(data) > size else data
     out = bytearray()
     for piece in pieces:
         if piece.file_offset != offset + len(out):

@@ -76,6 +76,7 @@ __all__ = ["VFS", "Ctx", "DirEntry", "InodeAttr", "SetAttrChanges", "StatFs"]
 
 LOCAL_SERVER = "local"
 COMPACTION_ATTEMPTS = 3
+HEARTBEAT_INTERVAL = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,7 +381,7 @@ class VFS:
                 state = self._inodes[ino] = OpenInode(ino, self._writer_for(ino, attr.size))
             state.handles += 1
             keep = self._stamps.get(ino) == stamp
-            if not keep and state.handles == 1:
+            if not keep:
                 self._maps.pop(ino, None)
                 self._gen[ino] = self._gen.get(ino, 0) + 1
             self._stamps[ino] = stamp
@@ -750,8 +751,10 @@ class VFS:
                 if self.config.deletion_consumer:
                     self.run_deletions()
                 self._run_queued_compactions()
-                if time.monotonic() - last_heartbeat > 10:
+                if time.monotonic() - last_heartbeat > HEARTBEAT_INTERVAL:
                     self.meta.heartbeat(self.session)
+                    # Sessions of crashed clients release their unlinked-open files.
+                    self.meta.expire_sessions(self.config.session_timeout)
                     last_heartbeat = time.monotonic()
             except Exception:
                 if self._stop.is_set():
@@ -915,7 +918,7 @@ class VFS:
         self._closed = True
         for step in (
             lambda: self.meta.unregister_session(self.session),
-            self.run_deletions_after_close,
+            self.run_deletions if self.config.deletion_consumer else (lambda: 0),
             self.node.close,
             self.meta.close,
         ):
@@ -926,14 +929,6 @@ class VFS:
                 errors.append(exc)
         if errors:
             raise errors[0]
-
-    def run_deletions_after_close(self) -> None:
-        if self.config.deletion_consumer:
-            closed, self._closed = self._closed, False
-            try:
-                self.run_deletions()
-            finally:
-                self._closed = closed
 
     def abandon(self) -> None:
         """Simulate the death of this process (crash tests): stop background work,

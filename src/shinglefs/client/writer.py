@@ -313,7 +313,11 @@ class FileWriter:
             drive_id=s.drive_id,
             group=s.group,
         )
-        self._commit(finished, s.end)
+        try:
+            self._commit(finished, s.end)
+        except BaseException:
+            self._discard(s)  # meta refused the reference: its bytes are garbage
+            raise
         self._committed_size = max(self._committed_size, s.end)
         self.slices_committed += 1
         self._node.forget(s.slice_id)

@@ -42,7 +42,10 @@ from shinglefs.server.errors import (
     SliceMissing,
     UnknownDrive,
 )
+from shinglefs.store import SliceStore
 from shinglefs.store.api import SliceStoreAPI, StoreStats
+from shinglefs.store.errors import SliceNotFound, StoreFull
+from shinglefs.zoned import create_drive, open_drive
 from shinglefs.zoned.model import Buffer
 
 log = logging.getLogger(__name__)
@@ -176,9 +179,6 @@ class StorageNode:
         holder pid when another process has it. On any failure the drives
         already opened are closed and their locks released.
         """
-        from shinglefs.store import SliceStore
-        from shinglefs.zoned import create_drive, open_drive
-
         stores: dict[int, SliceStoreAPI] = {}
         specs: dict[int, str] = {}
         locks: list[DriveLock] = []
@@ -327,8 +327,6 @@ class StorageNode:
 
         Raises ``SliceMissing`` when the slice is on no drive (deleted).
         """
-        from shinglefs.store.errors import SliceNotFound
-
         if drive_id is None:
             drive_id = self.locate(slice_id)
         try:
@@ -338,8 +336,6 @@ class StorageNode:
 
     def length(self, slice_id: int, drive_id: int | None = None) -> int:
         """Bytes written so far to a slice."""
-        from shinglefs.store.errors import SliceNotFound
-
         if drive_id is None:
             drive_id = self.locate(slice_id)
         try:
@@ -439,8 +435,6 @@ class StorageNode:
 
 def wait_piece(future: Future[None], slice_id: int, drive_id: int) -> None:
     """Wait for a submitted piece; translate a full store into ``NodeFull``."""
-    from shinglefs.store.errors import StoreFull
-
     try:
         future.result()
     except StoreFull as exc:
