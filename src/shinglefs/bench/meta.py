@@ -1,0 +1,318 @@
+"""``shinglefs bench meta``: metadata operations per second through the engine's API.
+
+Measured per backend (SQLite always; PostgreSQL when ``meta_url`` names a
+server), each figure the median of ``REPEATS`` runs on a fresh database:
+
+- ``create_per_s``: ``create`` of N files in one directory (one transaction each);
+- ``stat_per_s``: ``getattr`` of each; ``lookup_per_s``: ``lookup`` of each name;
+- ``rename_per_s``: ``rename`` of each file into another directory;
+- ``unlink_per_s``: ``unlink`` of each;
+- ``readdir_100k_s``: listing a directory of 100,000 entries (10,000 with
+  ``quick``; the entry count is reported as ``readdir_entries``) through
+  ``readdir`` pages of 1,000 entries with attributes;
+- ``create_per_s_4clients``: 4 client PROCESSES creating at once, each in its
+  own directory (total creates / wall time);
+- baseline, same run, same settings: raw single-row INSERT transactions per
+  second (sqlite3 with the engine's pragmas; psycopg BEGIN/INSERT/COMMIT),
+  and ``create_vs_baseline`` = create_per_s / that.
+
+PostgreSQL: the benchmark creates (and drops) its own databases on the server
+of ``meta_url``, so the role needs CREATEDB.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sqlite3
+import statistics
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from shinglefs.meta import open_meta
+from shinglefs.meta import schema as S
+from shinglefs.meta.api import FIRST_COOKIE, ROOT_INO, MetaStore
+from shinglefs.meta.backend import PAGE_SIZE, Tx
+from shinglefs.meta.engine import SqlMetaStore
+
+REPEATS = 3
+CLIENTS = 4
+TARGET_CREATE_PER_S = 5000
+
+
+def _rate(n: int, seconds: float) -> float:
+    return round(n / seconds, 1) if seconds > 0 else float("inf")
+
+
+def _timed(fn: Callable[[], None]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+class _Databases:
+    """Fresh databases for one backend: sqlite files in workdir, or new
+    PostgreSQL databases on the server of the given URL (dropped at the end)."""
+
+    def __init__(self, backend: str, workdir: Path, pg_url: str | None) -> None:
+        self.backend = backend
+        self.workdir = workdir
+        self.pg_url = pg_url
+        self.made: list[str] = []
+
+    def new(self) -> str:
+        n = len(self.made)
+        if self.backend == "sqlite":
+            path = self.workdir / f"bench-meta-{os.getpid()}-{n}.db"
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+            url = f"sqlite3://{path}"
+        else:
+            import psycopg
+
+            assert self.pg_url is not None
+            name = f"shinglefs_bench_{os.getpid()}_{n}"
+            with psycopg.connect(self.pg_url, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+                conn.execute(f'CREATE DATABASE "{name}"')
+            p = urlsplit(self.pg_url)
+            url = urlunsplit((p.scheme, p.netloc, f"/{name}", p.query, ""))
+        self.made.append(url)
+        return url
+
+    def cleanup(self) -> None:
+        for url in self.made:
+            if self.backend == "sqlite":
+                path = urlsplit(url).path
+                for suffix in ("", "-wal", "-shm"):
+                    Path(f"{path}{suffix}").unlink(missing_ok=True)
+            else:
+                import psycopg
+
+                assert self.pg_url is not None
+                name = urlsplit(url).path.lstrip("/")
+                with psycopg.connect(self.pg_url, autocommit=True) as conn:
+                    conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _fresh(url: str) -> MetaStore:
+    store = open_meta(url)
+    store.format("bench", str(uuid.uuid4()))
+    return store
+
+
+def _namespace_ops(url: str, n: int) -> dict[str, float]:
+    store = _fresh(url)
+    src = store.mkdir(ROOT_INO, b"src", 0o755).ino
+    dst = store.mkdir(ROOT_INO, b"dst", 0o755).ino
+    names = [b"file-%07d" % i for i in range(n)]
+    inos: list[int] = []
+
+    def creates() -> None:
+        for name in names:
+            inos.append(store.create(src, name, 0o644).ino)
+
+    def stats() -> None:
+        for ino in inos:
+            store.getattr(ino)
+
+    def lookups() -> None:
+        for name in names:
+            store.lookup(src, name)
+
+    def renames() -> None:
+        for name in names:
+            store.rename(src, name, dst, name)
+
+    def unlinks() -> None:
+        for name in names:
+            store.unlink(dst, name)
+
+    out = {
+        "create_per_s": _rate(n, _timed(creates)),
+        "stat_per_s": _rate(n, _timed(stats)),
+        "lookup_per_s": _rate(n, _timed(lookups)),
+        "rename_per_s": _rate(n, _timed(renames)),
+        "unlink_per_s": _rate(n, _timed(unlinks)),
+    }
+    store.close()
+    return out
+
+
+def _populate(store: SqlMetaStore, parent: int, n: int) -> None:
+    """Fill ``parent`` with ``n`` empty files in one bulk transaction (faster
+    than n creates; the listing, not the filling, is measured)."""
+    # Reserve a contiguous id range past any local batch.
+    last = store._b.run(lambda tx: tx.one(S.ALLOC_IDS, (n, "inode")), "single")[0]
+    base = last - n
+    now = time.time_ns()
+
+    def txn(tx: Tx) -> None:
+        for i in range(n):
+            ino = base + i
+            tx.run(S.INS_DENTRY, (parent, b"entry-%07d" % i, ino, FIRST_COOKIE + i))
+            tx.run(
+                S.INS_INODE,
+                (ino, 0o100644, 0, 0, 1, 0, now, now, now, 0, 1, 0, parent, FIRST_COOKIE, None, None, None),
+            )  # fmt: skip
+        tx.run("UPDATE inodes SET next_cookie = ? WHERE ino = ?", (FIRST_COOKIE + n, parent))
+        tx.run(S.ADD_COUNTERS, (0, n, 0))
+
+    store._b.run(txn, "write")
+
+
+def _readdir(url: str, n: int) -> float:
+    store = _fresh(url)
+    assert isinstance(store, SqlMetaStore)
+    big = store.mkdir(ROOT_INO, b"big", 0o755).ino
+    _populate(store, big, n)
+
+    def listing() -> None:
+        cookie, count = 0, 0
+        while batch := store.readdir(big, cookie, 1000):
+            count += len(batch)
+            cookie = batch[-1].cookie
+        if count != n:
+            raise AssertionError(f"listed {count} of {n} entries")
+
+    seconds = _timed(listing)
+    store.close()
+    return round(seconds, 4)
+
+
+def _client(url: str, index: int, n: int, barrier: Any, out: Any) -> None:
+    store = open_meta(url)
+    parent = store.mkdir(ROOT_INO, b"client-%d" % index, 0o755).ino
+    barrier.wait()
+    t0 = time.perf_counter()
+    for i in range(n):
+        store.create(parent, b"f-%07d" % i, 0o644)
+    out.put((index, time.perf_counter() - t0))
+    store.close()
+
+
+def _concurrent_creates(url: str, n_per_client: int) -> float:
+    _fresh(url).close()
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(CLIENTS + 1)
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(target=_client, args=(url, i, n_per_client, barrier, out))
+        for i in range(CLIENTS)
+    ]
+    for p in procs:
+        p.start()
+    barrier.wait(timeout=120)
+    t0 = time.perf_counter()
+    for _ in procs:
+        out.get(timeout=600)
+    wall = time.perf_counter() - t0
+    for p in procs:
+        p.join(60)
+    return _rate(CLIENTS * n_per_client, wall)
+
+
+def _sqlite_baseline(workdir: Path, n: int) -> float:
+    path = workdir / f"bench-raw-{os.getpid()}.db"
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, name BLOB NOT NULL)")
+
+    def inserts() -> None:
+        for i in range(n):
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT INTO t (k, name) VALUES (?, ?)", (i, b"file-%07d" % i))
+            conn.execute("COMMIT")
+
+    rate = _rate(n, _timed(inserts))
+    conn.close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    return rate
+
+
+def _pg_baseline(url: str, n: int) -> float:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE raw_baseline (k BIGINT PRIMARY KEY, name BYTEA NOT NULL)")
+
+        def inserts() -> None:
+            for i in range(n):
+                conn.execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
+                conn.execute(
+                    "INSERT INTO raw_baseline (k, name) VALUES (%s, %s)", (i, b"file-%07d" % i)
+                )
+                conn.execute("COMMIT")
+
+        return _rate(n, _timed(inserts))
+
+
+def _median(values: list[float]) -> float:
+    return round(statistics.median(values), 1)
+
+
+def _bench_backend(
+    backend: str, workdir: Path, pg_url: str | None, n: int, n_readdir: int, repeats: int
+) -> dict[str, Any]:
+    dbs = _Databases(backend, workdir, pg_url)
+    try:
+        runs = [_namespace_ops(dbs.new(), n) for _ in range(repeats)]
+        result: dict[str, Any] = {key: _median([r[key] for r in runs]) for key in runs[0]}
+        result["create_per_s_runs"] = [r["create_per_s"] for r in runs]
+        result["readdir_100k_s"] = round(
+            statistics.median(_readdir(dbs.new(), n_readdir) for _ in range(repeats)), 4
+        )
+        result["readdir_entries"] = n_readdir
+        result["create_per_s_4clients"] = _median(
+            [_concurrent_creates(dbs.new(), n // CLIENTS) for _ in range(repeats)]
+        )
+        probe = open_meta(dbs.new())
+        result["durability"] = probe.durability
+        probe.close()
+        if backend == "sqlite":
+            base = [_sqlite_baseline(workdir, n) for _ in range(repeats)]
+            result["baseline"] = "raw sqlite3 single-row INSERT transactions/s, same pragmas"
+        else:
+            base = [_pg_baseline(dbs.new(), n) for _ in range(repeats)]
+            result["baseline"] = "raw psycopg BEGIN SERIALIZABLE/INSERT/COMMIT transactions/s"
+        result["baseline_txn_per_s"] = _median(base)
+        result["create_vs_baseline"] = round(
+            result["create_per_s"] / result["baseline_txn_per_s"], 3
+        )
+        return result
+    finally:
+        dbs.cleanup()
+
+
+def run(quick: bool, workdir: Path, meta_url: str | None = None, **_: Any) -> dict[str, Any]:
+    """Benchmark SQLite (always) and PostgreSQL (when ``meta_url`` is given)."""
+    n = 2000 if quick else 20_000
+    n_readdir = 10_000 if quick else 100_000
+    repeats = REPEATS
+    out: dict[str, Any] = {
+        "quick": quick,
+        "files_per_run": n,
+        "repeats": repeats,
+        "clients": CLIENTS,
+        "target_create_per_s": TARGET_CREATE_PER_S,
+    }
+    out["sqlite"] = _bench_backend("sqlite", workdir, None, n, n_readdir, repeats)
+    out["meets_target"] = out["sqlite"]["create_per_s"] >= TARGET_CREATE_PER_S
+    if meta_url is not None:
+        scheme = urlsplit(meta_url).scheme
+        if scheme.startswith("postgres"):
+            pg_n = max(500, n // 4)
+            out["postgresql"] = _bench_backend(
+                "postgresql", workdir, meta_url, pg_n, n_readdir, repeats
+            )
+            out["postgresql"]["files_per_run"] = pg_n
+    return out
