@@ -168,7 +168,10 @@ class EmulatedZonedDrive(ZonedDrive):
         ``path`` may be a regular file (created sparse; must not exist) or an
         existing block device at least as large as the drive, in which case
         ``table_path`` (default ``<path>.zones``) should be on a persistent
-        file system. Raises UsageError for a bad geometry or an existing file.
+        file system; the device is trimmed where it supports it (otherwise its
+        conventional zones keep their old bytes; sequential zones always read
+        as zeros past their write pointers). Raises UsageError for a bad
+        geometry or an existing file.
         """
         path = os.fspath(path)
         if zone_size <= 0 or block_size <= 0 or zone_size % block_size:
@@ -215,8 +218,10 @@ class EmulatedZonedDrive(ZonedDrive):
             os.fsync(fd)
         try:
             table = ZoneTable.create(table_path, geometry, name)
-            if is_device:  # a device keeps old bytes: make every zone read as zeros
-                fileio.discard(fd, 0, geometry.capacity)
+            if is_device:
+                # Old device bytes past a write pointer never show (reads past it are
+                # zeros); trim the lot if the device can, but never write 15 TB of zeros.
+                fileio.discard(fd, 0, geometry.capacity, must_zero=False)
         except BaseException:
             os.close(fd)
             if not is_device:
@@ -547,7 +552,8 @@ class EmulatedZonedDrive(ZonedDrive):
             if self._durable_wp[zone] != start:
                 self._set_durable(zone, start)
                 self._table.save_entries(self._entries)
-            fileio.discard(self._fd, start, old_wp - start)
+            # Space only: bytes past the write pointer already read as zeros.
+            fileio.discard(self._fd, start, old_wp - start, must_zero=False)
 
     def open_zone(self, zone: int) -> None:
         """Explicitly open ``zone`` (EMPTY, IMPLICIT_OPEN or CLOSED -> EXPLICIT_OPEN)."""

@@ -115,20 +115,25 @@ def _fallocate() -> Any:
     return _libc.fallocate
 
 
-def discard(fd: int, offset: int, length: int) -> None:
-    """Make ``[offset, offset+length)`` read as zeros, freeing its space when possible.
+def discard(fd: int, offset: int, length: int, *, must_zero: bool = True) -> bool:
+    """Free ``[offset, offset+length)`` by punching a hole (a TRIM on a block device).
 
-    Punches a hole in a regular file (keeping its size); falls back to writing
-    zeros where the file system or device does not support it.
+    Afterwards the range reads as zeros. Where punching is not supported, it
+    writes zeros instead when ``must_zero``, and otherwise leaves the bytes (the
+    caller only wanted the space back). Returns whether the range now reads as zeros.
     """
     if length <= 0:
-        return
+        return True
     try:
         rc = _fallocate()(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length)
     except (OSError, AttributeError):
         rc = -1
-    if rc != 0:
+    if rc == 0:
+        return True
+    if must_zero:
         write_zeros(fd, offset, length)
+        return True
+    return False
 
 
 def fdatasync(fd: int) -> None:
