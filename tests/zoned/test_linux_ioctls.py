@@ -210,6 +210,7 @@ def _zone(cond: ZoneCondition, wp: int = 4096, ztype: ZoneType = ZoneType.SEQUEN
          errno.ETOOMANYREFS),
         (errno.EIO, _zone(ZoneCondition.IMPLICIT_OPEN, (1 << 20) - 4096), (1 << 20) - 4096,
          ZoneBoundaryError, errno.EIO),
+        (errno.EOVERFLOW, _zone(ZoneCondition.EMPTY, 0), 0, TooManyOpenZones, errno.EOVERFLOW),
         (errno.ENOSPC, _zone(ZoneCondition.IMPLICIT_OPEN), 4096, ZoneError, errno.ENOSPC),
         (errno.EIO, None, 4096, ZoneError, errno.EIO),
     ],

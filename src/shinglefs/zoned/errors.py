@@ -30,7 +30,9 @@ TooManyOpenZones            ETOOMANYREFS    opening a zone past the limit when e
                                             INSUFFICIENT ZONE RESOURCES, mapped to
                                             BLK_STS_ZONE_OPEN_RESOURCE = -ETOOMANYREFS
                                             (SCSI since 5.10, NVMe, null_blk). Older
-                                            kernels turned it into EIO.
+                                            kernels turned it into EIO. A ZNS device's
+                                            active-zone limit (EOVERFLOW) is reported
+                                            as this error with errno EOVERFLOW.
 ZoneTypeError               EINVAL          a zone operation (append, reset, open, close,
                                             finish) aimed at a conventional zone; the
                                             caller's mistake, rejected before any I/O

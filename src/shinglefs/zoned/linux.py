@@ -231,6 +231,10 @@ def classify_write_error(
     if code == errno.ETOOMANYREFS:
         return TooManyOpenZones("the device has no open-zone resource left", drive=drive,
                                 zone=z, offset=offset)
+    if code == errno.EOVERFLOW:  # BLK_STS_ZONE_ACTIVE_RESOURCE: ZNS or null_blk zone_max_active
+        return TooManyOpenZones("the device has no active-zone resource left", drive=drive,
+                                zone=z, offset=offset, errno=code,
+                                hint="finish or reset a partly written zone")
     if zone is not None:
         if zone.condition is ZoneCondition.OFFLINE:
             return ZoneOfflineError("zone is OFFLINE", drive=drive, zone=z, offset=offset,
@@ -494,9 +498,10 @@ class LinuxZonedDrive(ZonedDrive):
             fcntl.ioctl(self._fd, request, arg)
         except OSError as exc:
             at = zone * self.zone_size
-            if exc.errno == errno.ETOOMANYREFS:
-                raise TooManyOpenZones(f"{op}: no open-zone resource left", drive=self.name,
-                                       zone=zone, offset=at) from exc
+            if exc.errno in (errno.ETOOMANYREFS, errno.EOVERFLOW):
+                kind = "open" if exc.errno == errno.ETOOMANYREFS else "active"
+                raise TooManyOpenZones(f"{op}: no {kind}-zone resource left", drive=self.name,
+                                       zone=zone, offset=at, errno=exc.errno) from exc
             try:
                 cond = self.zone_info(zone).condition
             except ZoneError:
