@@ -230,7 +230,7 @@ def test_flush_alternates_table_slots_and_a_torn_slot_falls_back(
     emulated.flush()
     newest = emulated._table._generation % 2
     slot_size = (os.path.getsize(emulated.path + ".zones") - HEADER_SIZE) // 2
-    emulated._release()  # a crash: no further flush
+    emulated.simulate_process_crash()  # no further flush
     with open(emulated.path + ".zones", "r+b") as f:  # tear the newest slot
         f.seek(HEADER_SIZE + newest * slot_size + 20)
         f.write(b"\xff" * 8)
@@ -378,8 +378,11 @@ def test_bytes_past_the_pointer_after_a_crash_read_as_zeros(emulated: EmulatedZo
     emulated.append(SEQ, blocks(1, 1))
     emulated.flush()
     emulated.append(SEQ, blocks(2, 2))
-    emulated._release()  # the process dies: no flush, bytes stay in the page cache
-    d = reopen(emulated)
+    emulated.simulate_process_crash()  # no flush; the bytes reach the file
+    with open(emulated.path, "rb") as f:  # the bytes are in the file...
+        f.seek(start + BS)
+        assert f.read(2 * BS) == blocks(2, 2)
+    d = reopen(emulated)  # ...but the drive never shows them
     assert d.zone_info(SEQ).written == BS
     assert d.read(start, 3 * BS) == blocks(1, 1) + bytes(2 * BS)
     d.finish(SEQ)  # FINISH exposes the range: it must read as zeros too

@@ -679,6 +679,16 @@ class EmulatedZonedDrive(ZonedDrive):
             self._set_durable(zone, self._durable_wp[zone])
             self._table.save_entries(self._entries)
 
+    def simulate_process_crash(self) -> None:
+        """Die without flushing: release the files, keep everything as it is on disk.
+
+        Unflushed bytes stay in the file (the page cache survives a process
+        death) but the zone table keeps the pointers of the last flush, so a
+        reopened drive shows none of them (they read as zeros).
+        """
+        self._check_open()
+        self._release()
+
     def simulate_power_cut(
         self,
         torn: bool = False,
