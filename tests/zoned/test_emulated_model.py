@@ -222,6 +222,20 @@ class EmulatedDriveMachine(RuleBasedStateMachine):
         self.drive = EmulatedZonedDrive.open(self.path)
 
     @rule()
+    def process_crash_and_reopen(self) -> None:
+        """Unflushed sequential bytes vanish behind the pointers; conventional ones stay."""
+        self.drive.simulate_process_crash()
+        for zone in self.zones.values():
+            del zone.blocks[zone.durable:]
+            n = len(zone.blocks)
+            zone.cond = C.EMPTY if n == 0 else C.FULL if n == ZONE_BLOCKS else C.CLOSED
+        self.conv_dirty.clear()  # a later power cut finds them in the file: durable enough
+        self.implicit.clear()
+        self.explicit.clear()
+        self.last_write = None
+        self.drive = EmulatedZonedDrive.open(self.path)
+
+    @rule()
     def clean_close_and_reopen(self) -> None:
         self.drive.close_drive()  # flushes
         self.flush_model_only()
