@@ -1,17 +1,20 @@
 """The compact slice index: slice id -> extents, with no Python object per extent.
 
 An extent is one data record: ``(slice id, slice offset, length, device
-offset of the record, lifetime group)``. The bulk of the extents live in five
-parallel numpy columns sorted by ``(slice id, slice offset)`` -- 28 bytes an
-extent (u64 id, u32 offset, u32 length, u64 device offset, u32 group code;
-group labels are interned in a small table). Recent extents sit in a Python
-dict ``slice id -> [[offset, length, device offset, group code], ...]`` (the
-tail) that is merged into the columns once it holds ``tail_limit`` extents.
-Merging is column by column (``np.insert`` at ``searchsorted`` positions), so
-the peak is the columns plus one column, not twice the index.
+offset of the record, lifetime group)``. The extents live in five parallel
+numpy columns sorted by ``(slice id, slice offset)`` -- 28 bytes an extent
+(u64 id, u32 offset, u32 length, u64 device offset, u32 group code; group
+labels are interned in a small table).
 
-A deleted base extent is marked by length 0 and squeezed out at the next
-merge. Live bytes per zone are kept up to date in ``zone_live``.
+Recent extents go to a tail: the same five columns preallocated for
+``tail_limit`` rows (append only), plus a small dict ``slice id -> [row, ...]``
+for lookups. When the tail is full it is sorted (``lexsort``) and merged into
+the base columns column by column (``np.insert`` at ``searchsorted``
+positions), so a merge costs one pass over the index and its peak is the
+index plus one column, not twice the index.
+
+A deleted extent is marked by length 0 (base or tail) and squeezed out at the
+next merge. Live bytes per zone are kept up to date in ``zone_live``.
 
 Not thread-safe: the slice log guards it with its index lock.
 """
@@ -22,8 +25,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-_COLUMNS = (("sid", np.uint64), ("off", np.uint32), ("len", np.uint32), ("dev", np.uint64),
-            ("grp", np.uint32))
+_DTYPES = {"sid": np.uint64, "off": np.uint32, "len": np.uint32, "dev": np.uint64,
+           "grp": np.uint32}
 
 
 class SliceIndex:
@@ -32,15 +35,21 @@ class SliceIndex:
     def __init__(self, zone_size: int, zone_count: int, *, tail_limit: int = 65536) -> None:
         self.zone_size = zone_size
         self.zone_live = np.zeros(zone_count, dtype=np.int64)
-        self.tail_limit = tail_limit
+        self.tail_limit = max(1, tail_limit)
         self._sid = np.zeros(0, np.uint64)
         self._off = np.zeros(0, np.uint32)
         self._len = np.zeros(0, np.uint32)
         self._dev = np.zeros(0, np.uint64)
         self._grp = np.zeros(0, np.uint32)
         self._dead = 0
-        self._tail: dict[int, list[list[int]]] = {}
-        self._tail_extents = 0
+        n = self.tail_limit
+        self._t_sid = np.zeros(n, np.uint64)
+        self._t_off = np.zeros(n, np.uint32)
+        self._t_len = np.zeros(n, np.uint32)
+        self._t_dev = np.zeros(n, np.uint64)
+        self._t_grp = np.zeros(n, np.uint32)
+        self._t_n = 0
+        self._tail: dict[int, list[int]] = {}
         self._slices = 0
         self._extents = 0
         self.live_bytes = 0
@@ -66,38 +75,45 @@ class SliceIndex:
         return self._slices
 
     def _base_range(self, sid: int) -> tuple[int, int]:
+        arr = self._sid
+        if not arr.size:
+            return 0, 0
         key = np.uint64(sid)
-        lo = int(np.searchsorted(self._sid, key, "left"))
-        hi = int(np.searchsorted(self._sid, key, "right"))
-        return lo, hi
+        lo = int(arr.searchsorted(key))
+        if lo >= arr.size or arr[lo] != key:
+            return lo, lo  # absent: one binary search only
+        return lo, int(arr.searchsorted(key, "right"))
 
     def _base_live(self, lo: int, hi: int) -> np.ndarray:
         return np.flatnonzero(self._len[lo:hi]) + lo
 
-    def contains(self, sid: int) -> bool:
-        if sid in self._tail:
-            return True
+    def _in_base(self, sid: int) -> bool:
         lo, hi = self._base_range(sid)
         return hi > lo and bool(self._len[lo:hi].any())
+
+    def contains(self, sid: int) -> bool:
+        return sid in self._tail or self._in_base(sid)
 
     def extents(self, sid: int) -> list[tuple[int, int, int]]:
         """``[(slice offset, length, device offset), ...]`` sorted by offset; [] if unknown."""
         out: list[tuple[int, int, int]] = []
         lo, hi = self._base_range(sid)
         if hi > lo:
-            for i in self._base_live(lo, hi):
-                out.append((int(self._off[i]), int(self._len[i]), int(self._dev[i])))
-        tail = self._tail.get(sid)
-        if tail:
-            out.extend((e[0], e[1], e[2]) for e in tail)
+            out = [(o, n, d) for o, n, d in zip(self._off[lo:hi].tolist(),
+                                                self._len[lo:hi].tolist(),
+                                                self._dev[lo:hi].tolist(), strict=True) if n]
+        rows = self._tail.get(sid)
+        if rows:
+            out.extend((int(self._t_off[r]), int(self._t_len[r]), int(self._t_dev[r]))
+                       for r in rows)
         return out
 
     def length(self, sid: int) -> int | None:
         """Bytes of the slice (end of its last extent), or None when unknown."""
-        tail = self._tail.get(sid)
-        if tail:
-            last = tail[-1]
-            return last[0] + last[1]
+        rows = self._tail.get(sid)
+        if rows:
+            r = rows[-1]
+            return int(self._t_off[r]) + int(self._t_len[r])
         lo, hi = self._base_range(sid)
         if hi > lo:
             live = self._base_live(lo, hi)
@@ -108,8 +124,7 @@ class SliceIndex:
 
     def slice_ids(self) -> Iterator[int]:
         """Every live slice id (a snapshot; base ids in ascending order, then the tail's)."""
-        live = self._len != 0
-        ids = np.unique(self._sid[live])
+        ids = np.unique(self._sid[self._len != 0])
         tail = set(self._tail)
         for sid in ids.tolist():
             if sid not in tail:
@@ -117,21 +132,22 @@ class SliceIndex:
         yield from sorted(tail)
 
     def extents_in_zone(self, zone: int) -> list[tuple[int, int, int, int, int]]:
-        """Live ``(slice id, offset, length, device offset, group label)`` in ``zone``, by device offset."""
-        start = zone * self.zone_size
-        end = start + self.zone_size
+        """Live ``(slice id, offset, length, device offset, group label)`` in ``zone``."""
+        start = np.uint64(zone * self.zone_size)
+        end = np.uint64((zone + 1) * self.zone_size)
         labels = self.group_labels
         found: list[tuple[int, int, int, int, int]] = []
-        if self._dev.size:
-            mask = (self._dev >= np.uint64(start)) & (self._dev < np.uint64(end))
-            mask &= self._len != 0
-            for i in np.flatnonzero(mask):
-                found.append((int(self._sid[i]), int(self._off[i]), int(self._len[i]),
-                              int(self._dev[i]), labels[int(self._grp[i])]))
-        for sid, tail in self._tail.items():
-            for e in tail:
-                if start <= e[2] < end:
-                    found.append((sid, e[0], e[1], e[2], labels[e[3]]))
+        for sid, off, length, dev, grp in ((self._sid, self._off, self._len, self._dev,
+                                            self._grp),
+                                           (self._t_sid[: self._t_n], self._t_off[: self._t_n],
+                                            self._t_len[: self._t_n], self._t_dev[: self._t_n],
+                                            self._t_grp[: self._t_n])):
+            if not dev.size:
+                continue
+            idx = np.flatnonzero((dev >= start) & (dev < end) & (length != 0))
+            found.extend(zip(sid[idx].tolist(), off[idx].tolist(), length[idx].tolist(),
+                             dev[idx].tolist(), [labels[g] for g in grp[idx].tolist()],
+                             strict=True))
         found.sort(key=lambda x: x[3])
         return found
 
@@ -139,9 +155,9 @@ class SliceIndex:
         codes: set[int] = set()
         lo, hi = self._base_range(sid)
         if hi > lo:
-            codes.update(int(c) for c in self._grp[self._base_live(lo, hi)])
-        for e in self._tail.get(sid, ()):
-            codes.add(e[3])
+            codes.update(self._grp[self._base_live(lo, hi)].tolist())
+        for r in self._tail.get(sid, ()):
+            codes.add(int(self._t_grp[r]))
         return {self.group_labels[c] for c in codes}
 
     # -- updates -----------------------------------------------------------------------
@@ -152,17 +168,22 @@ class SliceIndex:
     def add(self, sid: int, off: int, length: int, dev: int, group: int) -> None:
         """Add an extent after the slice's last one (pieces are appended in order)."""
         code = self.group_code(group)
-        tail = self._tail.get(sid)
-        if tail is None:
-            if not self.contains(sid):
+        rows = self._tail.get(sid)
+        if rows is None:
+            if not self._in_base(sid):
                 self._slices += 1
-            self._tail[sid] = [[off, length, dev, code]]
-        else:
-            tail.append([off, length, dev, code])
-        self._tail_extents += 1
+            rows = self._tail[sid] = []
+        r = self._t_n
+        self._t_sid[r] = sid
+        self._t_off[r] = off
+        self._t_len[r] = length
+        self._t_dev[r] = dev
+        self._t_grp[r] = code
+        self._t_n = r + 1
+        rows.append(r)
         self._extents += 1
         self._zone_add(dev, length)
-        if self._tail_extents >= self.tail_limit:
+        if self._t_n >= self.tail_limit:
             self.merge()
 
     def relocate(self, sid: int, off: int, old_dev: int | None, new_dev: int) -> bool:
@@ -171,13 +192,15 @@ class SliceIndex:
         ``old_dev`` None accepts any current location. Returns False (changing
         nothing) when the extent is gone or has moved.
         """
-        for e in self._tail.get(sid, ()):
-            if e[0] == off:
-                if old_dev is not None and e[2] != old_dev:
+        for r in self._tail.get(sid, ()):
+            if int(self._t_off[r]) == off:
+                cur = int(self._t_dev[r])
+                if old_dev is not None and cur != old_dev:
                     return False
-                self._zone_add(e[2], -e[1])
-                e[2] = new_dev
-                self._zone_add(new_dev, e[1])
+                length = int(self._t_len[r])
+                self._zone_add(cur, -length)
+                self._t_dev[r] = new_dev
+                self._zone_add(new_dev, length)
                 return True
         lo, hi = self._base_range(sid)
         if hi > lo:
@@ -192,30 +215,41 @@ class SliceIndex:
                 return True
         return False
 
+    def _drop_tail_rows(self, rows: list[int]) -> int:
+        freed = 0
+        for r in rows:
+            length = int(self._t_len[r])
+            self._zone_add(int(self._t_dev[r]), -length)
+            self._t_len[r] = 0
+            freed += length
+        self._extents -= len(rows)
+        return freed
+
+    def _drop_base_rows(self, live: np.ndarray) -> int:
+        freed = 0
+        for i in live.tolist():
+            length = int(self._len[i])
+            self._zone_add(int(self._dev[i]), -length)
+            freed += length
+        self._len[live] = 0
+        self._dead += int(live.size)
+        self._extents -= int(live.size)
+        return freed
+
     def remove(self, sid: int) -> int:
         """Drop every extent of ``sid``; returns the bytes it held (0 when unknown)."""
         freed = 0
         found = False
-        tail = self._tail.pop(sid, None)
-        if tail:
+        rows = self._tail.pop(sid, None)
+        if rows:
             found = True
-            for e in tail:
-                self._zone_add(e[2], -e[1])
-                freed += e[1]
-            self._tail_extents -= len(tail)
-            self._extents -= len(tail)
+            freed += self._drop_tail_rows(rows)
         lo, hi = self._base_range(sid)
         if hi > lo:
             live = self._base_live(lo, hi)
             if live.size:
                 found = True
-                for i in live:
-                    length = int(self._len[i])
-                    self._zone_add(int(self._dev[i]), -length)
-                    freed += length
-                self._len[live] = 0
-                self._dead += int(live.size)
-                self._extents -= int(live.size)
+                freed += self._drop_base_rows(live)
         if found:
             self._slices -= 1
         if self._dead > 65536 and self._dead * 8 > self._sid.size:
@@ -227,31 +261,22 @@ class SliceIndex:
         if off == 0:
             self.remove(sid)
             return
-        tail = self._tail.get(sid)
-        if tail:
-            keep = [e for e in tail if e[0] < off]
-            for e in tail:
-                if e[0] >= off:
-                    self._zone_add(e[2], -e[1])
-            dropped = len(tail) - len(keep)
-            self._tail_extents -= dropped
-            self._extents -= dropped
+        existed = self.contains(sid)
+        rows = self._tail.get(sid)
+        if rows:
+            gone = [r for r in rows if int(self._t_off[r]) >= off]
+            self._drop_tail_rows(gone)
+            keep = [r for r in rows if r not in gone]
             if keep:
                 self._tail[sid] = keep
             else:
                 del self._tail[sid]
-                if not self.contains(sid):
-                    self._slices -= 1
         lo, hi = self._base_range(sid)
         if hi > lo:
-            for i in self._base_live(lo, hi):
-                if int(self._off[i]) >= off:
-                    self._zone_add(int(self._dev[i]), -int(self._len[i]))
-                    self._len[i] = 0
-                    self._dead += 1
-                    self._extents -= 1
-            if not self.contains(sid) and sid not in self._tail:
-                self._slices -= 1
+            live = self._base_live(lo, hi)
+            self._drop_base_rows(live[self._off[live] >= off])
+        if existed and not self.contains(sid):
+            self._slices -= 1
 
     def remove_group(self, group: int) -> list[int]:
         """Drop every slice with an extent in ``group``; returns their ids."""
@@ -259,12 +284,13 @@ class SliceIndex:
         if code is None:
             return []
         victims: set[int] = set()
+        key = np.uint32(code)
         if self._grp.size:
-            mask = (self._grp == np.uint32(code)) & (self._len != 0)
-            victims.update(np.unique(self._sid[mask]).tolist())
-        for sid, tail in self._tail.items():
-            if any(e[3] == code for e in tail):
-                victims.add(sid)
+            victims.update(np.unique(self._sid[(self._grp == key) & (self._len != 0)]).tolist())
+        n = self._t_n
+        if n:
+            mask = (self._t_grp[:n] == key) & (self._t_len[:n] != 0)
+            victims.update(np.unique(self._t_sid[:n][mask]).tolist())
         for sid in victims:
             self.remove(sid)
         return sorted(victims)
@@ -279,32 +305,21 @@ class SliceIndex:
             self._grp = self._grp[keep]
             self._len = self._len[keep]
             self._dead = 0
-        if not self._tail:
+        n = self._t_n
+        if not n:
             return
-        n = self._tail_extents
-        t_sid = np.empty(n, np.uint64)
-        t_off = np.empty(n, np.uint32)
-        t_len = np.empty(n, np.uint32)
-        t_dev = np.empty(n, np.uint64)
-        t_grp = np.empty(n, np.uint32)
-        i = 0
-        for sid in sorted(self._tail):
-            for off, length, dev, code in self._tail[sid]:
-                t_sid[i] = sid
-                t_off[i] = off
-                t_len[i] = length
-                t_dev[i] = dev
-                t_grp[i] = code
-                i += 1
+        live = np.flatnonzero(self._t_len[:n])
+        order = live[np.lexsort((self._t_off[live], self._t_sid[live]))]
+        t_sid = self._t_sid[order]
         # A tail extent of a slice also in the base comes after its base extents.
         pos = np.searchsorted(self._sid, t_sid, "right")
         self._sid = np.insert(self._sid, pos, t_sid)
-        self._off = np.insert(self._off, pos, t_off)
-        self._len = np.insert(self._len, pos, t_len)
-        self._dev = np.insert(self._dev, pos, t_dev)
-        self._grp = np.insert(self._grp, pos, t_grp)
+        self._off = np.insert(self._off, pos, self._t_off[order])
+        self._len = np.insert(self._len, pos, self._t_len[order])
+        self._dev = np.insert(self._dev, pos, self._t_dev[order])
+        self._grp = np.insert(self._grp, pos, self._t_grp[order])
         self._tail.clear()
-        self._tail_extents = 0
+        self._t_n = 0
 
     # -- persistence -------------------------------------------------------------------
     def columns(self) -> dict[str, np.ndarray]:
@@ -314,17 +329,17 @@ class SliceIndex:
                 "grp": self._grp}
 
     def load_columns(self, cols: dict[str, np.ndarray], group_labels: list[int]) -> None:
-        """Replace the contents with checkpointed columns (sorted, no deleted extents)."""
+        """Replace the contents with checkpointed columns (sorted by id and offset)."""
         self._sid = np.ascontiguousarray(cols["sid"], np.uint64)
         self._off = np.ascontiguousarray(cols["off"], np.uint32)
         self._len = np.ascontiguousarray(cols["len"], np.uint32)
         self._dev = np.ascontiguousarray(cols["dev"], np.uint64)
         self._grp = np.ascontiguousarray(cols["grp"], np.uint32)
         self._tail.clear()
-        self._tail_extents = 0
-        self._dead = int((self._len == 0).sum())
-        self._extents = int(self._len.size) - self._dead
+        self._t_n = 0
         live = self._len != 0
+        self._dead = int(self._len.size - live.sum())
+        self._extents = int(live.sum())
         self._slices = int(np.unique(self._sid[live]).size)
         self.group_labels = list(group_labels)
         self._group_codes = {g: i for i, g in enumerate(self.group_labels)}
@@ -334,8 +349,10 @@ class SliceIndex:
         self.live_bytes = int(self._len[live].sum(dtype=np.int64))
 
     def memory_bytes(self) -> int:
-        """Bytes held by the columns (the tail's Python objects are not counted)."""
-        return sum(c.nbytes for c in (self._sid, self._off, self._len, self._dev, self._grp))
+        """Bytes held by the base and tail columns (the tail dict is not counted)."""
+        arrays = (self._sid, self._off, self._len, self._dev, self._grp, self._t_sid,
+                  self._t_off, self._t_len, self._t_dev, self._t_grp)
+        return sum(a.nbytes for a in arrays)
 
 
-COLUMN_DTYPES = dict(_COLUMNS)
+COLUMN_DTYPES = dict(_DTYPES)

@@ -370,6 +370,7 @@ class SliceLog:
             room = self.room(z)
             iov: list[Any] = []
             written: list[tuple[int, int, int, int, int]] = []
+            fresh: list[tuple[int, RecordHeader]] = []
             seq_first = self._seq
             while ri < len(records) and room >= MIN_ROOM:
                 sid, off, views, length, group = records[ri]
@@ -387,6 +388,8 @@ class SliceLog:
                 header = encode_header(RecordType.DATA, slice_id=sid, slice_offset=off,
                                        length=take, group=group, seq=self._seq, crcs=crcs,
                                        flags=flags)
+                fresh.append((pos, RecordHeader(RecordType.DATA, flags, sid, off, take, group,
+                                                self._seq, tuple(crcs))))
                 self._seq += 1
                 iov.append(header)
                 iov.extend(part)
@@ -401,12 +404,22 @@ class SliceLog:
                 self._seal(z)
                 continue
             self._write(z, start, iov, pos - start, key, seq_first)
+            self._cache_headers(fresh)
             if gc:
                 self.gc_bytes += sum(w[2] for w in written)
             else:
                 self.user_bytes += sum(w[2] for w in written)
             extents.extend(written)
         return extents
+
+    def _cache_headers(self, fresh: list[tuple[int, RecordHeader]]) -> None:
+        """Remember the headers just written: reads of fresh data skip the header block read."""
+        limit = self.config.header_cache
+        with self._cv:
+            for dev, header in fresh[-limit:]:
+                self._headers[dev] = header
+            while len(self._headers) > limit:
+                self._headers.popitem(last=False)
 
     def _write(self, z: int, start: int, iov: list[Any], nbytes: int, key: StreamKey,
                seq_first: int) -> None:
