@@ -210,6 +210,7 @@ class VFS:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._compact_queue: list[tuple[int, int]] = []
+        self._deletion_lock = threading.Lock()
         self.deleted_slices = 0
         self.compactions = 0
         self._maintenance = threading.Thread(
@@ -765,8 +766,14 @@ class VFS:
         """Delete the slices queued by meta from their drives, then acknowledge them.
 
         Deletes are made durable on the drives before the acknowledgment, so a
-        crash never forgets a slice that still holds space. Returns the count.
+        crash never forgets a slice that still holds space. One pass at a time:
+        a call made while the maintenance thread runs one waits for it, so on
+        return everything queued before the call is deleted. Returns the count.
         """
+        with self._deletion_lock:  # a concurrent pass holds leases: wait for it to finish
+            return self._run_deletions_locked()
+
+    def _run_deletions_locked(self) -> int:
         total = 0
         while True:
             batch = self.meta.pop_deletions(self.config.deletion_batch)
