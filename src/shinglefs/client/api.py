@@ -288,7 +288,7 @@ class ShingleFS:
             if not binary:
                 raw.close()
                 raise ValueError("can't have unbuffered text I/O")
-            return raw
+            return raw  # type: ignore[return-value]
         file: Any
         if raw.readable() and raw.writable():
             file = io.BufferedRandom(raw, buffering if buffering > 1 else WRITE_BUFFER)

@@ -24,6 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
+from shinglefs.client.errors import ShortSlice
 from shinglefs.meta.api import ReadPiece
 
 log = logging.getLogger(__name__)
@@ -180,28 +181,24 @@ def assemble(pieces: Iterable[ReadPiece], cache: SliceReader, offset: int, size:
     ``MetaStore.read_map`` returns them); the result is short only at EOF.
     """
     pieces = list(pieces)
-    if len(pieces) == 1 and pieces[0].slice_id is not None and pieces[0].file_offset == offset:
-        piece = pieces[0]
-        data = cache.read(piece.slice_id, piece.slice_offset, piece.length)
-        if len(data) != piece.length:
-            from shinglefs.client.errors import ShortSlice
-
-            raise ShortSlice(piece.slice_id, piece.slice_offset, piece.length, len(data))
+    if len(pieces) == 1 and pieces[0].file_offset == offset:
+        data = _piece_bytes(pieces[0], cache)  # the common case: no assembly copy
         return data[:size] if len(data) > size else data
     out = bytearray()
     for piece in pieces:
         if piece.file_offset != offset + len(out):
             raise ValueError(f"read map not contiguous at {offset + len(out)}: {piece}")
-        if piece.slice_id is None:
-            out += bytes(piece.length)
-            continue
-        data = cache.read(piece.slice_id, piece.slice_offset, piece.length)
-        if len(data) != piece.length:
-            from shinglefs.client.errors import ShortSlice
-
-            raise ShortSlice(piece.slice_id, piece.slice_offset, piece.length, len(data))
-        out += data
+        out += _piece_bytes(piece, cache)
     return bytes(out[:size])
+
+
+def _piece_bytes(piece: ReadPiece, cache: SliceReader) -> bytes:
+    if piece.slice_id is None:
+        return bytes(piece.length)
+    data = cache.read(piece.slice_id, piece.slice_offset, piece.length)
+    if len(data) != piece.length:
+        raise ShortSlice(piece.slice_id, piece.slice_offset, piece.length, len(data))
+    return data
 
 
 def prefetch_pieces(pieces: Iterable[ReadPiece], cache: ExtentCache) -> int:

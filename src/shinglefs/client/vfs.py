@@ -784,11 +784,13 @@ class VFS:
             for info in batch:
                 try:
                     local = [int(r.drive) for r in info.replicas if r.server == LOCAL_SERVER]
-                    for drive_id in local or [None]:
-                        if drive_id is None or drive_id in self.node.drive_ids:
+                    if not local:  # no replica recorded (crash before add_slice): ask every drive
+                        self.node.delete(info.id)
+                        drives.update(self.node.drive_ids)
+                    for drive_id in local:
+                        if drive_id in self.node.drive_ids:
                             self.node.delete(info.id, drive_id)
-                            if drive_id is not None:
-                                drives.add(drive_id)
+                            drives.add(drive_id)
                     self.cache.drop_slice(info.id)
                     done.append(info.id)
                 except Exception:
