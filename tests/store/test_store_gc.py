@@ -177,10 +177,13 @@ def test_full_drive_raises_store_full_and_loses_nothing(drive_factory):
         store.close()
 
 
-def test_victim_choice_skips_full_zones(store):
+def test_victim_choice_skips_full_zones_and_takes_an_idle_groups_tail(store):
     store.write(1, 0, payload(1, 3 * MiB), group=0)
     store.flush()
-    assert choose_victim(store.slice_log) is None  # everything live: nothing to gain
-    store.delete(1)
-    store.write(2, 0, payload(2, 2 * MiB), group=0)
-    store.flush()
+    zones = sorted(store.stats().live_bytes_per_zone)
+    assert len(zones) == 4  # three full zones, and a few KiB in the group's append zone
+    assert choose_victim(store.slice_log) == zones[-1]
+    store.collector.collect(zones[-1])
+    assert choose_victim(store.slice_log) is None  # only full zones left: nothing to gain
+    assert store.read(1, 0, 3 * MiB) == payload(1, 3 * MiB)
+    assert store.stats().gc_bytes_copied > 0

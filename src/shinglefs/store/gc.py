@@ -8,9 +8,12 @@ Policy, in order, each pass:
    recovery can then replay anything their tombstones kill.
 2. When fewer than ``gc_free_zones`` zones are free, the victim is the zone
    with the highest cost-benefit score ``(1 - u) * age / (1 + u)``, where ``u``
-   is its live fraction and ``age`` the device bytes written since it was last
-   written (a clock that survives restarts). Zones still being appended to,
-   metadata zones and zones that failed a previous copy are never victims.
+   is its live fraction of the zone and ``age`` the device bytes written since
+   it was last written (a clock that survives restarts). Sealed data/GC zones
+   and idle groups' partly filled append zones are candidates; the GC and
+   metadata append zones, metadata zones, zones being written and zones that
+   failed a previous copy are never victims, nor zones that would free less
+   than 1/16 of a zone.
    Its live extents are read (crc-verified), appended to the GC stream's zone
    (records flagged as GC copies, keeping their lifetime group), flushed, and
    only then switched in the index -- each switch conditional on the extent
@@ -46,14 +49,22 @@ def cost_benefit(live_fraction: np.ndarray, age: np.ndarray) -> np.ndarray:
 
 
 def choose_victim(slice_log: SliceLog) -> int | None:
-    """The best GC victim among sealed data/GC zones with dead bytes, or None."""
+    """The best GC victim, or None when no zone would free at least 1/16 of a zone.
+
+    Candidates: sealed data and GC zones, and the append zones of idle groups
+    (a group that stopped writing keeps a partly filled zone; copying its few
+    live bytes out frees the rest). Never the GC or metadata append zones,
+    metadata zones, zones being written, or zones a copy failed on.
+    """
     with slice_log._cv:
         live = slice_log.index.zone_live.copy()
     zs = slice_log.zs
     written = slice_log.z_wp - np.arange(slice_log.nz, dtype=np.int64) * zs
-    cand = ((slice_log.z_state == ZoneState.SEALED)
-            & ((slice_log.z_role == ZoneRole.DATA) | (slice_log.z_role == ZoneRole.GC))
-            & (written > 0) & (live < written))
+    role = slice_log.z_role
+    state = slice_log.z_state
+    cand = (((state == ZoneState.SEALED) & ((role == ZoneRole.DATA) | (role == ZoneRole.GC)))
+            | ((state == ZoneState.ACTIVE) & (role == ZoneRole.DATA)))
+    cand &= (written > 0) & (live <= zs - zs // 16)
     for z in slice_log.gc_busy | slice_log.gc_failed | slice_log.pinned:
         cand[z] = False
     idx = np.flatnonzero(cand)
@@ -62,10 +73,7 @@ def choose_victim(slice_log: SliceLog) -> int | None:
     u = live[idx] / float(zs)
     age = (slice_log.device_bytes - slice_log.z_lastb[idx]).astype(np.float64) + 1.0
     score = cost_benefit(u, age)
-    best = int(idx[int(np.argmax(score))])
-    if live[best] >= zs - 2 * 4096:
-        return None  # nothing to gain
-    return best
+    return int(idx[int(np.argmax(score))])
 
 
 class ZoneCollector:
