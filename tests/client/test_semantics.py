@@ -152,3 +152,22 @@ def test_readdir_lists_entries_with_buffered_sizes(vfs: VFS) -> None:
     vfs.releasedir(dh)
     assert entries == {b"a": 1, b"b": 5}
     vfs.release(fh)
+
+
+def test_an_expired_session_registers_again_and_reopens_its_files(
+    vfs: VFS, fs_factory: FsFactory
+) -> None:
+    fh, ino = create(vfs, b"held")
+    old_session = vfs.session
+    other = open_meta(fs_factory.meta_url)
+    try:
+        assert old_session in other.expire_sessions(0)
+        vfs._heartbeat()
+        assert vfs.session != old_session
+        sessions = {s.id: s for s in other.list_sessions()}
+        assert ino in sessions[vfs.session].open_inodes
+    finally:
+        other.close()
+    vfs.write(fh, 0, b"still works")
+    vfs.release(fh)
+    assert read_all(vfs, ino) == b"still works"

@@ -181,14 +181,13 @@ class VFS:
         self.config = config or ClientConfig()
         self.groups = groups or GroupPolicy()
         self.chunk_size = meta.format_info().chunk_size
-        self.session = meta.register_session(
-            SessionInfo(
-                host=socket.gethostname(),
-                pid=os.getpid(),
-                mountpoint=mountpoint,
-                version=shinglefs.__version__,
-            )
+        self._session_info = SessionInfo(
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            mountpoint=mountpoint,
+            version=shinglefs.__version__,
         )
+        self.session = meta.register_session(self._session_info)
         self._lock = threading.Lock()
         self._handles: dict[int, FileHandle] = {}
         self._dirs: dict[int, DirHandle] = {}
@@ -520,6 +519,11 @@ class VFS:
         self._flush_writer(h.ino, durable=True)
         if not self.config.durable_slice_commit:
             self.node.flush()
+        # Meta commits are durable per the backend's setting (MetaStore.durability);
+        # a backend offering an explicit sync (SQLite synchronous=NORMAL) is asked to.
+        sync = getattr(self.meta, "sync", None)
+        if callable(sync):
+            sync()
 
     # ================================================================== data
     def write(self, fh: int, offset: int, data: bytes | memoryview) -> int:
@@ -753,7 +757,7 @@ class VFS:
                     self.run_deletions()
                 self._run_queued_compactions()
                 if time.monotonic() - last_heartbeat > HEARTBEAT_INTERVAL:
-                    self.meta.heartbeat(self.session)
+                    self._heartbeat()
                     # Sessions of crashed clients release their unlinked-open files.
                     self.meta.expire_sessions(self.config.session_timeout)
                     last_heartbeat = time.monotonic()
@@ -761,6 +765,26 @@ class VFS:
                 if self._stop.is_set():
                     return
                 log.exception("maintenance pass failed; retrying later")
+
+    def _heartbeat(self) -> None:
+        """Keep the session alive; if it expired (this process stalled past the
+        timeout), register again and re-open the inodes this client holds."""
+        try:
+            self.meta.heartbeat(self.session)
+        except FsError as exc:
+            if exc.errno != errno.ESTALE:
+                raise
+            log.warning("session %d expired; registering again", self.session)
+            self.session = self.meta.register_session(self._session_info)
+            with self._lock:
+                held = [(ino, state.handles) for ino, state in self._inodes.items()]
+            for ino, handles in held:
+                for _ in range(handles):
+                    try:
+                        self.meta.open_file(self.session, ino)
+                    except FsError:
+                        log.warning("inode %d was freed while the session was expired", ino)
+                        break
 
     def run_deletions(self) -> int:
         """Delete the slices queued by meta from their drives, then acknowledge them.
