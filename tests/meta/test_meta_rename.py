@@ -238,3 +238,20 @@ def test_moving_a_directory_across_parents_needs_write_on_it(meta):
     meta.mkdir(ROOT_INO, b"locked", 0o555, user)
     assert errno_of(meta.rename, ROOT_INO, b"locked", p.ino, b"locked", 0, user) == E.EACCES
     meta.rename(ROOT_INO, b"locked", ROOT_INO, b"renamed", 0, user)  # same parent: fine
+
+
+def test_rename_onto_an_ancestor_of_the_source_is_enotempty(meta):
+    a = meta.mkdir(ROOT_INO, b"a", 0o755)
+    meta.create(a.ino, b"f", 0o644)
+    sub = meta.mkdir(a.ino, b"sub", 0o755)
+    assert errno_of(meta.rename, a.ino, b"f", ROOT_INO, b"a") == E.ENOTEMPTY
+    assert errno_of(meta.rename, sub.ino, b"..", ROOT_INO, b"x") == E.EBUSY
+    assert errno_of(meta.rename, a.ino, b"sub", ROOT_INO, b"a", RENAME_EXCHANGE) == E.EINVAL
+
+
+def test_subtree_check_comes_before_the_type_check(meta):
+    a = meta.mkdir(ROOT_INO, b"a", 0o755)
+    b = meta.mkdir(a.ino, b"b", 0o755)
+    meta.create(b.ino, b"file", 0o644)
+    # Linux: EINVAL (source is an ancestor of the target), not ENOTDIR.
+    assert errno_of(meta.rename, ROOT_INO, b"a", b.ino, b"file") == E.EINVAL

@@ -92,7 +92,9 @@ def _dir_parents(tx: Tx) -> list[str]:
 
 
 def _counters(tx: Tx) -> list[str]:
-    used, inodes = tx.one("SELECT COALESCE(SUM(used_bytes), 0), COALESCE(SUM(inodes), 0) FROM counters")
+    used, inodes = tx.one(
+        "SELECT COALESCE(SUM(used_bytes), 0), COALESCE(SUM(inodes), 0) FROM counters"
+    )
     real_inodes, real_used = tx.one("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM inodes")
     out = []
     if int(inodes) != int(real_inodes):

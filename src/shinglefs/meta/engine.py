@@ -677,36 +677,62 @@ class SqlMetaStore(MetaStore):
                     ino=new_parent,
                     name=new_name,
                 )
+            cross = old_parent != new_parent
+            # Linux's order: ancestry traps first (do_renameat2), then same
+            # inode, then may_delete/may_create of each side, then emptiness.
+            if cross and src.is_dir and self._is_ancestor(tx, src.ino, new_parent):
+                raise FsError(
+                    E.EINVAL, f"cannot move directory {src.ino} into its own subtree", ino=src.ino
+                )
+            if (
+                cross
+                and dst is not None
+                and dst.is_dir
+                and self._is_ancestor(tx, dst.ino, old_parent)
+            ):
+                raise FsError(
+                    E.EINVAL if exchange else E.ENOTEMPTY,
+                    f"directory {dst.ino} is an ancestor of the source",
+                    ino=dst.ino,
+                )
             if dst is not None and dst.ino == src.ino:
                 return RenameResult(src.ino, None, False)
             self._lock_rows(tx, old_parent, new_parent, src.ino, dst.ino if dst else None)
-            for prow, pino in ((srow, old_parent), (drow, new_parent)):
-                if not permits(prow[0], prow[1], prow[2], ctx, W_OK | X_OK):
-                    raise FsError(E.EACCES, f"no write permission on directory {pino}", ino=pino)
+            if not permits(srow[0], srow[1], srow[2], ctx, W_OK | X_OK):
+                raise FsError(
+                    E.EACCES, f"no write permission on directory {old_parent}", ino=old_parent
+                )
             if not self._sticky_ok(srow[0], srow[1], src.uid, ctx):
                 raise FsError(E.EPERM, f"sticky directory {old_parent}: {old_name!r} is not yours")
-            if dst is not None and not self._sticky_ok(drow[0], drow[1], dst.uid, ctx):
-                raise FsError(E.EPERM, f"sticky directory {new_parent}: {new_name!r} is not yours")
-            cross = old_parent != new_parent
+            if not permits(drow[0], drow[1], drow[2], ctx, W_OK | X_OK):
+                raise FsError(
+                    E.EACCES, f"no write permission on directory {new_parent}", ino=new_parent
+                )
+            if dst is not None:
+                if not self._sticky_ok(drow[0], drow[1], dst.uid, ctx):
+                    raise FsError(
+                        E.EPERM, f"sticky directory {new_parent}: {new_name!r} is not yours"
+                    )
+                if not exchange and src.is_dir and not dst.is_dir:
+                    raise FsError(E.ENOTDIR, f"{new_name!r} is not a directory", ino=dst.ino)
+                if not exchange and not src.is_dir and dst.is_dir:
+                    raise FsError(E.EISDIR, f"{new_name!r} is a directory", ino=dst.ino)
             if cross and src.is_dir and not permits(src.mode, src.uid, src.gid, ctx, W_OK):
                 raise FsError(E.EACCES, f"moving directory {src.ino} needs write permission on it")
-            if exchange:
-                assert dst is not None
-                if cross and dst.is_dir and not permits(dst.mode, dst.uid, dst.gid, ctx, W_OK):
-                    raise FsError(
-                        E.EACCES, f"moving directory {dst.ino} needs write permission on it"
-                    )
-            elif dst is not None:
-                if src.is_dir and not dst.is_dir:
-                    raise FsError(E.ENOTDIR, f"{new_name!r} is not a directory", ino=dst.ino)
-                if not src.is_dir and dst.is_dir:
-                    raise FsError(E.EISDIR, f"{new_name!r} is a directory", ino=dst.ino)
-            if cross:
-                if src.is_dir:
-                    self._check_not_inside(tx, src.ino, new_parent)
-                if exchange and dst is not None and dst.is_dir:
-                    self._check_not_inside(tx, dst.ino, old_parent)
-            if dst is not None and dst.is_dir and not exchange and tx.one(S.ANY_CHILD, (dst.ino,)):
+            if (
+                exchange
+                and cross
+                and dst is not None
+                and dst.is_dir
+                and not permits(dst.mode, dst.uid, dst.gid, ctx, W_OK)
+            ):
+                raise FsError(E.EACCES, f"moving directory {dst.ino} needs write permission on it")
+            if (
+                not exchange
+                and dst is not None
+                and dst.is_dir
+                and tx.one(S.ANY_CHILD, (dst.ino,)) is not None
+            ):
                 raise FsError(E.ENOTEMPTY, f"directory {new_name!r} is not empty", ino=dst.ino)
 
             if exchange:
@@ -759,16 +785,14 @@ class SqlMetaStore(MetaStore):
 
         return self._run(txn)
 
-    def _check_not_inside(self, tx: Tx, dir_ino: int, target_parent: int) -> None:
-        """EINVAL if ``target_parent`` is ``dir_ino`` or lies below it."""
-        cur = target_parent
+    def _is_ancestor(self, tx: Tx, dir_ino: int, start: int) -> bool:
+        """True if directory ``dir_ino`` is ``start`` or lies on its path to the root."""
+        cur = start
         for _ in range(100_000):
             if cur == dir_ino:
-                raise FsError(
-                    E.EINVAL, f"cannot move directory {dir_ino} into its own subtree", ino=dir_ino
-                )
+                return True
             if cur == ROOT_INO:
-                return
+                return False
             row = tx.one(S.SEL_INODE_EXTRA, (cur,))
             if row is None:
                 raise _enoent(cur)

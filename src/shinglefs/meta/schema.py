@@ -168,10 +168,20 @@ class Dialect:
 
 
 SQLITE = Dialect(
-    name="sqlite", placeholder="?", row_locks=False, blob="BLOB", greatest="MAX", without_rowid=" WITHOUT ROWID"
+    name="sqlite",
+    placeholder="?",
+    row_locks=False,
+    blob="BLOB",
+    greatest="MAX",
+    without_rowid=" WITHOUT ROWID",
 )
 POSTGRES = Dialect(
-    name="postgresql", placeholder="%s", row_locks=True, blob="BYTEA", greatest="GREATEST", without_rowid=""
+    name="postgresql",
+    placeholder="%s",
+    row_locks=True,
+    blob="BYTEA",
+    greatest="GREATEST",
+    without_rowid="",
 )
 
 
@@ -194,7 +204,6 @@ ADD_COUNTERS = (
     "UPDATE counters SET used_bytes = used_bytes + ?, inodes = inodes + ? WHERE shard = ?"
 )
 SUM_COUNTERS = "SELECT COALESCE(SUM(used_bytes), 0), COALESCE(SUM(inodes), 0) FROM counters"
-
 
 
 def lock_inodes(count: int) -> str:
