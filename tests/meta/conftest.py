@@ -30,7 +30,10 @@ from shinglefs.meta import open_meta  # noqa: E402
 from shinglefs.meta.check import check_consistency  # noqa: E402
 from shinglefs.meta.engine import SqlMetaStore  # noqa: E402
 
-BACKENDS = ["sqlite", "postgresql"]
+BACKENDS = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),
+]
 
 
 @pytest.fixture(scope="session")
@@ -51,8 +54,6 @@ def pg_cluster() -> Iterator[PgCluster]:
 
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
-    if request.param == "postgresql":
-        request.applymarker(pytest.mark.postgres)
     return str(request.param)
 
 

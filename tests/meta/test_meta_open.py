@@ -73,6 +73,7 @@ def test_postgres_unreachable_server_is_one_line_with_hint():
     one_line(info.value)
 
 
+@pytest.mark.postgres
 def test_postgres_missing_database_says_how_to_create_it(pg_cluster):
     with pytest.raises(MetaUnavailable) as info:
         open_meta(pg_cluster.url("no_such_db"))
