@@ -25,6 +25,7 @@ import errno
 import io
 import os
 import stat as _stat
+import weakref
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -238,6 +239,7 @@ class ShingleFS:
     def __init__(self, vfs: VFS, ctx: Ctx = ROOT_CTX) -> None:
         self.vfs = vfs
         self.ctx = ctx
+        self._files: weakref.WeakSet[IO[Any]] = weakref.WeakSet()
 
     # ------------------------------------------------------------------ resolution
     def _walk(self, parts: list[str], follow_last: bool, depth: int = 0) -> InodeAttr:
@@ -296,12 +298,13 @@ class ShingleFS:
             file = io.BufferedWriter(raw, buffering if buffering > 1 else WRITE_BUFFER)
         else:
             file = io.BufferedReader(raw, buffering if buffering > 1 else READ_BUFFER)
-        if binary:
-            return file
-        return io.TextIOWrapper(
-            file, encoding=encoding or "utf-8", errors=errors, newline=newline,
-            line_buffering=buffering == 1,
-        )
+        if not binary:
+            file = io.TextIOWrapper(
+                file, encoding=encoding or "utf-8", errors=errors, newline=newline,
+                line_buffering=buffering == 1,
+            )
+        self._files.add(file)
+        return file
 
     def open_raw(self, path: str, flags: int, perm: int = 0o644) -> ShingleRawFile:
         """Open with ``os.open``-style flags; returns the unbuffered raw file."""
@@ -477,9 +480,18 @@ class ShingleFS:
 
     # ------------------------------------------------------------------ life cycle
     def close(self) -> None:
-        """Commit everything buffered, close the drives and the metadata."""
+        """Close files the application left open (their buffered bytes are
+        committed), then everything buffered, the drives and the metadata."""
+        first: BaseException | None = None
+        for file in list(self._files):
+            try:
+                file.close()
+            except BaseException as exc:
+                first = first or exc
         with _as_oserror():
             self.vfs.shutdown()
+        if first is not None:
+            raise first
 
     def __enter__(self) -> ShingleFS:
         return self
