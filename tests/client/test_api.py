@@ -135,3 +135,17 @@ def test_a_second_client_cannot_open_locked_drives(fs_factory: FsFactory) -> Non
         with pytest.raises(DriveInUse) as exc:
             connect(fs_factory.meta_url)
         assert str(os.getpid()) in str(exc.value)
+
+
+def test_a_cached_fsspec_instance_reconnects_after_close(fs_factory: FsFactory) -> None:
+    fs_factory.format()
+    url = fs_factory.meta_url
+    try:
+        sfs = fsspec.filesystem("shinglefs", meta=url)
+        sfs.pipe_file("/a", b"1")
+        fsspec_impl.close_connections()
+        again = fsspec.filesystem("shinglefs", meta=url)
+        assert again is sfs  # fsspec's instance cache
+        assert again.cat_file("/a") == b"1"
+    finally:
+        fsspec_impl.close_connections()

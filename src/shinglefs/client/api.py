@@ -479,6 +479,10 @@ class ShingleFS:
             return self.vfs.statfs(self.ctx)
 
     # ------------------------------------------------------------------ life cycle
+    @property
+    def closed(self) -> bool:
+        return self.vfs.closed
+
     def close(self) -> None:
         """Close files the application left open (their buffered bytes are
         committed), then everything buffered, the drives and the metadata."""

@@ -41,7 +41,7 @@ def shared_connection(meta_url: str) -> ShingleFS:
     """The process-wide connection to ``meta_url`` (opened on first use)."""
     with _connections_lock:
         fs = _connections.get(meta_url)
-        if fs is None or fs.vfs._closed:
+        if fs is None or fs.closed:
             fs = _connections[meta_url] = connect(meta_url)
         return fs
 
@@ -84,7 +84,12 @@ class ShingleFileSystem(AbstractFileSystem):
                 hint=f"pass meta='sqlite3:///path/meta.db' as a storage option or set {META_ENV}",
             )
         self.meta_url = meta
-        self.fs = shared_connection(meta)
+        shared_connection(meta)  # fail now, with the typed error, if it cannot open
+
+    @property
+    def fs(self) -> ShingleFS:
+        """The shared connection (re-opened if it was closed since this instance was cached)."""
+        return shared_connection(self.meta_url)
 
     # ------------------------------------------------------------------ paths
     @classmethod

@@ -218,6 +218,11 @@ class VFS:
         self._maintenance.start()
 
     # ================================================================== helpers
+    @property
+    def closed(self) -> bool:
+        """True after ``shutdown`` or ``abandon``."""
+        return self._closed
+
     def _check_open(self) -> None:
         if self._closed:
             raise ClientClosed()
