@@ -144,3 +144,19 @@ def test_lookup_of_missing_name_is_enoent(vfs: VFS) -> None:
     with pytest.raises(ShingleError) as exc:
         vfs.lookup(ROOT_INO, b"nope", ROOT_CTX)
     assert exc.value.errno == errno.ENOENT
+
+
+def test_compact_fragmented_finds_chunks_through_meta(fs_factory: FsFactory) -> None:
+    vfs = fs_factory.vfs(ClientConfig(compaction=False, compact_threshold=4))
+    fh, ino = create(vfs, b"frag")
+    model = bytearray(pattern(34, 300_000))
+    vfs.write(fh, 0, bytes(model))
+    for i in range(6):
+        vfs.write(fh, i * 40_000, b"abc")
+        model[i * 40_000 : i * 40_000 + 3] = b"abc"
+        vfs.flush(fh)
+    vfs.release(fh)
+    assert len(vfs.meta.get_chunk(ino, 0).refs) == 7
+    assert vfs.compact_fragmented() == 1
+    assert len(vfs.meta.get_chunk(ino, 0).refs) == 1
+    assert read_all(vfs, ino) == bytes(model)

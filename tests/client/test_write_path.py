@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from fsfixtures import FsFactory, MiB, create, pattern, read_all
+from fsfixtures import FsFactory, MiB, create, pattern, read_all, write_file
 
 from shinglefs.client.config import ClientConfig
 from shinglefs.client.vfs import VFS, SetAttrChanges
@@ -156,3 +156,19 @@ def test_large_file_is_its_own_group_and_small_file_joins_its_directory(vfs: VFS
     assert vfs.meta.get_slice(large_slice).group == large
     replicas = vfs.meta.get_slice(large_slice).replicas
     assert [(r.server, r.drive) for r in replicas] == [("local", "0")]
+
+
+def test_a_group_policy_hook_chooses_the_group(fs_factory: FsFactory) -> None:
+    from shinglefs.client.filesystem import open_filesystem
+    from shinglefs.client.groups import GroupPolicy
+
+    class StepGroups(GroupPolicy):  # e.g. a retention directory's child
+        def group_for(self, ino: int, parent: int | None, small: bool) -> int:
+            return 4242
+
+    fs_factory.format()
+    vfs = open_filesystem(fs_factory.meta_url, groups=StepGroups())
+    fs_factory.opened.append(vfs)
+    ino = write_file(vfs, b"x", pattern(8, 5 * MiB))
+    slice_id = vfs.meta.get_chunk(ino, 0).refs[0].slice_id
+    assert vfs.meta.get_slice(slice_id).group == 4242

@@ -27,6 +27,7 @@ class ClientConfig:
     io_threads: int = 4  # background readers (readahead) and compaction
     compact_threshold: int = 16  # slices in a chunk before it is compacted in the background
     compaction: bool = True
+    compaction_scan_interval: float = 60.0  # seconds between scans of meta for fragmented chunks (0: off)
     deletion_interval: float = 0.5  # seconds between polls of the deletion queue
     deletion_batch: int = 256
     deletion_consumer: bool = True

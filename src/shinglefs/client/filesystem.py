@@ -14,6 +14,7 @@ import uuid as _uuid
 
 from shinglefs.client.config import ClientConfig
 from shinglefs.client.errors import NotAFileSystem
+from shinglefs.client.groups import GroupPolicy
 from shinglefs.client.vfs import VFS
 from shinglefs.meta.api import CHUNK_SIZE, ROOT_INO, MetaStore, open_meta
 from shinglefs.meta.errors import AlreadyFormatted, FsError, NotFormatted
@@ -82,10 +83,15 @@ def recorded_drives(meta: MetaStore) -> list[str]:
 
 
 def open_filesystem(
-    meta_url: str, *, config: ClientConfig | None = None, mountpoint: str = ""
+    meta_url: str,
+    *,
+    config: ClientConfig | None = None,
+    mountpoint: str = "",
+    groups: GroupPolicy | None = None,
 ) -> VFS:
     """Open the metadata, the recorded drives as an in-process node, register a session.
 
+    ``groups`` replaces the default lifetime-group rule (docs/client.md).
     Raises ``MetaURLError``/``MetaUnavailable`` (bad or unreachable URL),
     ``NotFormatted``, ``NotAFileSystem`` (no drive list), ``DriveInUse`` (a
     drive's lock is held by another process, named by pid), and the drives'
@@ -97,7 +103,7 @@ def open_filesystem(
         drives = recorded_drives(meta)
         node = StorageNode.open(list(enumerate(drives)))
         try:
-            return VFS(meta, node, config, mountpoint=mountpoint)
+            return VFS(meta, node, config, mountpoint=mountpoint, groups=groups)
         except BaseException:
             node.close()
             raise

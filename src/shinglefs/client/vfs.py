@@ -751,7 +751,7 @@ class VFS:
 
     # ================================================================== background work
     def _maintenance_loop(self) -> None:
-        last_heartbeat = time.monotonic()
+        last_heartbeat = last_scan = time.monotonic()
         while not self._stop.is_set():
             self._wake.wait(self.config.deletion_interval)
             self._wake.clear()
@@ -761,6 +761,11 @@ class VFS:
                 if self.config.deletion_consumer:
                     self.run_deletions()
                 self._run_queued_compactions()
+                interval = self.config.compaction_scan_interval
+                if self.config.compaction and interval and time.monotonic() - last_scan > interval:
+                    # Chunks fragmented by any client (or by this one before a restart).
+                    self.compact_fragmented()
+                    last_scan = time.monotonic()
                 if time.monotonic() - last_heartbeat > HEARTBEAT_INTERVAL:
                     self._heartbeat()
                     # Sessions of crashed clients release their unlinked-open files.
