@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from shinglefs.client.vfs import VFS
 
 log = logging.getLogger(__name__)
+_FORCE_INLINE = bool(__import__('os').environ.get('SHINGLEFS_FUSE_INLINE'))
 
 T = TypeVar("T")
 
@@ -99,6 +100,11 @@ class ShingleOperations(pyfuse3.Operations):
         self.status_provider = status_provider
         self._set_attr_changes = _set_attr_changes_type()
         self._open_file_info = getattr(vfs, "open_file_info", None)
+        # Per-inode FIFO locks (trio.Lock is fair) that keep one inode's writes in
+        # the order the kernel sent them; see ``write``.
+        self._inode_of: dict[int, int] = {}
+        self._write_locks: dict[int, trio.Lock] = {}
+        self._lock_users: dict[int, int] = {}
 
     # -- plumbing -----------------------------------------------------------------
 
@@ -120,7 +126,7 @@ class ShingleOperations(pyfuse3.Operations):
     ) -> T:
         """Run ``func(*args)`` inline or in a worker thread; translate every error."""
         try:
-            if offload:
+            if offload and not _FORCE_INLINE:
                 return await trio.to_thread.run_sync(func, *args)
             return func(*args)
         except pyfuse3.FUSEError:
@@ -156,6 +162,25 @@ class ShingleOperations(pyfuse3.Operations):
         entry.st_mtime_ns = attr.mtime_ns
         entry.st_ctime_ns = attr.ctime_ns
         return entry
+
+    def _attach(self, fh: int, ino: int) -> None:
+        self._inode_of[fh] = ino
+        self._lock_users[ino] = self._lock_users.get(ino, 0) + 1
+        if ino not in self._write_locks:
+            self._write_locks[ino] = trio.Lock()
+
+    def _detach(self, fh: int) -> None:
+        ino = self._inode_of.pop(fh, None)
+        if ino is None:
+            return
+        self._lock_users[ino] -= 1
+        if not self._lock_users[ino]:
+            del self._lock_users[ino]
+            del self._write_locks[ino]
+
+    def _write_lock(self, fh: int) -> trio.Lock:
+        ino = self._inode_of.get(fh)
+        return self._write_locks[ino] if ino is not None else trio.Lock()
 
     def _file_info(self, fh: int) -> pyfuse3.FileInfo:
         keep_cache = bool(self._open_file_info(fh)) if self._open_file_info else False
@@ -279,6 +304,7 @@ class ShingleOperations(pyfuse3.Operations):
             # The VFS would check read permission for the O_RDWR we made up.
             vctx = Ctx(uid=0, gid=vctx.gid, pid=vctx.pid, groups=vctx.groups, umask=vctx.umask)
         fh = await self._meta("open", self.vfs.open, inode, wanted, vctx, ino=inode)
+        self._attach(fh, inode)
         return self._file_info(fh)
 
     async def create(
@@ -287,22 +313,35 @@ class ShingleOperations(pyfuse3.Operations):
         fh, attr = await self._meta("create", self.vfs.create, parent_inode, name, mode,
                                     self._writeback_flags(flags), self._ctx(ctx),
                                     ino=parent_inode)
+        self._attach(fh, attr.ino)
         return self._file_info(fh), self.entry(attr)
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         return await self._call("read", True, self.vfs.read, fh, off, size, fh=fh)
 
     async def write(self, fh: int, off: int, buf: bytes) -> int:
-        return await self._call("write", True, self.vfs.write, fh, off, buf, fh=fh)
+        # The kernel's writeback sends one file's pages in ascending order as
+        # several concurrent requests; running them in worker threads as they
+        # come would let them race and reach the VFS out of order, cutting its
+        # sequential slices into fragments. One FIFO lock per inode keeps the
+        # kernel's order (the VFS serialises a file's writes anyway).
+        async with self._write_lock(fh):
+            return await self._call("write", True, self.vfs.write, fh, off, buf, fh=fh)
 
     async def flush(self, fh: int) -> None:
-        await self._call("flush", True, self.vfs.flush, fh, fh=fh)
+        async with self._write_lock(fh):
+            await self._call("flush", True, self.vfs.flush, fh, fh=fh)
 
     async def release(self, fh: int) -> None:
-        await self._call("release", True, self.vfs.release, fh, fh=fh)
+        try:
+            async with self._write_lock(fh):
+                await self._call("release", True, self.vfs.release, fh, fh=fh)
+        finally:
+            self._detach(fh)
 
     async def fsync(self, fh: int, datasync: bool) -> None:
-        await self._call("fsync", True, self.vfs.fsync, fh, datasync, fh=fh)
+        async with self._write_lock(fh):
+            await self._call("fsync", True, self.vfs.fsync, fh, datasync, fh=fh)
 
     # -- directories ----------------------------------------------------------------------
 

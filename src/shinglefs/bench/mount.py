@@ -1,0 +1,200 @@
+"""``shinglefs bench mount``: the FUSE mount against a local directory on the same disk.
+
+Same operations, same run, medians of ``rounds`` repetitions:
+
+- sequential write of 2 GiB (quick: 256 MiB) in 1 MiB ``write`` calls, then
+  ``fsync`` and ``close`` (all timed);
+- cold sequential read of that file in 1 MiB reads. Cold means: the kernel
+  page cache is dropped (``echo 3 > /proc/sys/vm/drop_caches``, root) and,
+  for ShingleFS, the file system is remounted first so that its in-process
+  extent cache is empty too;
+- 10,000 (quick: 2,000) files of 4 KiB created, written and closed;
+- a ``torch.utils.data.DataLoader`` with 2 workers reading fixed-length
+  samples (seek + read) of uint16 token shards, cold as above.
+
+The mount is a real ``shinglefs mount --foreground`` child process over SQLite
+metadata and emulated SMR drives in ``workdir`` (see fuse/harness.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shinglefs.fuse.harness import GiB, MountedFileSystem, default_drives, drop_caches
+
+MiB = 1024**2
+BLOCK = 1 * MiB
+SEQ_LEN = 4096  # tokens a sample (uint16: 8 KiB)
+
+TARGETS = {"write_ratio": 0.8, "read_ratio": 0.8, "loader_ratio": 0.8,
+           "small_files_per_s": 2000.0}
+
+
+def _sequential_write(path: Path, size: int) -> float:
+    """MiB/s of writing ``size`` bytes in 1 MiB writes, fsync and close."""
+    block = np.random.default_rng(1).integers(0, 256, BLOCK, dtype=np.uint8).tobytes()
+    start = time.perf_counter()
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+    try:
+        for _ in range(size // BLOCK):
+            os.write(fd, block)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return size / MiB / (time.perf_counter() - start)
+
+
+def _sequential_read(path: Path) -> float:
+    buf = bytearray(BLOCK)
+    view = memoryview(buf)
+    total = 0
+    start = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(view):
+            total += n
+    return total / MiB / (time.perf_counter() - start)
+
+
+def _small_files(directory: Path, count: int) -> float:
+    directory.mkdir()
+    payload = b"s" * 4096
+    start = time.perf_counter()
+    for i in range(count):
+        fd = os.open(directory / f"f{i:06d}", os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o644)
+        os.write(fd, payload)
+        os.close(fd)
+    return count / (time.perf_counter() - start)
+
+
+class TokenShards:
+    """A map-style dataset of fixed-length samples read by seek + read from uint16 shards.
+
+    Each worker opens each shard once (handles are per process, opened lazily).
+    """
+
+    def __init__(self, paths: list[str], seq_len: int = SEQ_LEN) -> None:
+        self.paths = paths
+        self.seq_len = seq_len
+        self.sample_bytes = seq_len * 2
+        self.per_shard = [os.path.getsize(p) // self.sample_bytes for p in paths]
+        self._files: dict[int, Any] = {}
+
+    def __len__(self) -> int:
+        return sum(self.per_shard)
+
+    def __getitem__(self, index: int) -> Any:
+        import torch
+
+        shard = 0
+        while index >= self.per_shard[shard]:
+            index -= self.per_shard[shard]
+            shard += 1
+        f = self._files.get(shard)
+        if f is None:
+            f = self._files[shard] = open(self.paths[shard], "rb", buffering=0)  # noqa: SIM115
+        f.seek(index * self.sample_bytes)
+        data = f.read(self.sample_bytes)
+        return torch.from_numpy(np.frombuffer(data, dtype=np.uint16).astype(np.int64))
+
+
+def _write_shards(directory: Path, shards: int, shard_bytes: int) -> list[str]:
+    directory.mkdir()
+    rng = np.random.default_rng(7)
+    paths = []
+    for s in range(shards):
+        tokens = rng.integers(0, 50257, shard_bytes // 2, dtype=np.uint16)
+        path = directory / f"tokens-{s:04d}.u16"
+        with open(path, "wb") as f:
+            f.write(tokens.tobytes())
+        paths.append(str(path))
+    return paths
+
+
+def _loader(paths: list[str]) -> float:
+    import torch
+
+    dataset = TokenShards(paths)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=16, num_workers=2, shuffle=False)
+    samples = 0
+    start = time.perf_counter()
+    for batch in loader:
+        samples += len(batch)
+    elapsed = time.perf_counter() - start
+    assert samples == len(dataset)
+    return samples / elapsed
+
+
+def run(quick: bool, workdir: Path, rounds: int | None = None, **_: Any) -> dict[str, Any]:
+    """Measure the mount and the local baseline; returns medians and ratios."""
+    size = 256 * MiB if quick else 2 * GiB
+    small = 2_000 if quick else 10_000
+    shards, shard_bytes = (4, 32 * MiB) if quick else (8, 64 * MiB)
+    rounds = rounds or 3
+    workdir = Path(workdir)
+    local = workdir / "local"
+    local.mkdir(parents=True, exist_ok=True)
+    data = workdir / "fs"
+    data.mkdir(parents=True, exist_ok=True)
+    fs = MountedFileSystem(data, workdir / "mnt", drives=default_drives(
+        data, smr_drives=2, smr_bytes=max(16 * GiB, 4 * size), conventional_bytes=1 * GiB))
+    fs.format()
+    fs.start()
+    figures: dict[str, list[float]] = {k: [] for k in (
+        "write", "read", "local_write", "local_read", "small", "local_small",
+        "loader", "local_loader")}
+    cold = True
+    try:
+        mount_shards = _write_shards(fs.mountpoint / "shards", shards, shard_bytes)
+        local_shards = _write_shards(local / "shards", shards, shard_bytes)
+        for r in range(rounds):
+            for name, root in (("local_", local), ("", fs.mountpoint)):
+                figures[name + "write"].append(_sequential_write(root / f"seq{r}", size))
+            for name, root in (("local_", local), ("", fs.mountpoint)):
+                if not name:
+                    fs.stop()
+                    fs.start()
+                cold = drop_caches() and cold
+                figures[name + "read"].append(_sequential_read(root / f"seq{r}"))
+                os.unlink(root / f"seq{r}")
+            for name, root in (("local_", local), ("", fs.mountpoint)):
+                figures[name + "small"].append(_small_files(root / f"small{r}", small))
+            for name, paths in (("local_", local_shards), ("", mount_shards)):
+                if not name:
+                    fs.stop()
+                    fs.start()
+                cold = drop_caches() and cold
+                figures[name + "loader"].append(_loader(paths))
+            for root in (local, fs.mountpoint):
+                shutil.rmtree(root / f"small{r}")
+    finally:
+        fs.stop()
+    med = {k: statistics.median(v) for k, v in figures.items()}
+    result: dict[str, Any] = {
+        "write_mib_s": round(med["write"], 1),
+        "read_mib_s": round(med["read"], 1),
+        "local_write_mib_s": round(med["local_write"], 1),
+        "local_read_mib_s": round(med["local_read"], 1),
+        "write_ratio": round(med["write"] / med["local_write"], 3),
+        "read_ratio": round(med["read"] / med["local_read"], 3),
+        "small_files_per_s": round(med["small"], 1),
+        "local_small_files_per_s": round(med["local_small"], 1),
+        "loader_samples_per_s": round(med["loader"], 1),
+        "local_loader_samples_per_s": round(med["local_loader"], 1),
+        "loader_ratio": round(med["loader"] / med["local_loader"], 3),
+        "file_bytes": size,
+        "small_files": small,
+        "loader_bytes": shards * shard_bytes,
+        "sample_bytes": SEQ_LEN * 2,
+        "rounds": rounds,
+        "cold_reads": cold,
+        "samples": {k: [round(x, 1) for x in v] for k, v in figures.items()},
+    }
+    result["targets_met"] = {k: result[k] >= v for k, v in TARGETS.items()}
+    return result
