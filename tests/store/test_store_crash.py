@@ -167,3 +167,45 @@ def test_checkpoint_on_a_file_path(drive_factory, tmp_path):
         assert os.path.getsize(ck) > 0
     finally:
         store.close()
+
+
+def test_store_on_a_conventional_drive_keeps_its_own_write_pointers(tmp_path):
+    from shinglefs.zoned import ConventionalDrive
+
+    path = tmp_path / "flash.img"
+    drive = ConventionalDrive.create(str(path), size=64 * MiB, zone_size=MiB)
+    store = SliceStore.format(drive)
+    for sid in range(6):
+        store.write(sid, 0, payload(sid, 700_000), group=sid % 2)
+    store.delete_group(1)
+    store.write(10, 0, payload(10, 100_000), group=0, durable=True)
+    # No clean close: the next open recovers from the checkpoint and the log.
+    store.scheduler.close()
+    store.collector.stop()
+    ends = dict(store.slice_log.live_extents(z)[-1][3:4] and (z, int(store.slice_log.z_wp[z]))
+                for z in store.stats().live_bytes_per_zone)
+    zone, end = max(ends.items())
+    drive.close_drive()
+    with open(path, "r+b") as f:  # a torn record after the log's end
+        f.seek(end)
+        f.write(b"SHRC" + bytes(60) + b"garbage" * 100)
+    drive = ConventionalDrive.open(str(path))
+    store = SliceStore.open(drive)
+    try:
+        assert sorted(store.slice_ids()) == [0, 2, 4, 10]
+        for sid in (0, 2, 4):
+            assert store.read(sid, 0, 700_000) == payload(sid, 700_000)
+        assert [(d.zone, d.offset) for d in store.recovery_report.discarded] == [(zone, end)]
+        store.write(11, 0, payload(11, 300_000), group=0, durable=True)
+        assert store.read(11, 0, 300_000) == payload(11, 300_000)
+        stats = store.stats()
+        assert stats.zones_by_condition["NOT_WP"] == 1
+        assert stats.zone_resets >= 1  # group 1's zones were reset (discarded)
+    finally:
+        store.close()
+    store = SliceStore.open(ConventionalDrive.open(str(path)))
+    try:
+        assert store.read(11, 0, 300_000) == payload(11, 300_000)
+        assert store.recovery_report.clean
+    finally:
+        store.close()

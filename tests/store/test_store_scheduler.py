@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from storekit import MiB, payload
@@ -127,3 +128,33 @@ def test_back_pressure_bounds_queued_bytes(drive_factory):
     assert max(seen) <= MiB
     assert store.read(5, 0, 16 * MiB) == data
     store.close()
+
+
+def test_flush_returns_while_other_writers_keep_submitting(drive_factory):
+    drive = drive_factory(zone_size=4 * MiB, zone_count=64)
+    store = SliceStore.format(drive, linger_s=0.05)
+    stop = threading.Event()
+
+    def busy() -> None:
+        sid = 1000
+        while not stop.is_set():
+            sid += 1
+            futures = [store.submit(sid, i * 4096, b"b" * 4096, group=2) for i in range(16)]
+            for f in futures:
+                f.result()
+            if sid % 50 == 0:
+                for old in range(sid - 50, sid - 25):
+                    store.delete(old)
+
+    thread = threading.Thread(target=busy)
+    thread.start()
+    try:
+        for k in range(5):
+            store.write(k, 0, b"a" * 5000, group=1)
+            t = time.monotonic()
+            store.flush()
+            assert time.monotonic() - t < 2.0
+    finally:
+        stop.set()
+        thread.join()
+        store.close()

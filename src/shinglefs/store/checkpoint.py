@@ -100,7 +100,8 @@ def decode_payload(number: int, covered: int, payload: memoryview) -> Checkpoint
 class CheckpointArea:
     """Random-access conventional space for the generation table and two checkpoint slots."""
 
-    def __init__(self, drive: ZonedDrive, zone_count: int, *, path: str | None = None) -> None:
+    def __init__(self, drive: ZonedDrive, zone_count: int, *, path: str | None = None,
+                 area_zones: int | None = None) -> None:
         self.drive = drive
         self.zone_count = zone_count
         self.gen_blocks = (zone_count + _GEN_PER_BLOCK - 1) // _GEN_PER_BLOCK
@@ -112,10 +113,11 @@ class CheckpointArea:
             self.base = 0
             self.slot_size = 1 << 40  # a sparse file: no practical limit
         else:
-            conv = drive.conventional_zones * drive.zone_size
+            zones = drive.conventional_zones if area_zones is None else area_zones
+            conv = zones * drive.zone_size
             if conv < self.gen_bytes + 2 * 2 * BLOCK:
                 raise StoreFormatError(
-                    f"{drive.conventional_zones} conventional zones cannot hold checkpoints",
+                    f"{zones} conventional zones cannot hold checkpoints",
                     drive=drive.name,
                     hint="create the drive with conventional zones or pass checkpoint_path",
                 )

@@ -55,7 +55,7 @@ from shinglefs.store.record import (
 )
 from shinglefs.store.recovery import DiscardedTail, RecoveryReport
 from shinglefs.zoned.errors import ZoneError
-from shinglefs.zoned.model import ZoneCondition, ZonedDrive, ZoneType
+from shinglefs.zoned.model import ZoneCondition, ZonedDrive, ZoneInfo, ZoneType
 
 log = logging.getLogger("shinglefs.store")
 
@@ -123,7 +123,11 @@ class SliceLog:
         self.area = area
         self.zs = drive.zone_size
         self.nz = drive.zone_count
-        self.first_seq_zone = drive.conventional_zones
+        # A flash/CMR drive (every zone conventional): the store keeps the write
+        # pointers itself, in the first 1 % of zones goes the checkpoint area.
+        self.wp_emulated = drive.conventional_zones >= drive.zone_count
+        self.first_seq_zone = (max(1, self.nz // 100) if self.wp_emulated
+                               else drive.conventional_zones)
         self.seq_zones = self.nz - self.first_seq_zone
         self.io_lock = threading.RLock()
         self._cv = threading.Condition(threading.Lock())
@@ -164,16 +168,18 @@ class SliceLog:
     @classmethod
     def format(cls, drive: ZonedDrive, config: StoreConfig) -> SliceLog:
         """Reset every writable sequential zone and write an empty checkpoint (twice)."""
-        area = CheckpointArea(drive, drive.zone_count, path=config.checkpoint_path)
+        area = CheckpointArea(drive, drive.zone_count, path=config.checkpoint_path,
+                              area_zones=_area_zones(drive))
         self = cls(drive, config, area)
         for info in drive.report_zones():
-            if info.type == ZoneType.CONVENTIONAL:
+            if info.index < self.first_seq_zone:
                 continue
             if info.condition in (ZoneCondition.OFFLINE, ZoneCondition.READ_ONLY):
                 self.z_state[info.index] = ZoneState.BAD
                 continue
-            if info.write_pointer != info.start or info.condition != ZoneCondition.EMPTY:
-                self._drive_call(drive.reset, info.index)
+            if self.wp_emulated or info.write_pointer != info.start or (
+                    info.condition != ZoneCondition.EMPTY):
+                self._zone_reset(info.index)
         area.write_generations(self.z_gen)
         with self.io_lock:
             self.checkpoint()
@@ -183,7 +189,8 @@ class SliceLog:
     @classmethod
     def open(cls, drive: ZonedDrive, config: StoreConfig) -> SliceLog:
         """Recover: load the last good checkpoint, replay the log after it, report."""
-        area = CheckpointArea(drive, drive.zone_count, path=config.checkpoint_path)
+        area = CheckpointArea(drive, drive.zone_count, path=config.checkpoint_path,
+                              area_zones=_area_zones(drive))
         self = cls(drive, config, area)
         with self.io_lock:
             self._recover()
@@ -196,6 +203,21 @@ class SliceLog:
         except ZoneError as exc:
             raise StoreIOError(str(exc), drive=self.name, zone=getattr(exc, "zone", None),
                                offset=getattr(exc, "offset", None), cause=exc) from exc
+
+    # Zone commands; on a drive without write pointers the store emulates them.
+    def _zone_reset(self, z: int) -> None:
+        if self.wp_emulated:
+            self._drive_call(self.drive.discard, self.zone_start(z), self.zs)  # type: ignore[attr-defined]
+        else:
+            self._drive_call(self.drive.reset, z)
+
+    def _zone_finish(self, z: int) -> None:
+        if not self.wp_emulated:
+            self.drive.finish(z)
+
+    def _zone_close(self, z: int) -> None:
+        if not self.wp_emulated:
+            self.drive.close(z)
 
     def zone_start(self, z: int) -> int:
         return z * self.zs
@@ -227,7 +249,7 @@ class SliceLog:
         if self.z_state[z] in (ZoneState.ACTIVE, ZoneState.SEALED):
             if self.room(z) > 0 and self.z_wp[z] > self.zone_start(z):
                 try:
-                    self.drive.finish(z)
+                    self._zone_finish(z)
                 except ZoneError as exc:
                     log.warning("finishing zone %d of %s failed: %s", z, self.name, exc)
             self.z_state[z] = ZoneState.SEALED
@@ -251,13 +273,15 @@ class SliceLog:
             self._open_groups.pop(z, None)
             self._open_reserved.pop(z, None)
             try:
-                self.drive.close(z)
+                self._zone_close(z)
             except ZoneError:
                 pass
         if self.z_state[z] == ZoneState.ACTIVE:
             self.z_state[z] = ZoneState.SEALED
 
     def _group_open_limit(self) -> int:
+        if not self.drive.max_open_zones:
+            return 1 << 30  # no limit
         return max(1, self.drive.max_open_zones - self.config.open_zone_reserve)
 
     def _open_for_write(self, z: int, key: StreamKey) -> None:
@@ -278,7 +302,7 @@ class SliceLog:
             while len(self._open_groups) >= self._group_open_limit():
                 victim, _ = self._open_groups.popitem(last=False)
                 try:
-                    self.drive.close(victim)
+                    self._zone_close(victim)
                 except ZoneError as exc:
                     log.warning("closing zone %d of %s failed: %s", victim, self.name, exc)
                 self.evictions += 1
@@ -673,7 +697,7 @@ class SliceLog:
         self.area.sync()
         for z in zones:
             self.detach_idle(z)
-            self._drive_call(self.drive.reset, z)
+            self._zone_reset(z)
             self.z_state[z] = ZoneState.EMPTY
             self.z_wp[z] = self.zone_start(z)
             self.z_role[z] = ZoneRole.NONE
@@ -804,9 +828,13 @@ class SliceLog:
         found: list[tuple[int, int, RecordHeader, bytes | None]] = []  # (seq, dev, header, ids)
         for info in infos:
             z = info.index
-            if info.type == ZoneType.CONVENTIONAL:
+            if z < self.first_seq_zone:
                 continue
             start = info.start
+            if self.wp_emulated:
+                # No write pointer: scan to the first invalid record (zeros end the log).
+                info = ZoneInfo(z, start, self.zs, self.zs, start + self.zs,
+                                ZoneType.SEQUENTIAL_WRITE_REQUIRED, ZoneCondition.CLOSED)
             self.z_wp[z] = info.write_pointer
             if info.condition == ZoneCondition.OFFLINE:
                 self.z_state[z] = ZoneState.BAD
@@ -818,6 +846,8 @@ class SliceLog:
             scan_from = start if reset_since else int(ck_wp[z])
             if reset_since:
                 self.z_role[z] = ZoneRole.NONE
+            if self.wp_emulated:
+                self.z_wp[z] = scan_from  # until the scan finds records
             if info.write_pointer < scan_from:
                 report.notes.append(
                     f"zone {z}: write pointer {info.write_pointer} is behind the checkpoint's "
@@ -834,7 +864,7 @@ class SliceLog:
                 self.z_state[z] = ZoneState.SEALED
             if info.condition.is_open:
                 try:
-                    self.drive.close(z)
+                    self._zone_close(z)
                 except ZoneError:
                     pass
 
@@ -913,12 +943,15 @@ class SliceLog:
                             reason = f"payload crc mismatch at payload byte {bad}"
                     except StoreIOError as exc:
                         reason = f"read error: {exc}"
+            if reason is not None and self.wp_emulated:
+                self._end_emulated_zone(z, pos, reason, header, report)
+                return
             if reason is not None:
                 report.discarded.append(DiscardedTail(z, pos, wp - pos, reason))
                 log.warning("recovery: zone %d of %s: discarding %d bytes from %d: %s",
                             z, self.name, wp - pos, pos, reason)
                 try:
-                    self.drive.finish(z)
+                    self._zone_finish(z)
                 except ZoneError as exc:
                     report.notes.append(f"zone {z}: finish failed: {exc}")
                 self.z_wp[z] = (z + 1) * self.zs
@@ -933,6 +966,27 @@ class SliceLog:
                 else:
                     self.z_role[z] = ZoneRole.META
             pos += header.footprint
+            if self.wp_emulated:
+                self.z_wp[z] = pos
+
+    def _end_emulated_zone(self, z: int, pos: int, reason: str, header: RecordHeader | None,
+                           report: RecoveryReport) -> None:
+        """The end of a zone's log on a drive without write pointers.
+
+        Zeros are the clean end; anything else (a torn or corrupt record) is
+        reported. Either way the rest of the zone is zeroed, so no later scan
+        can mistake what lies beyond the end for records.
+        """
+        self.z_wp[z] = pos
+        end = self.zone_start(z) + self.zs
+        if "zeros" not in reason:
+            claimed = min(header.footprint, end - pos) if header is not None else BLOCK
+            report.discarded.append(DiscardedTail(z, pos, claimed, reason))
+            log.warning("recovery: zone %d of %s: discarding the record at %d: %s", z,
+                        self.name, pos, reason)
+        if pos < end:
+            # Unflushed blocks may have landed out of order: clear the rest of the zone.
+            self._drive_call(self.drive.discard, pos, end - pos)  # type: ignore[attr-defined]
 
     def _reattach_streams(self) -> None:
         """Give each stream back its most recently written partly filled zone."""
@@ -960,6 +1014,21 @@ class SliceLog:
     # ================================================================= stats and closing
     def zones_by_condition(self) -> dict[str, int]:
         out: dict[str, int] = {}
+        if self.wp_emulated:
+            for z in range(self.nz):
+                state = self.z_state[z]
+                if state == ZoneState.CONVENTIONAL:
+                    name = "NOT_WP"
+                elif state == ZoneState.EMPTY:
+                    name = "EMPTY"
+                elif state == ZoneState.ACTIVE:
+                    name = "IMPLICIT_OPEN"
+                elif state == ZoneState.BAD:
+                    name = "OFFLINE"
+                else:
+                    name = "FULL" if self.room(z) < MIN_ROOM else "CLOSED"
+                out[name] = out.get(name, 0) + 1
+            return out
         for info in self.drive.report_zones():
             name = info.condition.name
             out[name] = out.get(name, 0) + 1
@@ -974,6 +1043,13 @@ class SliceLog:
             finally:
                 self.closed = True
                 self.area.close()
+
+
+def _area_zones(drive: ZonedDrive) -> int:
+    """Zones of the checkpoint area: the conventional ones (1 % of an all-conventional drive)."""
+    if drive.conventional_zones >= drive.zone_count:
+        return max(1, drive.zone_count // 100)
+    return drive.conventional_zones
 
 
 def _split_views(views: list[memoryview], n: int) -> tuple[list[memoryview], list[memoryview]]:

@@ -215,22 +215,28 @@ class WriteScheduler:
             return None
         return max(0.0, min(heads) + self.linger_s - now)
 
+    def _ready_barriers(self) -> list[tuple[int, Future[None]]]:
+        """Barriers none of whose pieces is still queued (``_cond`` held)."""
+        if not self._barriers:
+            return []
+        heads = [q[0].ticket for q in self._groups.values() if q]
+        oldest = min(heads) if heads else self._ticket + 1
+        ready = [b for b in self._barriers if b[0] < oldest]
+        if ready:
+            self._barriers = [b for b in self._barriers if b[0] >= oldest]
+        return ready
+
     def _run(self) -> None:
         while True:
             with self._cond:
                 while True:
                     now = time.monotonic()
                     runs = self._take(now)
-                    if runs:
-                        break
-                    if self._barriers and not self._groups:
-                        break
-                    if self._stopping and not self._groups:
+                    # Pieces taken now are written before these barriers complete.
+                    barriers = self._ready_barriers()
+                    if runs or barriers or (self._stopping and not self._groups):
                         break
                     self._cond.wait(self._next_wait(now))
-                barriers = []
-                if not runs and self._barriers:
-                    barriers, self._barriers = self._barriers, []
                 done = self._stopping and not self._groups and not runs and not self._barriers
             if runs:
                 self._write(runs)

@@ -192,29 +192,30 @@ class SliceStore(SliceStoreAPI):
     # ================================================================= counters
     def stats(self) -> StoreStats:
         slog = self._log
-        with slog.io_lock:
-            with slog._cv:
-                live = slog.index.zone_live
-                per_zone = {int(z): int(live[z]) for z in live.nonzero()[0]}
-                slices = slog.index.slices
-                live_bytes = slog.index.live_bytes
-            user = slog.user_bytes
-            device = slog.device_bytes
-            return StoreStats(
-                user_bytes_written=user,
-                device_bytes_written=device,
-                write_amplification=(device / user) if user else 1.0,
-                gc_bytes_copied=slog.gc_bytes,
-                zone_resets=slog.zone_resets,
-                checkpoint_bytes_written=slog.checkpoint_bytes_written,
-                slices=slices,
-                live_bytes=live_bytes,
-                free_zones=slog.free_zones(),
-                zones_by_condition=slog.zones_by_condition(),
-                live_bytes_per_zone=per_zone,
-                group_zone_evictions=slog.evictions,
-                capacity_bytes=slog.seq_zones * slog.zs,
-            )
+        # Counters are read without the drive's io_lock: a batch in flight may be
+        # half counted, never blocked on.
+        with slog._cv:
+            live = slog.index.zone_live
+            per_zone = {int(z): int(live[z]) for z in live.nonzero()[0]}
+            slices = slog.index.slices
+            live_bytes = slog.index.live_bytes
+        user = slog.user_bytes
+        device = slog.device_bytes
+        return StoreStats(
+            user_bytes_written=user,
+            device_bytes_written=device,
+            write_amplification=(device / user) if user else 1.0,
+            gc_bytes_copied=slog.gc_bytes,
+            zone_resets=slog.zone_resets,
+            checkpoint_bytes_written=slog.checkpoint_bytes_written,
+            slices=slices,
+            live_bytes=live_bytes,
+            free_zones=slog.free_zones(),
+            zones_by_condition=slog.zones_by_condition(),
+            live_bytes_per_zone=per_zone,
+            group_zone_evictions=slog.evictions,
+            capacity_bytes=slog.seq_zones * slog.zs,
+        )
 
     def checkpoint(self) -> int:
         """Write an index checkpoint now; returns its size in bytes."""
