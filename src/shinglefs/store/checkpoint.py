@@ -56,13 +56,14 @@ class Checkpoint:
 
 
 def encode_checkpoint(number: int, covered_seq: int, meta: dict[str, Any],
-                      columns: dict[str, np.ndarray]) -> list[memoryview | bytes]:
+                      columns: dict[str, np.ndarray]) -> list[Any]:
     """The pieces of a checkpoint (header block, JSON, columns, padding) to write as one I/O."""
     meta = dict(meta)
     meta["columns"] = [[name, str(col.dtype), int(col.size)] for name, col in columns.items()]
     blob = json.dumps(meta, separators=(",", ":")).encode()
-    parts: list[memoryview | bytes] = [struct.pack("<I", len(blob)), blob]
-    parts += [memoryview(np.ascontiguousarray(col)).cast("B") for col in columns.values()]
+    parts: list[Any] = [struct.pack("<I", len(blob)), blob]
+    parts += [memoryview(np.ascontiguousarray(col)).cast("B")  # type: ignore[arg-type]
+              for col in columns.values()]
     length = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
     crc = 0
     for part in parts:

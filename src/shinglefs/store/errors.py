@@ -98,7 +98,7 @@ class StoreIOError(StoreError):
         self.offset = offset
         self.cause = cause
         if cause is not None and getattr(cause, "errno", None):
-            self.errno = cause.errno  # type: ignore[union-attr]
+            self.errno = cause.errno  # type: ignore[attr-defined]
 
 
 class StoreFormatError(StoreError):

@@ -165,13 +165,13 @@ class ZoneCollector:
             chunk_limit = slog.config.gc_chunk_bytes
             i = 0
             while i < len(extents):
-                chunk = []
+                chunk: list[tuple[int, int, int, int, int]] = []
                 size = 0
                 while i < len(extents) and (not chunk or size + extents[i][2] <= chunk_limit):
                     chunk.append(extents[i])
                     size += extents[i][2]
                     i += 1
-                payloads = []
+                payloads: list[bytearray | None] = []
                 for sid, off, length, dev, _group in chunk:
                     try:
                         payloads.append(slog.read_extent(sid, off, length, dev))
