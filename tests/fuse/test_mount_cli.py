@@ -118,7 +118,7 @@ def test_umount_force_cleans_a_dead_mount(workdir: Path) -> None:
     fs.start()
     assert fs.process is not None
     os.kill(fs.process.pid, signal.SIGKILL)
-    fs.process.wait()
+    fs.process.wait(timeout=30)
     fs.process = None
     assert mount_entry(fs.mountpoint) is not None  # dead, still in the mount table
     with pytest.raises(OSError):

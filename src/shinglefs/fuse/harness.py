@@ -104,7 +104,8 @@ class MountedFileSystem:
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(process.pid, signal.SIGKILL)
-                process.wait()
+                self._detach_if_mounted()  # a daemon stuck on its own mount dies once detached
+                process.wait(timeout=30)
         self._detach_if_mounted()
         self.process = None
         return process.returncode
@@ -114,7 +115,11 @@ class MountedFileSystem:
         if self.process is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._detach_if_mounted()
+                self.process.wait(timeout=30)
             self.process = None
         self._detach_if_mounted()
 

@@ -66,7 +66,7 @@ EXIT_TIMEOUT = 120.0  # seconds `umount` waits for the daemon to store its buffe
 # Read-ahead of the mount's backing device info (the kernel default is 128 KiB):
 # 1 MiB lets one FUSE read request carry 1 MiB (libfuse negotiates max_pages=256),
 # so a sequential reader pays one thread hop per MiB instead of per 128 KiB.
-READ_AHEAD_KB = int(os.environ.get('SHINGLEFS_RA_KB', '1024'))
+READ_AHEAD_KB = 1024
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from shinglefs.client.vfs import VFS
 
 log = logging.getLogger(__name__)
-_FORCE_INLINE = bool(__import__('os').environ.get('SHINGLEFS_FUSE_INLINE'))
 
 T = TypeVar("T")
 
@@ -126,7 +125,7 @@ class ShingleOperations(pyfuse3.Operations):
     ) -> T:
         """Run ``func(*args)`` inline or in a worker thread; translate every error."""
         try:
-            if offload and not _FORCE_INLINE:
+            if offload:
                 return await trio.to_thread.run_sync(func, *args)
             return func(*args)
         except pyfuse3.FUSEError:
