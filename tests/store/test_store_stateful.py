@@ -33,7 +33,8 @@ class SliceLogMachine(RuleBasedStateMachine):
         self.durable: dict[int, bytes] = {}  # acknowledged durable
         self.volatile: dict[int, bytes] = {}  # written, not yet covered by a flush
         self.deleted_durable: set[int] = set()
-        self.deleted_pending: dict[int, bytes | None] = {}  # sid -> durable content before
+        # sid -> (durable content, unflushed content) before an unflushed delete
+        self.deleted_pending: dict[int, tuple[bytes | None, bytes | None]] = {}
 
     def live_bytes(self) -> int:
         return sum(map(len, self.durable.values())) + sum(map(len, self.volatile.values()))
@@ -68,9 +69,9 @@ class SliceLogMachine(RuleBasedStateMachine):
     def delete(self, data):
         sid = data.draw(st.sampled_from(sorted([*self.durable, *self.volatile])))
         self.store.delete(sid)
-        before = self.durable.pop(sid, None)
-        self.volatile.pop(sid, None)
-        self.deleted_pending[sid] = before
+        durable = self.durable.pop(sid, None)
+        volatile = self.volatile.pop(sid, None)
+        self.deleted_pending[sid] = (durable, volatile)
 
     @rule()
     def flush(self):
@@ -105,11 +106,16 @@ class SliceLogMachine(RuleBasedStateMachine):
                 assert blob.startswith(got) and got, sid
                 self.durable[sid] = got
             del self.volatile[sid]
-        for sid, before in list(self.deleted_pending.items()):
-            if self.store.contains(sid):
-                assert before is not None
-                assert self.store.read(sid, 0, len(before) + 1) == before
-                self.durable[sid] = before
+        for sid, (durable, volatile) in list(self.deleted_pending.items()):
+            if self.store.contains(sid):  # the unflushed tombstone was lost
+                if durable is not None:
+                    assert self.store.read(sid, 0, len(durable) + 1) == durable
+                    self.durable[sid] = durable
+                else:  # never flushed either: what survived is a prefix
+                    assert volatile is not None
+                    got = self.store.read(sid, 0, len(volatile) + 1)
+                    assert volatile.startswith(got) and got, sid
+                    self.durable[sid] = got
             else:
                 self.deleted_durable.add(sid)
             del self.deleted_pending[sid]
