@@ -403,7 +403,7 @@ class ShingleOperations(pyfuse3.Operations):
     ) -> None:
         if inode == pyfuse3.ROOT_INODE and name == STATUS_XATTR:
             raise pyfuse3.FUSEError(errno.EPERM)
-        # pyfuse3 does not pass setxattr's flags (XATTR_CREATE/REPLACE): 0 = create or replace.
+        # pyfuse3 checks XATTR_CREATE/REPLACE itself (getxattr first) and passes no flags.
         await self._meta("setxattr", self.vfs.setxattr, inode, name, value, 0, self._ctx(ctx),
                          ino=inode)
 
