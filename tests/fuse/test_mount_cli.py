@@ -183,3 +183,14 @@ def test_up_formats_once_then_mounts_the_existing_file_system(workdir: Path) -> 
     while mount_entry(mnt) is not None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert mount_entry(mnt) is None
+
+
+def test_status_of_an_unmounted_file_system_by_url(workdir: Path) -> None:
+    url = format_in(workdir)
+    result = cli("status", url, "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["meta_url"] == url
+    assert report["inodes"] >= 1
+    assert [d["spec"].split(":")[0] for d in report["drives"]] == ["emulated"]
+    assert sum(report["zones"].values()) == 16  # 4 GiB in 256 MiB zones

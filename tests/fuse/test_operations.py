@@ -1,0 +1,112 @@
+"""The operations class without a mount: error translation and attribute mapping.
+
+The handlers are called directly (under trio) over a real VFS on a freshly
+formatted file system; only the kernel is missing.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyfuse3
+import pytest
+import trio
+
+from shinglefs.client.filesystem import format_filesystem, open_filesystem
+from shinglefs.fuse.harness import default_drives
+from shinglefs.fuse.operations import ATTR_TIMEOUT, ENTRY_TIMEOUT, ShingleOperations
+
+GiB = 1024**3
+
+
+@dataclass
+class Request:
+    """What the handlers read of a pyfuse3.RequestContext."""
+
+    uid: int = 0
+    gid: int = 0
+    pid: int = os.getpid()
+    umask: int = 0o022
+
+
+@pytest.fixture
+def ops(tmp_path: Path) -> Iterator[ShingleOperations]:
+    url = f"sqlite:///{tmp_path / 'meta.db'}"
+    format_filesystem(url, default_drives(tmp_path, smr_drives=1, smr_bytes=4 * GiB,
+                                          conventional_bytes=0))
+    vfs = open_filesystem(url)
+    try:
+        yield ShingleOperations(vfs)
+    finally:
+        vfs.shutdown()
+
+
+def call(handler: Any, *args: Any) -> Any:
+    async def run() -> Any:
+        return await handler(*args)
+
+    return trio.run(run)
+
+
+def fuse_errno(handler: Any, *args: Any) -> int:
+    with pytest.raises(pyfuse3.FUSEError) as info:
+        call(handler, *args)
+    return info.value.errno
+
+
+def test_shingle_errors_become_their_errno(ops: ShingleOperations) -> None:
+    assert fuse_errno(ops.lookup, pyfuse3.ROOT_INODE, b"missing", Request()) == errno.ENOENT
+    call(ops.mkdir, pyfuse3.ROOT_INODE, b"d", 0o755, Request())
+    assert fuse_errno(ops.mkdir, pyfuse3.ROOT_INODE, b"d", 0o755, Request()) == errno.EEXIST
+    assert fuse_errno(ops.read, 987654, 0, 10) == errno.EBADF
+    assert fuse_errno(ops.getxattr, pyfuse3.ROOT_INODE, b"user.none", Request()) == errno.ENODATA
+
+
+def test_unexpected_exceptions_become_eio_and_are_logged_with_context(
+    ops: ShingleOperations, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.ERROR, logger="shinglefs.fuse.operations"):
+        # An inode number beyond SQLite's integers fails below with OverflowError,
+        # not a ShingleError: the caller gets EIO, the log gets the context.
+        assert fuse_errno(ops.getattr, 2**70, Request()) == errno.EIO
+    assert any(f"getattr(inode={2**70}" in r.getMessage() and r.exc_info
+               for r in caplog.records)
+
+
+def test_entries_carry_attributes_and_the_chosen_timeouts(ops: ShingleOperations) -> None:
+    fi, entry = call(ops.create, pyfuse3.ROOT_INODE, b"f", stat.S_IFREG | 0o640,
+                     os.O_WRONLY | os.O_APPEND, Request(uid=0, gid=0))
+    assert stat.S_ISREG(entry.st_mode) and stat.S_IMODE(entry.st_mode) == 0o640
+    assert (entry.attr_timeout, entry.entry_timeout) == (ATTR_TIMEOUT, ENTRY_TIMEOUT)
+    assert entry.st_size == 0 and entry.st_nlink == 1
+    # The write-only, append-mode create was opened read-write without O_APPEND
+    # (writeback cache): the handle can read what it wrote at any offset.
+    assert call(ops.write, fi.fh, 0, b"hello") == 5
+    assert call(ops.write, fi.fh, 0, b"J") == 1
+    assert call(ops.read, fi.fh, 0, 100) == b"Jello"
+    call(ops.flush, fi.fh)
+    call(ops.release, fi.fh)
+    looked_up = call(ops.lookup, pyfuse3.ROOT_INODE, b"f", Request())
+    assert looked_up.st_ino == entry.st_ino and looked_up.st_size == 5
+
+
+def test_statfs_maps_bytes_to_blocks(ops: ShingleOperations) -> None:
+    st = call(ops.statfs, Request())
+    assert st.f_frsize == st.f_bsize > 0
+    assert st.f_blocks * st.f_frsize > 3 * GiB
+    assert 0 < st.f_bfree <= st.f_blocks and st.f_ffree > 0 and st.f_namemax == 255
+
+
+def test_the_status_xattr_is_read_only(ops: ShingleOperations) -> None:
+    ops.status_provider = lambda: b'{"ok": 1}'
+    name = b"user.shinglefs.status"
+    assert call(ops.getxattr, pyfuse3.ROOT_INODE, name, Request()) == b'{"ok": 1}'
+    assert fuse_errno(ops.setxattr, pyfuse3.ROOT_INODE, name, b"x", Request()) == errno.EPERM
+    assert name not in call(ops.listxattr, pyfuse3.ROOT_INODE, Request())
