@@ -85,6 +85,9 @@ def test_index_matches_a_dict_model(program):
             assert index.contains(sid) == bool(exts)
             assert index.extents(sid) == [(e[0], e[1], e[2]) for e in (exts or [])]
             assert index.length(sid) == (exts[-1][0] + exts[-1][1] if exts else None)
+            for e in exts or []:
+                assert index.location(sid, e[0]) == e[2]
+            assert index.location(sid, 10**7) is None
         assert sorted(index.slice_ids()) == sorted(model)
         live = np.zeros(NZ, np.int64)
         for exts in model.values():

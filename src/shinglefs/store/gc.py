@@ -185,10 +185,13 @@ class ZoneCollector:
                 with slog.io_lock:
                     if slog.closed:
                         return False
-                    items = [(sid, off, data, group)
-                             for (sid, off, _len, _dev, group), data in zip(chunk, payloads,
-                                                                             strict=True)
-                             if data is not None]
+                    # Copy only extents still where they were read from: a slice deleted
+                    # (and perhaps re-created under its id) meanwhile is not copied.
+                    with slog._cv:
+                        items = [(sid, off, data, group)
+                                 for (sid, off, _len, dev, group), data in zip(chunk, payloads,
+                                                                                strict=True)
+                                 if data is not None and slog.index.location(sid, off) == dev]
                     try:
                         written = slog.append(GC_STREAM, items, gc=True)
                     except StoreFull as exc:

@@ -108,6 +108,18 @@ class SliceIndex:
                        for r in rows)
         return out
 
+    def location(self, sid: int, off: int) -> int | None:
+        """Device offset of the extent of ``sid`` starting at ``off``, or None."""
+        for r in self._tail.get(sid, ()):
+            if int(self._t_off[r]) == off and self._t_len[r]:
+                return int(self._t_dev[r])
+        lo, hi = self._base_range(sid)
+        if hi > lo:
+            j = lo + int(np.searchsorted(self._off[lo:hi], np.uint32(off)))
+            if j < hi and int(self._off[j]) == off and self._len[j] != 0:
+                return int(self._dev[j])
+        return None
+
     def length(self, sid: int) -> int | None:
         """Bytes of the slice (end of its last extent), or None when unknown."""
         rows = self._tail.get(sid)

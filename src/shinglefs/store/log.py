@@ -693,8 +693,12 @@ class SliceLog:
             self._headers.clear()
         for z in zones:
             self.z_gen[z] += 1
-        self.area.write_generations(self.z_gen, list(zones))
-        self.area.sync()
+        try:
+            self.area.write_generations(self.z_gen, list(zones))
+            self.area.sync()
+        except ZoneError as exc:
+            raise StoreIOError(f"generation table write failed: {exc}", drive=self.name,
+                               zone=exc.zone, offset=exc.offset, cause=exc) from exc
         for z in zones:
             self.detach_idle(z)
             self._zone_reset(z)
@@ -765,8 +769,12 @@ class SliceLog:
                 "slot_covered": self._slot_covered,
             }
             parts = encode_checkpoint(number, covered, meta, columns)
-            size = self.area.write_checkpoint(number, parts)
-            self.area.sync()
+            try:
+                size = self.area.write_checkpoint(number, parts)
+                self.area.sync()
+            except ZoneError as exc:
+                raise StoreIOError(f"checkpoint write failed: {exc}", drive=self.name,
+                                   zone=exc.zone, offset=exc.offset, cause=exc) from exc
             self.ckpt_number = number
             self._slot_covered[number % 2] = covered
             self._last_ckpt_bytes = self.device_bytes

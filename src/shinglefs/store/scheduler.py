@@ -294,7 +294,7 @@ class WriteScheduler:
                                for pieces, err in outcome]
             try:
                 self.log.maybe_checkpoint()
-            except StoreError as exc:
+            except Exception as exc:  # the writer must survive; the next interval retries
                 log.warning("checkpoint of %s failed: %s", self.log.name, exc)
         if len(self.runs_written) > 4096:
             del self.runs_written[:-4096]
