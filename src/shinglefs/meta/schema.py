@@ -264,10 +264,13 @@ DEL_DENTRY = "DELETE FROM dentries WHERE parent = ? AND name = ?"
 MOVE_DENTRY = "UPDATE dentries SET parent = ?, name = ?, cookie = ? WHERE parent = ? AND name = ?"
 SET_DENTRY_INO = "UPDATE dentries SET ino = ? WHERE parent = ? AND name = ?"
 ANY_CHILD = "SELECT 1 FROM dentries WHERE parent = ? LIMIT 1"
+# The page of entries is chosen in a subquery so that every planner (PostgreSQL
+# without statistics included) walks the (parent, cookie) index and stops at
+# the LIMIT, instead of joining all remaining entries and sorting them.
 READDIR = (
-    f"SELECT d.name, d.cookie, {INODE_COLS_I} FROM dentries d "
-    "JOIN inodes i ON i.ino = d.ino WHERE d.parent = ? AND d.cookie > ? "
-    "ORDER BY d.cookie LIMIT ?"
+    f"SELECT d.name, d.cookie, {INODE_COLS_I} FROM (SELECT name, cookie, ino FROM dentries "
+    "WHERE parent = ? AND cookie > ? ORDER BY cookie LIMIT ?) d "
+    "JOIN inodes i ON i.ino = d.ino ORDER BY d.cookie"
 )
 
 SEL_XATTR = "SELECT value FROM xattrs WHERE ino = ? AND name = ?"
