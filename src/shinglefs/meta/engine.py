@@ -10,6 +10,7 @@ transaction never includes an allocation and a retry never reuses a failed id.
 from __future__ import annotations
 
 import errno as E
+import functools
 import itertools
 import os
 import random
@@ -127,6 +128,10 @@ def _check_xattr_name(name: bytes) -> None:
 
 def _attr(row: Sequence[Any], offset: int = 0) -> InodeAttr:
     return InodeAttr(*row[offset : offset + 12])
+
+
+def _run_ddl(tx: Tx, ddl: str) -> int:
+    return tx.run(ddl)
 
 
 def _enoent(ino: int) -> FsError:
@@ -321,7 +326,7 @@ class SqlMetaStore(MetaStore):
                 hint="use a fresh database, or drop the old one first",
             )
         for ddl in S.DDL:
-            self._run(lambda tx, ddl=ddl: tx.run(ddl), "single")
+            self._run(functools.partial(_run_ddl, ddl=ddl), "single")
         now = _now()
         info = FormatInfo(name, uuid, chunk_size, block_size, S.SCHEMA_VERSION, secret, now)
 
