@@ -166,3 +166,27 @@ def test_sqlite_database_is_in_wal_mode(tmp_path):
     conn = sqlite3.connect(tmp_path / "m.db")
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     conn.close()
+
+
+@pytest.mark.postgres
+def test_postgres_operations_survive_killed_server_connections(pg_cluster):
+    """A backend killed between operations (server restart, admin kill) costs a
+    retry on a fresh connection, not an error."""
+    import psycopg
+
+    url = pg_cluster.new_database()
+    store = open_meta(url)
+    store.format("x", str(uuid.uuid4()))
+    for i in range(5):
+        store.create(ROOT_INO, b"before%d" % i, 0o644)
+    db = url.rsplit("/", 1)[1]
+    with psycopg.connect(pg_cluster.url(), autocommit=True) as admin:
+        killed = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (db,)
+        ).fetchall()
+    assert killed, "the store held no connection to kill"
+    store.create(ROOT_INO, b"after", 0o644)  # write transaction on a dead pooled connection
+    assert store.lookup(ROOT_INO, b"before0").is_file  # single-statement read
+    assert len(store.readdir(ROOT_INO)) == 6
+    store.close()
+    pg_cluster.drop_database(url)

@@ -147,7 +147,7 @@ def _populate(store: SqlMetaStore, parent: int, n: int) -> None:
     """Fill ``parent`` with ``n`` empty files in one bulk transaction (faster
     than n creates; the listing, not the filling, is measured)."""
     # Reserve a contiguous id range past any local batch.
-    last = store._b.run(lambda tx: tx.one(S.ALLOC_IDS, (n, "inode")), "single")[0]
+    last = store._b.run(lambda tx: tx.one(S.ALLOC_IDS, (n, "inode")), "autocommit")[0]
     base = last - n
     now = time.time_ns()
 

@@ -16,8 +16,15 @@ lost a race:
 Retries use exponential backoff with jitter (0.2 ms doubling to 50 ms) and give
 up after ``MAX_ATTEMPTS`` with ``MetaUnavailable``. The function is re-run from
 scratch, so it must not keep state across attempts other than what it returns.
-Modes: ``"write"``, ``"read"`` (consistent snapshot) and ``"single"`` (one
-statement in autocommit: atomic by itself, no BEGIN/COMMIT round trips).
+Modes: ``"write"``, ``"read"`` (consistent snapshot), ``"single"`` (one
+read-only statement in autocommit: atomic by itself, no BEGIN/COMMIT round
+trips) and ``"autocommit"`` (one writing statement in autocommit).
+
+A PostgreSQL connection lost before COMMIT was sent (a server restart, a
+killed backend, a stale pooled connection) is harmless: the transaction died
+with it, so the operation is retried on a fresh connection. A connection lost
+during COMMIT or during an autocommit write leaves the outcome unknown and
+raises ``MetaUnavailable``.
 """
 
 from __future__ import annotations
@@ -37,8 +44,9 @@ from shinglefs.meta.errors import FsError, MetaUnavailable, MetaURLError, NotFor
 from shinglefs.meta.schema import Dialect
 
 T = TypeVar("T")
-Mode = Literal["write", "read", "single"]
+Mode = Literal["write", "read", "single", "autocommit"]
 MAX_ATTEMPTS = 200
+LOST_CONNECTION_RETRIES = 3
 PAGE_SIZE = 1024
 WAL_AUTOCHECKPOINT_PAGES = 20000
 CHECKPOINT_INTERVAL_S = 0.1
@@ -197,7 +205,7 @@ class SqliteBackend:
         begin = "BEGIN IMMEDIATE" if mode == "write" else "BEGIN"
         for attempt in range(MAX_ATTEMPTS):
             try:
-                if mode == "single":
+                if mode in ("single", "autocommit"):
                     return fn(tx)
                 conn.execute(begin)
                 try:
@@ -297,6 +305,22 @@ class _PgTx:
         return self.conn.execute(self.render(sql), params).rowcount
 
 
+def _connection_lost(exc: BaseException) -> bool:
+    """The connection broke (as opposed to e.g. a statement timeout)."""
+    import psycopg
+
+    conn_closed = isinstance(exc, psycopg.errors.AdminShutdown | psycopg.errors.CrashShutdown)
+    text = str(exc)
+    return (
+        conn_closed
+        or "server closed the connection" in text
+        or "terminating connection" in text
+        or "connection is closed" in text
+        or "connection is lost" in text
+        or "consuming input failed" in text
+    )
+
+
 def _pg_explain(url: str, exc: BaseException) -> MetaUnavailable:
     parts = urlsplit(url)
     host = parts.hostname or "localhost"
@@ -367,15 +391,18 @@ class PostgresBackend:
             begin = "BEGIN ISOLATION LEVEL SERIALIZABLE"
         else:
             begin = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+        lost = 0
         for attempt in range(MAX_ATTEMPTS):
+            committing = mode == "autocommit"
             try:
                 with self.pool.connection() as conn:
                     tx = _PgTx(conn, self.dialect.sql)
-                    if mode == "single":
+                    if mode in ("single", "autocommit"):
                         return fn(tx)
                     conn.execute(begin)
                     try:
                         result = fn(tx)
+                        committing = True
                         conn.execute("COMMIT")
                         return result
                     except BaseException:
@@ -393,7 +420,11 @@ class PostgresBackend:
             except psycopg.errors.IntegrityError as exc:
                 raise FsError(17, f"constraint violated in {self.where}: {exc}") from None
             except psycopg.OperationalError as exc:
-                raise _pg_explain(self.url, exc) from exc
+                if committing or lost >= LOST_CONNECTION_RETRIES or not _connection_lost(exc):
+                    raise _pg_explain(self.url, exc) from exc
+                lost += 1
+                _backoff(attempt)
+                continue
             except psycopg.Error as exc:
                 raise MetaUnavailable(f"{self.where}: {exc}") from exc
         raise _gave_up(self.where, RuntimeError("serialization failures"))

@@ -179,7 +179,7 @@ class SqlMetaStore(MetaStore):
             nxt, end = self._ids.get(name, (0, 0))
             if nxt >= end:
                 batch = ID_BATCH[name]
-                row = self._run(lambda tx: tx.one(S.ALLOC_IDS, (batch, name)), "single")
+                row = self._run(lambda tx: tx.one(S.ALLOC_IDS, (batch, name)), "autocommit")
                 if row is None:
                     raise NotFormatted(f"{self.url_where} has no id counters; format it first")
                 end = row[0]
@@ -326,7 +326,7 @@ class SqlMetaStore(MetaStore):
                 hint="use a fresh database, or drop the old one first",
             )
         for ddl in S.DDL:
-            self._run(functools.partial(_run_ddl, ddl=ddl), "single")
+            self._run(functools.partial(_run_ddl, ddl=ddl), "autocommit")
         now = _now()
         info = FormatInfo(name, uuid, chunk_size, block_size, S.SCHEMA_VERSION, secret, now)
 
@@ -993,7 +993,7 @@ class SqlMetaStore(MetaStore):
     def set_capacity(self, capacity_bytes: int) -> None:
         if capacity_bytes < 0:
             raise FsError(E.EINVAL, f"negative capacity {capacity_bytes}")
-        self._run(lambda tx: tx.run(S.SET_CAPACITY, (capacity_bytes,)), "single")
+        self._run(lambda tx: tx.run(S.SET_CAPACITY, (capacity_bytes,)), "autocommit")
 
     # ---- sessions ----------------------------------------------------------------------------
 
@@ -1004,12 +1004,12 @@ class SqlMetaStore(MetaStore):
             lambda tx: tx.run(
                 S.INS_SESSION, (sid, info.host, info.pid, info.mountpoint, info.version, now, now)
             ),
-            "single",
+            "autocommit",
         )
         return sid
 
     def heartbeat(self, session: int) -> None:
-        if not self._run(lambda tx: tx.run(S.HEARTBEAT, (_now(), session)), "single"):
+        if not self._run(lambda tx: tx.run(S.HEARTBEAT, (_now(), session)), "autocommit"):
             raise FsError(E.ESTALE, f"session {session} has expired", hint="register again")
 
     def _end_session(self, tx: Tx, session: int, now: int) -> list[int]:
