@@ -201,6 +201,7 @@ class SqliteBackend:
 
     def run(self, fn: Callable[[Tx], T], mode: Mode) -> T:
         conn = self._conn()
+        local_pid = self._local.pid
         tx = _SqliteTx(conn, self.dialect.sql)
         begin = "BEGIN IMMEDIATE" if mode == "write" else "BEGIN"
         for attempt in range(MAX_ATTEMPTS):
@@ -211,9 +212,9 @@ class SqliteBackend:
                 try:
                     result = fn(tx)
                     conn.execute("COMMIT")
-                    if mode == "write" and not self._dirty:
+                    if mode == "write":
                         self._dirty = True
-                        if self._ckpt_pid != os.getpid():
+                        if self._ckpt_pid != local_pid:
                             self._start_checkpointer()
                     return result
                 except BaseException:
