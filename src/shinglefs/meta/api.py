@@ -458,8 +458,10 @@ class MetaStore(ABC):
         RENAME_EXCHANGE swaps the two entries (ENOENT if the target is
         missing); both flags or unknown bits -> EINVAL. A directory onto a
         non-directory -> ENOTDIR, a non-directory onto a directory -> EISDIR,
-        onto a non-empty directory -> ENOTEMPTY. Moving a directory into its
-        own subtree -> EINVAL. ``.``/``..`` as either name -> EBUSY. Two names
+        onto a non-empty directory (or onto an ancestor of the source) ->
+        ENOTEMPTY. Moving a directory into its own subtree -> EINVAL. Checks
+        run in Linux's order (ancestry, then permissions and types, then
+        emptiness). ``.``/``..`` as either name -> EBUSY. Two names
         of the same inode: success, nothing changes. Permissions: write+search
         on both parents, sticky-bit rules on source and replaced target, and
         write permission on a directory moved to another parent.
@@ -633,7 +635,8 @@ class MetaStore(ABC):
         (now when None) and takes a reference on the slice (registering it as
         COMMITTED with ``group`` and length ``slice_length`` or
         ``slice_offset + length`` if unknown). EINVAL for a piece outside the
-        chunk or empty, EISDIR/EINVAL for a non-file, ENOENT, ESTALE
+        chunk or empty, or a ``new_size`` short of the piece's end;
+        EISDIR/EINVAL for a non-file, ENOENT, ESTALE
         (SliceStateError) if the slice is already queued for deletion.
         Returns the new attributes."""
 
