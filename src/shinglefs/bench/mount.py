@@ -33,8 +33,7 @@ MiB = 1024**2
 BLOCK = 1 * MiB
 SEQ_LEN = 4096  # tokens a sample (uint16: 8 KiB)
 
-TARGETS = {"write_ratio": 0.8, "read_ratio": 0.8, "loader_ratio": 0.8,
-           "small_files_per_s": 2000.0}
+TARGETS = {"write_ratio": 0.8, "read_ratio": 0.8, "loader_ratio": 0.8, "small_files_per_s": 2000.0}
 
 
 def _sequential_write(path: Path, size: int) -> float:
@@ -121,7 +120,9 @@ def _loader(paths: list[str]) -> float:
     import torch
 
     dataset = TokenShards(paths)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=16, num_workers=2, shuffle=False)
+    loader: Any = torch.utils.data.DataLoader(
+        dataset, batch_size=16, num_workers=2, shuffle=False  # type: ignore[arg-type]
+    )
     samples = 0
     start = time.perf_counter()
     for batch in loader:
@@ -142,13 +143,28 @@ def run(quick: bool, workdir: Path, rounds: int | None = None, **_: Any) -> dict
     local.mkdir(parents=True, exist_ok=True)
     data = workdir / "fs"
     data.mkdir(parents=True, exist_ok=True)
-    fs = MountedFileSystem(data, workdir / "mnt", drives=default_drives(
-        data, smr_drives=2, smr_bytes=max(16 * GiB, 4 * size), conventional_bytes=1 * GiB))
+    fs = MountedFileSystem(
+        data,
+        workdir / "mnt",
+        drives=default_drives(
+            data, smr_drives=2, smr_bytes=max(16 * GiB, 4 * size), conventional_bytes=1 * GiB
+        ),
+    )
     fs.format()
     fs.start()
-    figures: dict[str, list[float]] = {k: [] for k in (
-        "write", "read", "local_write", "local_read", "small", "local_small",
-        "loader", "local_loader")}
+    figures: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "write",
+            "read",
+            "local_write",
+            "local_read",
+            "small",
+            "local_small",
+            "loader",
+            "local_loader",
+        )
+    }
     cold = True
     try:
         mount_shards = _write_shards(fs.mountpoint / "shards", shards, shard_bytes)

@@ -48,7 +48,7 @@ def collect_status(vfs: VFS, *, meta_url: str | None = None) -> dict[str, Any]:
     statfs = vfs.statfs(ROOT_CTX)
     node = vfs.node.stats()
     user = node.user_bytes_written
-    drives = []
+    drives: list[dict[str, Any]] = []
     for drive in node.drives:
         store = drive.store
         drives.append({
@@ -64,8 +64,8 @@ def collect_status(vfs: VFS, *, meta_url: str | None = None) -> dict[str, Any]:
             "zones": dict(store.zones_by_condition),
         })
     zones: dict[str, int] = {}
-    for drive in drives:
-        for condition, count in drive["zones"].items():
+    for one in node.drives:
+        for condition, count in one.store.zones_by_condition.items():
             zones[condition] = zones.get(condition, 0) + count
     return {
         "meta_url": meta_url,
