@@ -310,3 +310,22 @@ def test_second_opener_sees_the_bytes_written_by_a_closed_writer(
     code = f"open({str(path)!r}, 'wb').write(b'from child' * 1000)"
     subprocess.run([sys.executable, "-c", code], check=True)
     assert path.read_bytes() == b"from child" * 1000
+
+
+def test_readdir_while_entries_come_and_go_never_repeats_or_skips_survivors(mnt: Path) -> None:
+    """Stable cookies: a listing resumed across getdents calls stays consistent."""
+    for i in range(1500):
+        os.mknod(mnt / f"f{i:04d}")
+    seen: list[str] = []
+    with os.scandir(mnt) as entries:
+        for n, entry in enumerate(entries):
+            seen.append(entry.name)
+            if n == 50:  # mid-listing: delete half of the rest, add new names
+                for i in range(0, 1500, 2):
+                    if f"f{i:04d}" not in seen:
+                        os.unlink(mnt / f"f{i:04d}")
+                for i in range(200):
+                    os.mknod(mnt / f"new{i:03d}")
+    assert len(seen) == len(set(seen)), "an entry was listed twice"
+    survivors = {f"f{i:04d}" for i in range(1, 1500, 2)}
+    assert survivors <= set(seen), "an entry that existed throughout was skipped"
