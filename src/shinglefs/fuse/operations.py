@@ -104,6 +104,9 @@ class ShingleOperations(pyfuse3.Operations):
         self._inode_of: dict[int, int] = {}
         self._write_locks: dict[int, trio.Lock] = {}
         self._lock_users: dict[int, int] = {}
+        # Inodes written since their last flush: only those may make flush or
+        # release wait for a drive; a clean flush/release is a metadata call.
+        self._dirty: set[int] = set()
 
     # -- plumbing -----------------------------------------------------------------
 
@@ -319,28 +322,40 @@ class ShingleOperations(pyfuse3.Operations):
         return await self._call("read", True, self.vfs.read, fh, off, size, fh=fh)
 
     async def write(self, fh: int, off: int, buf: bytes) -> int:
-        # The kernel's writeback sends one file's pages in ascending order as
-        # several concurrent requests; running them in worker threads as they
-        # come would let them race and reach the VFS out of order, cutting its
+        # The kernel's writeback sends one file's dirty pages in ascending order
+        # as several concurrent requests; run in worker threads as they come,
+        # they would race and reach the VFS out of order, cutting its
         # sequential slices into fragments. One FIFO lock per inode keeps the
         # kernel's order (the VFS serialises a file's writes anyway).
         async with self._write_lock(fh):
+            self._dirty.add(self._inode_of.get(fh, -1))
             return await self._call("write", True, self.vfs.write, fh, off, buf, fh=fh)
 
     async def flush(self, fh: int) -> None:
+        ino = self._inode_of.get(fh, -1)
         async with self._write_lock(fh):
-            await self._call("flush", True, self.vfs.flush, fh, fh=fh)
+            # Clean (read-only handles, files with nothing written since the
+            # last flush): a cheap metadata call, inline. This also keeps it
+            # from racing the next request's transaction (measured: a create
+            # that overlaps a release in a thread takes 1.2 ms instead of 0.13).
+            await self._call("flush", ino in self._dirty, self.vfs.flush, fh, fh=fh)
+            self._dirty.discard(ino)
 
     async def release(self, fh: int) -> None:
+        ino = self._inode_of.get(fh, -1)
         try:
             async with self._write_lock(fh):
-                await self._call("release", True, self.vfs.release, fh, fh=fh)
+                await self._call("release", ino in self._dirty, self.vfs.release, fh, fh=fh)
+                if self._lock_users.get(ino, 0) <= 1:
+                    self._dirty.discard(ino)
         finally:
             self._detach(fh)
 
     async def fsync(self, fh: int, datasync: bool) -> None:
+        ino = self._inode_of.get(fh, -1)
         async with self._write_lock(fh):
             await self._call("fsync", True, self.vfs.fsync, fh, datasync, fh=fh)
+            self._dirty.discard(ino)
 
     # -- directories ----------------------------------------------------------------------
 
