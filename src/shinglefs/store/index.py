@@ -21,9 +21,16 @@ Not thread-safe: the slice log guards it with its index lock.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 from collections.abc import Iterator
 
 import numpy as np
+
+try:  # glibc keeps freed heap pages; a merge frees whole columns, so give them back
+    _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+except (OSError, AttributeError):  # pragma: no cover - not glibc
+    _malloc_trim = None
 
 _DTYPES = {"sid": np.uint64, "off": np.uint32, "len": np.uint32, "dev": np.uint64,
            "grp": np.uint32}
@@ -332,6 +339,8 @@ class SliceIndex:
         self._grp = np.insert(self._grp, pos, self._t_grp[order])
         self._tail.clear()
         self._t_n = 0
+        if _malloc_trim is not None and self._sid.size >= 1 << 16:
+            _malloc_trim(0)
 
     # -- persistence -------------------------------------------------------------------
     def columns(self) -> dict[str, np.ndarray]:
