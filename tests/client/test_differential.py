@@ -58,6 +58,7 @@ op = st.one_of(
 @settings(
     max_examples=60,
     deadline=None,
+    database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(ops=st.lists(op, min_size=1, max_size=25))

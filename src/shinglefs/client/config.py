@@ -32,4 +32,6 @@ class ClientConfig:
     deletion_batch: int = 256
     deletion_consumer: bool = True
     session_timeout: float = 120.0  # a session silent this long is expired (crashed client)
-    durable_slice_commit: bool = True  # a slice is flushed on its drive before meta points at it
+    durable_slice_commit: bool = True
+    max_settling_slices: int = 4  # ended slices of one file committing in the background
+    commit_threads: int = 4  # a slice is flushed on its drive before meta points at it

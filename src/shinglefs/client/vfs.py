@@ -199,6 +199,10 @@ class VFS:
         self._next_fh = 1
         self._budget = WriteBudget(self.config.total_buffer_bytes)
         self._pool = ThreadPoolExecutor(self.config.io_threads, thread_name_prefix="shinglefs-io")
+        # FIFO: a settle task waits only on its file's earlier task, started before it.
+        self._settler = ThreadPoolExecutor(
+            self.config.commit_threads, thread_name_prefix="shinglefs-commit"
+        )
         self.cache = ExtentCache(
             self._read_slice,
             extent=self.config.read_extent,
@@ -374,6 +378,7 @@ class VFS:
             choose_group=choose_group,
             register=self._register_slice,
             commit=self._commit_slice,
+            settler=self._settler,
             committed_size=committed_size,
         )
 
@@ -418,17 +423,27 @@ class VFS:
         self._access_for_flags(ino, flags, ctx)
         self.meta.open_file(self.session, ino)
         try:
-            if flags & os.O_TRUNC and (flags & os.O_ACCMODE) != os.O_RDONLY and attr.size:
-                self._flush_writer(ino)
-                attr = self.meta.truncate(ino, 0, ctx)
-                self._bump(ino)
-                state = self._inodes.get(ino)
-                if state is not None:
-                    state.writer.note_committed_size(0)
+            if flags & os.O_TRUNC and (flags & os.O_ACCMODE) != os.O_RDONLY:
+                attr = self._truncate_on_open(attr, ctx)
             return self._attach(ino, flags, attr)
         except BaseException:
             self.meta.close_file(self.session, ino)
             raise
+
+    def _truncate_on_open(self, attr: InodeAttr, ctx: Ctx) -> InodeAttr:
+        """O_TRUNC: empty the file, including bytes this client still buffers."""
+        state = self._inodes.get(attr.ino)
+        if state is None:
+            if attr.size == 0:
+                return attr
+            attr = self.meta.truncate(attr.ino, 0, ctx)
+        else:
+            with state.writer.lock:
+                state.writer.flush()
+                attr = self.meta.truncate(attr.ino, 0, ctx)
+                state.writer.note_committed_size(0)
+        self._bump(attr.ino)
+        return attr
 
     def open_file_info(self, fh: int) -> bool:
         """keep_cache for the handle: True when the kernel page cache may be kept
@@ -450,13 +465,8 @@ class VFS:
         )
         self._note_parent(attr.ino, parent)
         try:
-            if flags & os.O_TRUNC and attr.size:
-                self._flush_writer(attr.ino)
-                attr = self.meta.truncate(attr.ino, 0, ctx)
-                self._bump(attr.ino)
-                state = self._inodes.get(attr.ino)
-                if state is not None:
-                    state.writer.note_committed_size(0)
+            if flags & os.O_TRUNC:
+                attr = self._truncate_on_open(attr, ctx)
             fh = self._attach(attr.ino, flags, attr)
         except BaseException:
             self.meta.close_file(self.session, attr.ino)
@@ -943,6 +953,7 @@ class VFS:
         if self._maintenance.is_alive() and threading.current_thread() is not self._maintenance:
             self._maintenance.join(timeout=30)
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._settler.shutdown(wait=True, cancel_futures=True)
 
     def shutdown(self) -> None:
         """Commit every buffered byte, close every handle, delete queued slices,

@@ -29,7 +29,7 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 
 from shinglefs.client.config import ClientConfig
@@ -157,6 +157,7 @@ class FileWriter:
         choose_group: Callable[[bool], int],
         register: Callable[[int, int, int], None],
         commit: Callable[[FinishedSlice, int], None],
+        settler: Executor,
         committed_size: int = 0,
     ) -> None:
         self.ino = ino
@@ -175,26 +176,38 @@ class FileWriter:
         self._error: BaseException | None = None
         self.slices_committed = 0
         self.pieces_submitted = 0
+        self._settler = settler
+        self._settling: deque[tuple[int, int, Future[None]]] = deque()  # (start, end, future)
+        self._settle_lock = threading.Lock()
         budget.register(self)
 
     # ------------------------------------------------------------------ state
+    def _unsettled(self) -> list[tuple[int, int]]:
+        """``(start, end)`` of the open slice and of ended slices not yet committed."""
+        with self._settle_lock:
+            ranges = [(a, b) for a, b, f in self._settling if not f.done()]
+        s = self.open_slice
+        if s is not None and s.length > 0:
+            ranges.append((s.start, s.end))
+        return ranges
+
     def buffered_end(self) -> int:
         """End offset of bytes written but not yet committed (0 when none)."""
-        s = self.open_slice
-        return s.end if s is not None else 0
+        return max((end for _start, end in self._unsettled()), default=0)
 
     def overlaps(self, offset: int, length: int) -> bool:
-        """Must the open slice be committed before reading ``[offset, offset + length)``?
+        """Must this writer commit before reading ``[offset, offset + length)``?
 
-        True when it holds bytes of that range, or when the range reaches past
-        the committed size into the hole before the open slice (which reads as
-        zeros only once the slice is committed and the size grown).
+        True when an uncommitted slice holds bytes of that range, or when the
+        range reaches past the committed size into the hole before such a
+        slice (which reads as zeros only once the slice is committed and the
+        size grown).
         """
-        s = self.open_slice
-        if s is None or s.length == 0 or offset >= s.end:
-            return False
         end = offset + length
-        return s.start < end or end > self._committed_size
+        return any(
+            offset < s_end and (s_start < end or end > self._committed_size)
+            for s_start, s_end in self._unsettled()
+        )
 
     def note_committed_size(self, size: int) -> None:
         self._committed_size = size
@@ -202,6 +215,10 @@ class FileWriter:
     def _raise_pending_error(self) -> None:
         if self._error is not None:
             error, self._error = self._error, None
+            s = self.open_slice
+            if s is not None:  # its bytes are partly lost: drop it rather than commit a gap
+                self.open_slice = None
+                self._abort(s)
             raise error
 
     # ------------------------------------------------------------------ writing
@@ -219,11 +236,11 @@ class FileWriter:
                 s = self.open_slice
                 if s is None or s.end != pos or s.chunk_index != chunk_index:
                     if s is not None:
-                        self._finish(s, durable=self._config.durable_slice_commit)
+                        self._finish(s, durable=self._config.durable_slice_commit, wait=False)
                     s = self.open_slice = OpenSlice(self._new_slice_id(), chunk_index, pos)
                 self._append(s, view[:n])
                 if s.end == chunk_end:
-                    self._finish(s, durable=self._config.durable_slice_commit)
+                    self._finish(s, durable=self._config.durable_slice_commit, wait=False)
                 pos += n
                 view = view[n:]
         return total
@@ -284,43 +301,87 @@ class FileWriter:
         assert s.drive_id is not None
         wait_piece(future, s.slice_id, s.drive_id)
 
-    def _finish(self, s: OpenSlice, *, durable: bool) -> None:
-        """End slice ``s``: store its last piece, wait for all, commit its reference."""
-        self.open_slice = None
+    def _finish(self, s: OpenSlice, *, durable: bool, wait: bool = True) -> None:
+        """End slice ``s``: submit its last piece, then *settle* it in the background
+        (wait for every piece, make it durable, commit its reference), in order
+        with this file's earlier slices. ``wait``: return only once every ended
+        slice of this file is committed (raising the first failure)."""
+        if s.length == 0:
+            self.open_slice = None
+            return
+        final_durable = durable and bool(s.pending)
         try:
-            if s.length == 0:
-                return
-            final_durable = durable and bool(s.pending)
             self._submit_pending(s, durable=final_durable, ending=True)
+            while len(self._settling) >= self._config.max_settling_slices:
+                self._wait_oldest_settling()
+        except BaseException:
+            self.open_slice = None
+            self._error = None  # reported now, by this raise
+            self._abort(s)
+            raise
+        with self._settle_lock:
+            previous = self._settling[-1][2] if self._settling else None
+            future = self._settler.submit(self._settle, s, durable and not final_durable, previous)
+            self._settling.append((s.start, s.end, future))
+        # Only now: a lock-free reader (``overlaps``) always sees the slice somewhere.
+        self.open_slice = None
+        if wait:
+            self._wait_settled()
+
+    def _settle(self, s: OpenSlice, flush: bool, previous: Future[None] | None) -> None:
+        """Background: wait for the pieces of ``s``, flush, commit (after ``previous``)."""
+        if previous is not None:
+            try:
+                previous.result()
+            except BaseException:
+                pass  # reported through its own future
+        try:
             while s.inflight:
                 self._reap_oldest(s)
             assert s.drive_id is not None and s.group is not None
-            if durable and not final_durable:
+            if flush:
                 self._node.flush([s.drive_id])
-        except BaseException:
-            self._error = None  # reported now, by this raise
-            for future, _n in s.inflight:
-                future.cancel()
-            self._discard(s)
-            raise
-        chunk_offset = s.start - s.chunk_index * self._chunk_size
-        finished = FinishedSlice(
-            ino=self.ino,
-            chunk_index=s.chunk_index,
-            chunk_offset=chunk_offset,
-            slice_id=s.slice_id,
-            length=s.length,
-            drive_id=s.drive_id,
-            group=s.group,
-        )
-        try:
+            finished = FinishedSlice(
+                ino=self.ino,
+                chunk_index=s.chunk_index,
+                chunk_offset=s.start - s.chunk_index * self._chunk_size,
+                slice_id=s.slice_id,
+                length=s.length,
+                drive_id=s.drive_id,
+                group=s.group,
+            )
             self._commit(finished, s.end)
         except BaseException:
-            self._discard(s)  # meta refused the reference: its bytes are garbage
+            self._abort(s)
             raise
         self._committed_size = max(self._committed_size, s.end)
         self.slices_committed += 1
         self._node.forget(s.slice_id)
+
+    def _wait_oldest_settling(self) -> None:
+        with self._settle_lock:
+            _a, _b, future = self._settling[0]
+        try:
+            future.result()
+        finally:
+            with self._settle_lock:
+                self._settling.popleft()
+
+    def _wait_settled(self) -> None:
+        """Wait until every ended slice is committed; raise the first failure."""
+        first: BaseException | None = None
+        while self._settling:
+            try:
+                self._wait_oldest_settling()
+            except BaseException as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def _abort(self, s: OpenSlice) -> None:
+        # In-flight pieces are left to complete (their futures belong to the store:
+        # never cancel them); the delete that follows removes whatever they wrote.
+        self._discard(s)
 
     def _discard(self, s: OpenSlice) -> None:
         """Drop a failed slice's bytes from its drive (best effort)."""
@@ -360,6 +421,8 @@ class FileWriter:
             s = self.open_slice
             if s is not None:
                 self._finish(s, durable=self._config.durable_slice_commit if durable is None else durable)
+            else:
+                self._wait_settled()
             self._raise_pending_error()
 
     def abandon(self) -> None:
