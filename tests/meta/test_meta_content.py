@@ -376,3 +376,23 @@ def small_store(meta_url):
     store.format("small", str(uuid.uuid4()), chunk_size=SMALL_CHUNK, block_size=4096)
     yield store
     store.close()
+
+
+def test_abandoned_writing_slices_can_be_found_and_discarded(meta, check):
+    f = meta.create(ROOT_INO, b"f", 0o644)
+    lost, used = meta.next_slice_id(), meta.next_slice_id()
+    meta.add_slice(SliceInfo(lost, 4096, replicas=(Replica("s1", "d0"),)))
+    meta.add_slice(SliceInfo(used, 4096))
+    meta.commit_slice(f.ino, 0, SliceRef(used, 0, 4096), 4096)
+    assert meta.abandoned_slices(older_than_s=60) == []  # too young
+    time.sleep(0.05)
+    found = meta.abandoned_slices(older_than_s=0.01)
+    assert [(s.id, s.state, s.replicas) for s in found] == [
+        (lost, SliceState.WRITING, (Replica("s1", "d0"),))
+    ]
+    assert meta.discard_slices([lost, used]) == [lost]  # the committed one is left alone
+    assert [s.id for s in meta.pop_deletions()] == [lost]
+    assert meta.get_slice(used).state is SliceState.COMMITTED
+    with pytest.raises(SliceStateError):
+        meta.commit_slice(f.ino, 0, SliceRef(lost, 0, 10), 4096)
+    check()

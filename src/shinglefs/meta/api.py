@@ -606,6 +606,18 @@ class MetaStore(ABC):
         """A slice with its replicas. ENOENT if unknown (or already acknowledged deleted)."""
 
     @abstractmethod
+    def abandoned_slices(self, older_than_s: float, limit: int = 1000) -> list[SliceInfo]:
+        """Slices still WRITING, never referenced, registered more than
+        ``older_than_s`` ago: what a client that crashed mid-write left behind
+        (choose a threshold above the longest write). Read-only."""
+
+    @abstractmethod
+    def discard_slices(self, slice_ids: Sequence[int]) -> list[int]:
+        """Queue abandoned slices for deletion (see ``abandoned_slices``). Only a
+        slice that is still WRITING with refcount 0 is queued, so a slice that
+        got committed meanwhile is left alone. Returns the ids queued."""
+
+    @abstractmethod
     def pop_deletions(self, limit: int = 1000, lease_s: float = 60.0) -> list[SliceInfo]:
         """Up to ``limit`` slices queued for deletion (refcount 0, state TO_DELETE),
         each leased to the caller for ``lease_s``: a slice popped but not

@@ -1071,7 +1071,8 @@ class SqlMetaStore(MetaStore):
     def add_slice(self, info: SliceInfo) -> None:
         def txn(tx: Tx) -> None:
             state = SliceState(info.state).value
-            if not tx.run(S.INS_SLICE, (info.id, info.length, info.group, state, info.refcount)):
+            row = (info.id, info.length, info.group, state, info.refcount, _now())
+            if not tx.run(S.INS_SLICE, row):
                 raise FsError(E.EEXIST, f"slice {info.id} is already registered")
             for rep in info.replicas:
                 tx.run(S.INS_REPLICA, (info.id, rep.server, rep.drive))
@@ -1101,6 +1102,26 @@ class SqlMetaStore(MetaStore):
         if info is None:
             raise FsError(E.ENOENT, f"no slice {slice_id}")
         return info
+
+    def abandoned_slices(self, older_than_s: float, limit: int = 1000) -> list[SliceInfo]:
+        def txn(tx: Tx) -> list[SliceInfo]:
+            cutoff = _now() - int(older_than_s * 1e9)
+            ids = [r[0] for r in tx.all(S.SEL_ABANDONED, (cutoff, limit))]
+            return [i for i in (self._slice_info(tx, sid) for sid in ids) if i is not None]
+
+        return self._run(txn, "read")
+
+    def discard_slices(self, slice_ids: Sequence[int]) -> list[int]:
+        def txn(tx: Tx) -> list[int]:
+            now = _now()
+            queued = []
+            for sid in sorted(set(slice_ids)):
+                if tx.run(S.DISCARD_SLICE, (sid,)):
+                    tx.run(S.QUEUE_DELETION, (sid, now))
+                    queued.append(sid)
+            return queued
+
+        return self._run(txn)
 
     def pop_deletions(self, limit: int = 1000, lease_s: float = 60.0) -> list[SliceInfo]:
         def txn(tx: Tx) -> list[SliceInfo]:
@@ -1150,7 +1171,7 @@ class SqlMetaStore(MetaStore):
 
     def _ref_slice(self, tx: Tx, piece: SliceRef, group: int, slice_length: int | None) -> None:
         length = slice_length if slice_length is not None else piece.slice_offset + piece.length
-        row = tx.one(S.REF_SLICE, (piece.slice_id, length, group, 1, 1, length))
+        row = tx.one(S.REF_SLICE, (piece.slice_id, length, group, 1, _now(), 1, length))
         if row is None:
             state = tx.one(S.SEL_SLICE_STATE, (piece.slice_id,))
             raise SliceStateError(piece.slice_id, state[0] if state else "gone", "reference it")

@@ -103,7 +103,8 @@ DDL = [
         length BIGINT NOT NULL,
         grp BIGINT NOT NULL,
         state TEXT NOT NULL,
-        refcount BIGINT NOT NULL
+        refcount BIGINT NOT NULL,
+        created_ns BIGINT NOT NULL
     )""",
     """CREATE TABLE IF NOT EXISTS slice_replicas (
         slice_id BIGINT NOT NULL,
@@ -319,16 +320,24 @@ CANDIDATES = (
 
 # ---- slices ------------------------------------------------------------------------
 INS_SLICE = (
-    "INSERT INTO slices (id, length, grp, state, refcount) VALUES (?, ?, ?, ?, ?) "
+    "INSERT INTO slices (id, length, grp, state, refcount, created_ns) VALUES (?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (id) DO NOTHING"
 )
 REF_SLICE = (
-    "INSERT INTO slices (id, length, grp, state, refcount) VALUES (?, ?, ?, 'committed', ?) "
+    "INSERT INTO slices (id, length, grp, state, refcount, created_ns) "
+    "VALUES (?, ?, ?, 'committed', ?, ?) "
     "ON CONFLICT (id) DO UPDATE SET refcount = slices.refcount + ?, state = 'committed', "
     "length = {greatest}(slices.length, ?) WHERE slices.state <> 'to_delete' RETURNING refcount"
 )
 DEREF_SLICE = "UPDATE slices SET refcount = refcount - ? WHERE id = ? RETURNING refcount"
 DOOM_SLICE = "UPDATE slices SET state = 'to_delete' WHERE id = ?"
+SEL_ABANDONED = (
+    "SELECT id FROM slices WHERE state = 'writing' AND refcount = 0 AND created_ns < ? "
+    "ORDER BY id LIMIT ?"
+)
+DISCARD_SLICE = (
+    "UPDATE slices SET state = 'to_delete' WHERE id = ? AND state = 'writing' AND refcount = 0"
+)
 SEL_SLICE = "SELECT id, length, grp, state, refcount FROM slices WHERE id = ?"
 SEL_SLICE_STATE = "SELECT state FROM slices WHERE id = ?"
 SEL_REPLICAS = "SELECT server, drive FROM slice_replicas WHERE slice_id = ? ORDER BY server, drive"
