@@ -298,9 +298,10 @@ class StorageNode:
         future = store.submit(slice_id, offset, data, group, durable=durable)
 
         def _done(_f: Future[None], drive: int = drive_id) -> None:
+            # Free space between stats refreshes (stats_ttl) is estimated from
+            # the bytes still pending; the cached stats are not dropped here.
             with self._lock:
                 self._pending_bytes[drive] -= size
-                self._stats_cache.pop(drive, None)
 
         future.add_done_callback(_done)
         return drive_id, future
