@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from shinglefs.errors import UsageError
-from shinglefs.fuse.errors import NoSpaceError, NotMountedError
+from shinglefs.fuse.errors import MountFailedError, NoSpaceError, NotMountedError
 
 if TYPE_CHECKING:
     from shinglefs.client.vfs import VFS
@@ -83,10 +83,20 @@ def collect_status(vfs: VFS, *, meta_url: str | None = None) -> dict[str, Any]:
 
 
 def _status_of_mount(mountpoint: str) -> dict[str, Any]:
+    from shinglefs.fuse.mount import mount_entry
+
+    entry = mount_entry(mountpoint)
+    if entry is None:
+        raise NotMountedError(mountpoint)
+    if entry["fstype"] != "fuse.shinglefs":
+        raise UsageError(f"{mountpoint} is a {entry['fstype']} mount, not ShingleFS",
+                         hint="pass a ShingleFS mount point or a metadata URL")
     try:
         raw = os.getxattr(mountpoint, STATUS_XATTR)
     except OSError as exc:
-        raise NotMountedError(mountpoint) from exc
+        raise MountFailedError(f"the mount at {mountpoint} does not answer: {exc.strerror}",
+                               hint=f"if its daemon died, `shinglefs umount --force {mountpoint}`"
+                               ) from exc
     return dict(json.loads(raw))
 
 
