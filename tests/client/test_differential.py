@@ -1,4 +1,4 @@
-"""Differential test: random write/pwrite/truncate/read/flush/reopen/compact sequences on the
+"""Differential test: random write/append/truncate/read/flush/fsync/reopen/compact sequences on the
 VFS against a bytearray model. Small chunks and pieces so chunk ends, streamed pieces,
 overlays and holes all occur within a megabyte."""
 
@@ -52,6 +52,8 @@ op = st.one_of(
     st.tuples(st.just("flush")),
     st.tuples(st.just("reopen")),
     st.tuples(st.just("compact"), st.integers(0, 4)),
+    st.tuples(st.just("fsync")),
+    st.tuples(st.just("other_read"), offsets, st.integers(0, 300 * KiB)),
 )
 
 
@@ -99,6 +101,13 @@ def test_vfs_matches_a_bytearray_model(small_vfs: VFS, ops: list[tuple]) -> None
             elif kind == "reopen":
                 vfs.release(fh)
                 fh = vfs.open(ino, os.O_RDWR, ROOT_CTX)
+            elif kind == "fsync":
+                vfs.fsync(fh, False)
+            elif kind == "other_read":  # a second handle sees this client's writes
+                _, off, n = step
+                rfh = vfs.open(ino, os.O_RDONLY, ROOT_CTX)
+                assert vfs.read(rfh, off, n) == bytes(model[off : off + n])
+                vfs.release(rfh)
             elif kind == "compact":
                 vfs.flush(fh)
                 vfs.compact_chunk(ino, step[1])
