@@ -41,13 +41,17 @@ def default_drives(data_dir: Path, *, smr_drives: int = 2, smr_bytes: int = 8 * 
 
 
 class MountedFileSystem:
-    """A formatted file system in ``data_dir`` mounted at ``mountpoint`` by a child process."""
+    """A formatted file system in ``data_dir`` mounted at ``mountpoint`` by a child process.
+
+    Metadata: SQLite in ``data_dir`` unless ``meta_url`` names another database.
+    """
 
     def __init__(self, data_dir: Path, mountpoint: Path, *, drives: list[str] | None = None,
-                 env: dict[str, str] | None = None, extra_args: list[str] | None = None) -> None:
+                 env: dict[str, str] | None = None, extra_args: list[str] | None = None,
+                 meta_url: str | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.mountpoint = Path(mountpoint)
-        self.meta_url = f"sqlite:///{self.data_dir.resolve() / 'meta.db'}"
+        self.meta_url = meta_url or f"sqlite:///{self.data_dir.resolve() / 'meta.db'}"
         self.drives = drives
         self.env = env
         self.extra_args = extra_args or []

@@ -299,7 +299,7 @@ def serve(
     meta_url: str | None = None,
     name: str = "shinglefs",
     on_ready: Callable[[], None] | None = None,
-    offload_metadata: bool = False,
+    offload_metadata: bool | None = None,
     status: Callable[[VFS], dict[str, Any]] | None = None,
 ) -> None:
     """Mount ``vfs`` at ``mountpoint`` and serve until unmounted or SIGINT/SIGTERM.
@@ -307,6 +307,8 @@ def serve(
     Returns after ``vfs.shutdown()`` stored every buffered byte and the mount
     is gone. ``on_ready`` is called once a stat through the mount succeeded.
     ``status(vfs)`` feeds the root's virtual ``user.shinglefs.status`` xattr.
+    ``offload_metadata`` (default: only for PostgreSQL, where every metadata
+    call is a network round trip) runs namespace requests in worker threads.
     """
     import pyfuse3
     import trio
@@ -320,6 +322,8 @@ def serve(
         report.update(mountpoint=mountpoint, pid=os.getpid())
         return json.dumps(report, default=str).encode()
 
+    if offload_metadata is None:
+        offload_metadata = bool(meta_url and meta_url.startswith(("postgres", "postgresql")))
     ops = ShingleOperations(vfs, offload_metadata=offload_metadata,
                             status_provider=status_provider)
     try:

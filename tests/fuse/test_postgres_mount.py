@@ -1,0 +1,52 @@
+"""A mount whose metadata lives in PostgreSQL (namespace calls leave the event loop)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.support.pgcluster import PgCluster
+
+from shinglefs.fuse.harness import MountedFileSystem, default_drives, drop_caches
+
+pytestmark = [pytest.mark.fuse, pytest.mark.postgres]
+
+GiB = 1024**3
+
+
+@pytest.fixture
+def pg_mount(tmp_path: Path) -> Iterator[MountedFileSystem]:
+    cluster = PgCluster.start(tmp_path / "pg")
+    try:
+        data = tmp_path / "data"
+        data.mkdir()
+        fs = MountedFileSystem(data, tmp_path / "mnt", meta_url=cluster.new_database(),
+                               drives=default_drives(data, smr_drives=1, smr_bytes=4 * GiB,
+                                                     conventional_bytes=0))
+        fs.format()
+        fs.start()
+        try:
+            yield fs
+        finally:
+            assert fs.stop() == 0, fs.log_text()
+    finally:
+        cluster.stop()
+
+
+def test_files_and_namespace_on_a_postgresql_backed_mount(pg_mount: MountedFileSystem) -> None:
+    root = pg_mount.mountpoint
+    (root / "d").mkdir()
+    data = os.urandom(3 * 1024 * 1024)
+    (root / "d" / "f").write_bytes(data)
+    os.rename(root / "d" / "f", root / "d" / "g")
+    os.symlink("g", root / "d" / "link")
+    os.setxattr(root / "d" / "g", "user.k", b"v")
+    for i in range(50):
+        (root / "d" / f"s{i}").write_bytes(b"x" * i)
+    drop_caches()
+    assert (root / "d" / "link").read_bytes() == data
+    assert os.getxattr(root / "d" / "g", "user.k") == b"v"
+    assert sorted(os.listdir(root / "d")) == sorted(["g", "link"] + [f"s{i}" for i in range(50)])
+    assert all((root / "d" / f"s{i}").stat().st_size == i for i in range(50))
