@@ -30,9 +30,11 @@ import os
 import socket
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import shinglefs
 from shinglefs.client.config import ClientConfig
@@ -76,6 +78,8 @@ __all__ = ["VFS", "Ctx", "DirEntry", "InodeAttr", "SetAttrChanges", "StatFs"]
 
 LOCAL_SERVER = "local"
 COMPACTION_ATTEMPTS = 3
+INODE_MEMO_ENTRIES = 1 << 20
+T = TypeVar("T")
 HEARTBEAT_INTERVAL = 10.0
 
 
@@ -131,6 +135,23 @@ class OpenInode:
     writer: FileWriter
     handles: int = 0
     commits_per_chunk: dict[int, int] = field(default_factory=dict)
+
+
+class InodeMemo(OrderedDict[int, T]):
+    """A bounded memo keyed by inode (oldest entries dropped): per-inode hints
+    that are safe to forget (parent directory, last-seen stamp)."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self._guard = threading.Lock()
+
+    def __setitem__(self, key: int, value: T) -> None:
+        with self._guard:
+            super().__setitem__(key, value)
+            self.move_to_end(key)
+            if len(self) > self.capacity:
+                self.popitem(last=False)
 
 
 @dataclass(slots=True)
@@ -192,10 +213,11 @@ class VFS:
         self._handles: dict[int, FileHandle] = {}
         self._dirs: dict[int, DirHandle] = {}
         self._inodes: dict[int, OpenInode] = {}
-        self._stamps: dict[int, tuple[int, int, int]] = {}  # ino -> (mtime, ctime, size) cached
+        # ino -> (mtime, ctime, size) when this client last had it open (keep_cache)
+        self._stamps: InodeMemo[tuple[int, int, int]] = InodeMemo(INODE_MEMO_ENTRIES)
         self._maps: dict[int, MapWindow] = {}
         self._gen: dict[int, int] = {}
-        self._parents: dict[int, int] = {}
+        self._parents: InodeMemo[int] = InodeMemo(INODE_MEMO_ENTRIES)  # ino -> dir it was seen in
         self._next_fh = 1
         self._budget = WriteBudget(self.config.total_buffer_bytes)
         self._pool = ThreadPoolExecutor(self.config.io_threads, thread_name_prefix="shinglefs-io")
@@ -272,8 +294,14 @@ class VFS:
         return self._with_buffered_size(attr)
 
     def forget(self, ino: int, nlookup: int) -> None:
-        """The kernel dropped ``nlookup`` references. Nothing to free here: the
-        metadata engine frees unlinked inodes on their last close (sessions)."""
+        """The kernel dropped ``nlookup`` references (and with them its cached
+        pages). Data is never freed here: the metadata engine frees unlinked
+        inodes on their last close (sessions). Drops this client's memos."""
+        with self._lock:
+            if ino not in self._inodes:
+                self._stamps.pop(ino, None)
+                self._parents.pop(ino, None)
+                self._maps.pop(ino, None)
 
     def getattr(self, ino: int) -> InodeAttr:
         """Attributes from meta; ``size`` includes this client's buffered writes."""
