@@ -38,6 +38,7 @@ from shinglefs.meta import schema as S
 from shinglefs.meta.api import FIRST_COOKIE, ROOT_INO, MetaStore
 from shinglefs.meta.backend import PAGE_SIZE, Tx
 from shinglefs.meta.engine import SqlMetaStore
+from shinglefs.meta.errors import MetaURLError
 
 REPEATS = 3
 CLIENTS = 4
@@ -295,6 +296,11 @@ def _bench_backend(
 
 def run(quick: bool, workdir: Path, meta_url: str | None = None, **_: Any) -> dict[str, Any]:
     """Benchmark SQLite (always) and PostgreSQL (when ``meta_url`` is given)."""
+    if meta_url is not None and not urlsplit(meta_url).scheme.startswith("postgres"):
+        raise MetaURLError(
+            f"--meta {meta_url!r} is not a PostgreSQL URL",
+            hint="SQLite is always measured; --meta takes postgresql://user@host:port/db",
+        )
     n = 2000 if quick else 20_000
     n_readdir = 10_000 if quick else 100_000
     repeats = REPEATS
@@ -308,11 +314,9 @@ def run(quick: bool, workdir: Path, meta_url: str | None = None, **_: Any) -> di
     out["sqlite"] = _bench_backend("sqlite", workdir, None, n, n_readdir, repeats)
     out["meets_target"] = out["sqlite"]["create_per_s"] >= TARGET_CREATE_PER_S
     if meta_url is not None:
-        scheme = urlsplit(meta_url).scheme
-        if scheme.startswith("postgres"):
-            pg_n = max(500, n // 4)
-            out["postgresql"] = _bench_backend(
-                "postgresql", workdir, meta_url, pg_n, n_readdir, repeats
-            )
-            out["postgresql"]["files_per_run"] = pg_n
+        pg_n = max(500, n // 4)
+        out["postgresql"] = _bench_backend(
+            "postgresql", workdir, meta_url, pg_n, n_readdir, repeats
+        )
+        out["postgresql"]["files_per_run"] = pg_n
     return out
