@@ -172,3 +172,21 @@ def test_a_group_policy_hook_chooses_the_group(fs_factory: FsFactory) -> None:
     ino = write_file(vfs, b"x", pattern(8, 5 * MiB))
     slice_id = vfs.meta.get_chunk(ino, 0).refs[0].slice_id
     assert vfs.meta.get_slice(slice_id).group == 4242
+
+
+def test_two_large_files_land_on_two_drives_and_each_slice_stays_whole(
+    fs_factory: FsFactory,
+) -> None:
+    vfs = fs_factory.vfs(drives=2)
+    first = write_file(vfs, b"a.bin", pattern(9, 12 * MiB))
+    second = write_file(vfs, b"b.bin", pattern(10, 12 * MiB))
+    drives = []
+    for ino in (first, second):
+        slice_id = vfs.meta.get_chunk(ino, 0).refs[0].slice_id
+        (replica,) = vfs.meta.get_slice(slice_id).replicas
+        drive = int(replica.drive)
+        assert vfs.node.store(drive).length(slice_id) == 12 * MiB  # all pieces on one drive
+        assert not vfs.node.store(1 - drive).contains(slice_id)
+        drives.append(drive)
+    assert sorted(drives) == [0, 1]  # the second file's group went to the freer drive
+    assert read_all(vfs, first) == pattern(9, 12 * MiB)

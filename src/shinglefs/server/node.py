@@ -158,7 +158,8 @@ class StorageNode:
         self._affinity_capacity = affinity_capacity
         self._placed: dict[int, int] = {}  # slice -> drive, for slices written by this node
         self._stats_cache: dict[int, tuple[float, StoreStats]] = {}
-        self._pending_bytes: dict[int, int] = dict.fromkeys(stores, 0)
+        self._pending_bytes: dict[int, int] = dict.fromkeys(stores, 0)  # submitted, not written
+        self._since_stats: dict[int, int] = dict.fromkeys(stores, 0)  # submitted since refresh
         self._closed = False
 
     # ------------------------------------------------------------------ opening
@@ -229,7 +230,14 @@ class StorageNode:
             return cached[1]
         stats = self._stores[drive_id].stats()
         self._stats_cache[drive_id] = (now, stats)
+        self._since_stats[drive_id] = 0
         return stats
+
+    def _estimated_free(self, drive_id: int) -> tuple[int, StoreStats]:
+        """Free bytes of a drive: its (cached) stats minus what was submitted since."""
+        stats = self._store_stats(drive_id)
+        unseen = max(self._pending_bytes[drive_id], self._since_stats[drive_id])
+        return self._free_bytes(stats) - unseen, stats
 
     @staticmethod
     def _free_bytes(stats: StoreStats) -> int:
@@ -243,15 +251,13 @@ class StorageNode:
             chosen: int | None = None
             preferred = self._affinity.get(group)
             if preferred is not None:
-                stats = self._store_stats(preferred)
-                free = self._free_bytes(stats) - self._pending_bytes[preferred]
+                free, stats = self._estimated_free(preferred)
                 if free - size_hint >= self._min_free_fraction * stats.capacity_bytes:
                     chosen = preferred
             if chosen is None:
                 best_free = -1
                 for drive_id in self.drive_ids:
-                    stats = self._store_stats(drive_id)
-                    free = self._free_bytes(stats) - self._pending_bytes[drive_id]
+                    free, _stats = self._estimated_free(drive_id)
                     if free > best_free:
                         chosen, best_free = drive_id, free
             assert chosen is not None
@@ -294,12 +300,13 @@ class StorageNode:
         store = self._store(drive_id)
         size = len(data)
         with self._lock:
-            self._pending_bytes[drive_id] = self._pending_bytes.get(drive_id, 0) + size
+            self._pending_bytes[drive_id] += size
+            self._since_stats[drive_id] += size
         future = store.submit(slice_id, offset, data, group, durable=durable)
 
         def _done(_f: Future[None], drive: int = drive_id) -> None:
-            # Free space between stats refreshes (stats_ttl) is estimated from
-            # the bytes still pending; the cached stats are not dropped here.
+            # Between stats refreshes (stats_ttl) free space is estimated from
+            # the bytes submitted since; the cached stats are not dropped here.
             with self._lock:
                 self._pending_bytes[drive] -= size
 
