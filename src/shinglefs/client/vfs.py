@@ -633,7 +633,8 @@ class VFS:
             return
         start = max(position, state.prefetched_until)
         try:
-            pieces = self._map(h.ino, start, target - start)
+            # Not through the map cache: its window stays on the read cursor.
+            pieces = self.meta.read_map(h.ino, start, target - start)
         except FsError:
             return
         prefetch_pieces(pieces, self.cache)
