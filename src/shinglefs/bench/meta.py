@@ -22,13 +22,14 @@ of ``meta_url``, so the role needs CREATEDB.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import sqlite3
 import statistics
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -36,9 +37,9 @@ from urllib.parse import urlsplit, urlunsplit
 from shinglefs.meta import open_meta
 from shinglefs.meta import schema as S
 from shinglefs.meta.api import FIRST_COOKIE, ROOT_INO, MetaStore
-from shinglefs.meta.backend import PAGE_SIZE, Tx
+from shinglefs.meta.backend import PAGE_SIZE, Tx, pg_unavailable
 from shinglefs.meta.engine import SqlMetaStore
-from shinglefs.meta.errors import MetaURLError
+from shinglefs.meta.errors import MetaUnavailable, MetaURLError
 
 REPEATS = 3
 CLIENTS = 4
@@ -53,6 +54,27 @@ def _timed(fn: Callable[[], None]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def _pg_admin(url: str) -> Iterator[Any]:
+    """An autocommit connection to the server of ``url`` for CREATE/DROP DATABASE;
+    connection failures become the engine's one-line MetaUnavailable."""
+    import psycopg
+
+    try:
+        conn = psycopg.connect(url, autocommit=True, connect_timeout=5)
+    except psycopg.Error as exc:
+        raise pg_unavailable(url, exc) from None
+    try:
+        yield conn
+    except psycopg.Error as exc:
+        raise MetaUnavailable(
+            f"benchmark database management on {url} failed: {exc}",
+            hint="the role in the --meta URL needs CREATEDB",
+        ) from None
+    finally:
+        conn.close()
 
 
 class _Databases:
@@ -73,11 +95,9 @@ class _Databases:
                 Path(f"{path}{suffix}").unlink(missing_ok=True)
             url = f"sqlite3://{path}"
         else:
-            import psycopg
-
             assert self.pg_url is not None
             name = f"shinglefs_bench_{os.getpid()}_{n}"
-            with psycopg.connect(self.pg_url, autocommit=True) as conn:
+            with _pg_admin(self.pg_url) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
                 conn.execute(f'CREATE DATABASE "{name}"')
             p = urlsplit(self.pg_url)
@@ -92,11 +112,9 @@ class _Databases:
                 for suffix in ("", "-wal", "-shm"):
                     Path(f"{path}{suffix}").unlink(missing_ok=True)
             else:
-                import psycopg
-
                 assert self.pg_url is not None
                 name = urlsplit(url).path.lstrip("/")
-                with psycopg.connect(self.pg_url, autocommit=True) as conn:
+                with _pg_admin(self.pg_url) as conn:
                     conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
@@ -301,6 +319,9 @@ def run(quick: bool, workdir: Path, meta_url: str | None = None, **_: Any) -> di
             f"--meta {meta_url!r} is not a PostgreSQL URL",
             hint="SQLite is always measured; --meta takes postgresql://user@host:port/db",
         )
+    if meta_url is not None:
+        with _pg_admin(meta_url):  # fail now, before minutes of SQLite runs
+            pass
     n = 2000 if quick else 20_000
     n_readdir = 10_000 if quick else 100_000
     repeats = REPEATS

@@ -322,7 +322,7 @@ def _connection_lost(exc: BaseException) -> bool:
     )
 
 
-def _pg_explain(url: str, exc: BaseException) -> MetaUnavailable:
+def pg_unavailable(url: str, exc: BaseException) -> MetaUnavailable:
     parts = urlsplit(url)
     host = parts.hostname or "localhost"
     port = parts.port or 5432
@@ -365,7 +365,7 @@ class PostgresBackend:
             probe = psycopg.connect(url, connect_timeout=int(connect_timeout), autocommit=True)
             probe.close()
         except psycopg.Error as exc:
-            raise _pg_explain(url, exc) from None
+            raise pg_unavailable(url, exc) from None
         self._pid = os.getpid()
         self.pool = ConnectionPool(
             url,
@@ -422,7 +422,7 @@ class PostgresBackend:
                 raise FsError(17, f"constraint violated in {self.where}: {exc}") from None
             except psycopg.OperationalError as exc:
                 if committing or lost >= LOST_CONNECTION_RETRIES or not _connection_lost(exc):
-                    raise _pg_explain(self.url, exc) from exc
+                    raise pg_unavailable(self.url, exc) from exc
                 lost += 1
                 _backoff(attempt)
                 continue
