@@ -108,8 +108,11 @@ class MountedFileSystem:
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(process.pid, signal.SIGKILL)
-                self._detach_if_mounted()  # a daemon stuck on its own mount dies once detached
-                process.wait(timeout=30)
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.abort_connection()  # a daemon stuck in a request to its own mount
+                    process.wait(timeout=30)
         self._detach_if_mounted()
         self.process = None
         return process.returncode
@@ -122,10 +125,34 @@ class MountedFileSystem:
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                self._detach_if_mounted()
+                self.abort_connection()
                 self.process.wait(timeout=30)
             self.process = None
         self._detach_if_mounted()
+
+    def abort_connection(self) -> bool:
+        """Abort the mount's FUSE connection (``/sys/fs/fuse/connections/N/abort``).
+
+        Every pending request fails at once; the way to free a daemon (or an
+        application) stuck in a request that will never be answered.
+        """
+        from shinglefs.fuse.mount import mount_entry
+
+        entry = mount_entry(self.mountpoint)
+        if entry is None:
+            return False
+        minor = entry["major_minor"].split(":")[1]
+        connections = Path("/sys/fs/fuse/connections")
+        if not (connections / minor).exists() and os.geteuid() == 0:
+            # The fusectl file system is usually mounted by systemd; not in containers.
+            subprocess.run(["mount", "-t", "fusectl", "fusectl", str(connections)],
+                           capture_output=True, check=False, timeout=30)
+        try:
+            with open(f"/sys/fs/fuse/connections/{minor}/abort", "w") as abort:
+                abort.write("1")
+        except OSError:
+            return False
+        return True
 
     def _detach_if_mounted(self) -> None:
         from shinglefs.fuse.mount import mount_entry
@@ -134,7 +161,7 @@ class MountedFileSystem:
             tool = shutil.which("fusermount3")
             cmd = [tool, "-u", "-z", str(self.mountpoint)] if tool else \
                 ["umount", "-l", str(self.mountpoint)]
-            subprocess.run(cmd, capture_output=True, check=False)
+            subprocess.run(cmd, capture_output=True, check=False, timeout=60)
 
     def log_text(self) -> str:
         try:
