@@ -90,7 +90,9 @@ class PgCluster:
             try:
                 shutil.chown(base_dir, SYSTEM_USER, SYSTEM_USER)
             except (LookupError, PermissionError) as exc:
-                raise PgClusterError(f"cannot hand {base_dir} to user {SYSTEM_USER}: {exc}") from exc
+                raise PgClusterError(
+                    f"cannot hand {base_dir} to user {SYSTEM_USER}: {exc}"
+                ) from exc
             # The server user must be able to reach base_dir through its parents.
             for parent in base_dir.parents:
                 if parent == Path("/"):
@@ -157,7 +159,15 @@ class PgCluster:
         if not (self.data_dir / "postmaster.pid").exists():
             return
         self._server(
-            [str(self.bindir / "pg_ctl"), "-D", str(self.data_dir), "-m", "immediate", "-w", "stop"],
+            [
+                str(self.bindir / "pg_ctl"),
+                "-D",
+                str(self.data_dir),
+                "-m",
+                "immediate",
+                "-w",
+                "stop",
+            ],
             what="pg_ctl stop",
         )
 
