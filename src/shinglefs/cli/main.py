@@ -48,24 +48,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _register_all()
     try:
-        app(args=argv, standalone_mode=False)
+        # Standalone mode: click itself reports usage errors (exit 2) and
+        # Ctrl-C; our typed errors pass through it to the boundary below.
+        app(args=argv, standalone_mode=True)
     except ShingleError as exc:
         print(f"shinglefs: error: {exc}", file=sys.stderr)
         if exc.hint:
             print(f"shinglefs: hint: {exc.hint}", file=sys.stderr)
         sys.exit(exc.exit_code)
-    except SystemExit:
-        raise
     except KeyboardInterrupt:
         print("shinglefs: interrupted", file=sys.stderr)
         sys.exit(130)
-    except Exception as exc:  # click's own usage errors
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        if isinstance(exc, click.exceptions.Abort):
-            sys.exit(130)
-        raise
-    sys.exit(0)
+    return 0
