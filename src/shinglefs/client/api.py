@@ -309,9 +309,12 @@ class ShingleFS:
     def open_raw(self, path: str, flags: int, perm: int = 0o644) -> ShingleRawFile:
         """Open with ``os.open``-style flags; returns the unbuffered raw file."""
         if flags & os.O_CREAT:
-            parent, name = self._parent(path)
+            # Like Linux: without O_EXCL a (dangling) symlink is followed and its
+            # target created; with O_EXCL any existing name, symlink included, is EEXIST.
+            target = path if flags & os.O_EXCL else self._follow_for_create(path)
+            parent, name = self._parent(target)
             try:
-                existing = self._resolve(path) if not flags & os.O_EXCL else None
+                existing = self._resolve(target) if not flags & os.O_EXCL else None
             except FileNotFoundError:
                 existing = None
             with _as_oserror(path):
@@ -326,6 +329,21 @@ class ShingleFS:
         with _as_oserror(path):
             fh = self.vfs.open(attr.ino, flags & ~(os.O_CREAT | os.O_EXCL), self.ctx)
         return ShingleRawFile(self, fh, attr.ino, path, flags)
+
+    def _follow_for_create(self, path: str) -> str:
+        """The path ``open(O_CREAT)`` creates: ``path``, or what its symlinks name."""
+        for _ in range(MAX_SYMLINK_DEPTH):
+            try:
+                attr = self._resolve(path, follow=False)
+            except FileNotFoundError:
+                return path
+            if not attr.is_symlink:
+                return path
+            with _as_oserror(path):
+                link = self.vfs.readlink(attr.ino, self.ctx).decode(errors="surrogateescape")
+            parent = "/".join(_split(path)[:-1])
+            path = link if link.startswith("/") else f"/{parent}/{link}"
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
 
     def read_bytes(self, path: str) -> bytes:
         with self.open(path, "rb") as f:
