@@ -24,13 +24,15 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
+_malloc_trim: Any = None
 try:  # glibc keeps freed heap pages; a merge frees whole columns, so give them back
     _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
 except (OSError, AttributeError):  # pragma: no cover - not glibc
-    _malloc_trim = None
+    pass
 
 _DTYPES = {"sid": np.uint64, "off": np.uint32, "len": np.uint32, "dev": np.uint64,
            "grp": np.uint32}
