@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +20,9 @@ GiB = 1024**3
 
 @pytest.fixture
 def pg_mount(tmp_path: Path) -> Iterator[MountedFileSystem]:
-    cluster = PgCluster.start(tmp_path / "pg")
+    # Outside pytest's basetemp, which concurrent pytest sessions re-chmod and prune.
+    base = Path(tempfile.mkdtemp(prefix="shinglefs-fuse-pg-", dir="/var/tmp"))
+    cluster = PgCluster.start(base)
     try:
         data = tmp_path / "data"
         data.mkdir()
@@ -33,6 +37,7 @@ def pg_mount(tmp_path: Path) -> Iterator[MountedFileSystem]:
             assert fs.stop() == 0, fs.log_text()
     finally:
         cluster.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_files_and_namespace_on_a_postgresql_backed_mount(pg_mount: MountedFileSystem) -> None:
