@@ -6,13 +6,15 @@ A ``ShingleError`` becomes ``FUSEError(exc.errno)``; anything else becomes
 
 Threading (see docs/mount.md): pyfuse3 runs every request as a trio task on
 one OS thread, so a blocking call stalls every other request. ``VFS`` calls
-that may wait for a drive (read, write, flush, release, fsync, truncate) run
-in trio worker threads via ``trio.to_thread.run_sync``, one hop per kernel
-request (which is up to 1 MiB with ``max_write``/``max_pages`` at libfuse's
-default), so the hop (~0.1 ms) is paid per megabyte, not per page. Namespace
-operations are single metadata transactions that cost less than a thread hop
-on SQLite; they run inline unless ``offload_metadata`` is set (the right
-choice for a remote PostgreSQL, where each is a network round trip).
+that may wait for a drive (read, write, fsync, truncate, and flush/release of
+a file written since its last flush) run in trio worker threads via
+``trio.to_thread.run_sync``, one hop per kernel request (up to 1 MiB with
+libfuse's ``max_write``/``max_pages``), so the hop (~0.1 ms) is paid per
+megabyte, not per page. Namespace operations are single metadata transactions
+that cost less than a thread hop on SQLite; they run inline unless
+``offload_metadata`` is set (the mount sets it for PostgreSQL, where each is a
+network round trip). One FIFO lock per inode keeps a file's writes in the
+order the kernel sent them.
 """
 
 from __future__ import annotations
@@ -21,16 +23,14 @@ import errno
 import logging
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import pyfuse3
 import trio
 
+from shinglefs.client.vfs import VFS, SetAttrChanges
 from shinglefs.errors import ShingleError
 from shinglefs.meta.api import Ctx
-
-if TYPE_CHECKING:
-    from shinglefs.client.vfs import VFS
 
 log = logging.getLogger(__name__)
 
@@ -50,16 +50,6 @@ STATUS_XATTR = b"user.shinglefs.status"
 # readdir fetches at most this many entries per kernel request from the VFS;
 # a readdirplus reply buffer (4 KiB to 128 KiB) holds far fewer.
 READDIR_BATCH = 256
-
-
-def _set_attr_changes_type() -> Any:
-    """``SetAttrChanges`` from the client layer (imported late: the client may land later)."""
-    from shinglefs.client import vfs as vfs_module
-
-    changes = getattr(vfs_module, "SetAttrChanges", None)
-    if not isinstance(changes, type):
-        raise ImportError("shinglefs.client.vfs does not define SetAttrChanges yet")
-    return changes
 
 
 def supplementary_groups(pid: int) -> tuple[int, ...]:
@@ -97,7 +87,6 @@ class ShingleOperations(pyfuse3.Operations):
         self.vfs = vfs
         self.offload_metadata = offload_metadata
         self.status_provider = status_provider
-        self._set_attr_changes = _set_attr_changes_type()
         self._open_file_info = getattr(vfs, "open_file_info", None)
         # Per-inode FIFO locks (trio.Lock is fair) that keep one inode's writes in
         # the order the kernel sent them; see ``write``.
@@ -216,7 +205,7 @@ class ShingleOperations(pyfuse3.Operations):
         fh: int | None,
         ctx: pyfuse3.RequestContext,
     ) -> pyfuse3.EntryAttributes:
-        changes = self._set_attr_changes(
+        changes = SetAttrChanges(
             mode=attr.st_mode if fields.update_mode else None,
             uid=attr.st_uid if fields.update_uid else None,
             gid=attr.st_gid if fields.update_gid else None,
@@ -364,16 +353,12 @@ class ShingleOperations(pyfuse3.Operations):
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         entries = await self._meta("readdir", self._readdir_batch, fh, start_id)
-        accepted = []
         for entry in entries:
+            # readdirplus: each accepted entry counts as a lookup in the kernel;
+            # the VFS keeps no lookup counts (meta frees inodes on last close),
+            # so nothing is recorded here.
             if not pyfuse3.readdir_reply(token, entry.name, self.entry(entry.attr), entry.cookie):
                 break
-            accepted.append(entry)
-        # readdirplus: every accepted entry (but "." and "..") counts as a lookup.
-        remember = getattr(self.vfs, "remember", None)
-        if remember is not None:
-            await self._meta("readdir", remember, [e.attr.ino for e in accepted
-                                                    if e.name not in (b".", b"..")])
 
     def _readdir_batch(self, fh: int, start_id: int) -> list[Any]:
         batch = []
