@@ -95,8 +95,9 @@ def run(quick: bool, workdir: Path, **options: Any) -> dict:
         "from shinglefs.bench.index_scale import measure\n"
         f"print(json.dumps(measure({extents}, {sample})))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=str(workdir))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=str(workdir)
+    )
     if out.returncode:
         raise RuntimeError(f"index-scale subprocess failed:\n{out.stderr[-2000:]}")
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
