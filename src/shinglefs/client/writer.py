@@ -173,6 +173,7 @@ class FileWriter:
         self.open_slice: OpenSlice | None = None
         self.group: int | None = None
         self._committed_size = committed_size
+        self._written_end = 0
         self._error: BaseException | None = None
         self.slices_committed = 0
         self.pieces_submitted = 0
@@ -192,8 +193,14 @@ class FileWriter:
         return ranges
 
     def buffered_end(self) -> int:
-        """End offset of bytes written but not yet committed (0 when none)."""
-        return max((end for _start, end in self._unsettled()), default=0)
+        """A floor for the file size from this writer: the end of every byte written
+        through it since it was created or last truncated (committed or not).
+
+        It only grows (truncation lowers it under the writer lock), so
+        ``max(meta size, buffered_end())`` is right whichever is read first,
+        even while slices settle in the background.
+        """
+        return self._written_end
 
     def overlaps(self, offset: int, length: int) -> bool:
         """Must this writer commit before reading ``[offset, offset + length)``?
@@ -210,7 +217,9 @@ class FileWriter:
         )
 
     def note_committed_size(self, size: int) -> None:
+        """The file was truncated to ``size`` (call with the writer lock held)."""
         self._committed_size = size
+        self._written_end = min(self._written_end, size)
 
     def _raise_pending_error(self) -> None:
         if self._error is not None:
@@ -243,6 +252,8 @@ class FileWriter:
                     self._finish(s, durable=self._config.durable_slice_commit, wait=False)
                 pos += n
                 view = view[n:]
+            if total:
+                self._written_end = max(self._written_end, offset + total)
         return total
 
     def _append(self, s: OpenSlice, data: memoryview) -> None:
