@@ -158,3 +158,30 @@ def test_flush_returns_while_other_writers_keep_submitting(drive_factory):
         stop.set()
         thread.join()
         store.close()
+
+
+def test_a_cancelled_piece_future_neither_kills_the_writer_nor_loses_the_slice(drive_factory):
+    drive = drive_factory(zone_size=4 * MiB, zone_count=16)
+    store = SliceStore.format(drive, linger_s=0.2, gc_background=False)
+    first = store.submit(7, 0, b"a" * 4096, group=1)
+    assert first.cancel()  # still queued (lingering): the caller gives up waiting
+    second = store.submit(7, 4096, b"b" * 4096, group=1)
+    second.result(timeout=5)  # the writer thread survived the cancelled future
+    store.flush()  # and flushes still complete
+    assert first.cancelled()
+    assert store.read(7, 0, 8192) == b"a" * 4096 + b"b" * 4096
+    store.write(8, 0, b"c" * 100, group=1, durable=True)
+    assert store.read(8, 0, 100) == b"c" * 100
+    store.close()
+
+
+def test_expedite_writes_a_lingering_piece_at_once(drive_factory):
+    drive = drive_factory(zone_size=4 * MiB, zone_count=16)
+    store = SliceStore.format(drive, linger_s=5.0, gc_background=False)
+    future = store.submit(9, 0, b"x" * 4096, group=3)
+    t = time.monotonic()
+    store.scheduler.expedite(9)
+    future.result(timeout=2)
+    assert time.monotonic() - t < 1.0
+    assert store.read(9, 0, 4096) == b"x" * 4096
+    store.close()

@@ -14,9 +14,15 @@ Rules:
   than interleaved small writes. Within a run, consecutive pieces of one slice
   become one record, and the run's records go out as one ``pwritev`` of the
   callers' own memoryviews (no concatenation).
+- ``expedite(slice_id)`` makes the groups holding that slice's queued pieces
+  eligible at once: a caller that waits for a small piece (a file's close)
+  never pays the ``linger_s`` coalescing timer.
 - Group commit: one flush a batch when any piece in it asked for durability.
   A future completes when its bytes are written and indexed (readable), and
   for a durable piece only after that flush.
+- A caller may cancel a piece's future while it is still queued: the piece is
+  written anyway (a slice has no holes) and its future stays cancelled; the
+  writer thread never dies of it (futures are marked running when taken).
 - A piece that fails fails every later queued piece of its slice (a slice has
   no holes); the slice's length falls back to what was written.
 """
@@ -28,7 +34,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -78,6 +84,7 @@ class WriteScheduler:
         self._slice_pending: dict[int, int] = {}
         self._failed: dict[int, tuple[int, BaseException]] = {}
         self._barriers: list[tuple[int, Future[None]]] = []
+        self._urgent: set[int] = set()  # groups expedited by a waiting caller
         self._stopping = False
         self._stopped = False
         self.batches = 0
@@ -139,6 +146,19 @@ class WriteScheduler:
             self._cond.notify_all()
         fut.result()
 
+    def expedite(self, slice_id: int) -> None:
+        """Write the queued pieces of ``slice_id`` (and their groups) without lingering."""
+        with self._cond:
+            if not self._slice_pending.get(slice_id):
+                return
+            hit = False
+            for group, queue in self._groups.items():
+                if any(p.slice_id == slice_id for p in queue):
+                    self._urgent.add(group)
+                    hit = True
+            if hit:
+                self._cond.notify_all()
+
     def wait_slice(self, slice_id: int) -> None:
         """Wait until no piece of ``slice_id`` is queued or being written."""
         with self._cond:
@@ -176,6 +196,7 @@ class WriteScheduler:
             head = queue[0]
             if (self._stopping or self._group_bytes[group] >= self.min_run_bytes
                     or self._group_durable[group] or head.ticket <= barrier
+                    or group in self._urgent
                     or now - head.queued_at >= self.linger_s):
                 out.append(group)
         out.sort(key=lambda g: self._groups[g][0].ticket)
@@ -196,7 +217,10 @@ class WriteScheduler:
                 self._queued_bytes -= n
                 if piece.durable:
                     self._group_durable[group] -= 1
+                # Running from now on: a cancel() can no longer race our set_result.
+                piece.future.set_running_or_notify_cancel()
                 run.append(piece)
+            self._urgent.discard(group)
             if not queue:
                 del self._groups[group]
                 del self._group_bytes[group]
@@ -254,10 +278,10 @@ class WriteScheduler:
                 self.log.flush_drive()
         except BaseException as exc:
             for _, fut in barriers:
-                fut.set_exception(exc)
+                _resolve(fut, exc)
             return
         for _, fut in barriers:
-            fut.set_result(None)
+            _resolve(fut, None)
 
     def _write(self, runs: list[tuple[int, list[PendingWrite]]]) -> None:
         outcome: list[tuple[list[PendingWrite], BaseException | None]] = []
@@ -308,10 +332,7 @@ class WriteScheduler:
             self._cond.notify_all()
         for pieces, err in outcome:
             for piece in pieces:
-                if err is None:
-                    piece.future.set_result(None)
-                else:
-                    piece.future.set_exception(err)
+                _resolve(piece.future, err)
 
     def _settle(self, piece: PendingWrite, err: BaseException | None) -> None:
         """Book-keeping for a finished piece (``_cond`` held)."""
@@ -335,3 +356,16 @@ class WriteScheduler:
             self._group_pending[group] = left
         else:
             self._group_pending.pop(group, None)
+
+
+def _resolve(future: Future[None], err: BaseException | None) -> None:
+    """Complete ``future`` unless its caller cancelled it (never raises for that)."""
+    if future.cancelled():
+        return
+    try:
+        if err is None:
+            future.set_result(None)
+        else:
+            future.set_exception(err)
+    except InvalidStateError:  # cancelled between the check and the set
+        log.debug("piece future was cancelled before it completed")
