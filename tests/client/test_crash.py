@@ -40,3 +40,47 @@ def test_fsynced_bytes_survive_process_death_and_power_cut(fs_factory: FsFactory
     again.write(fh, 0, b"after restart")
     again.release(fh)
     assert read_all(again, ino)[len(durable):] == b"after restart"
+
+
+def test_fsync_of_one_file_makes_files_closed_earlier_durable_too(fs_factory: FsFactory) -> None:
+    from shinglefs.client.config import ClientConfig
+
+    vfs = fs_factory.vfs(ClientConfig(writeback_interval=3600.0))
+    closed = pattern(60, 4096)
+    ino_a = write_small(vfs, b"closed-only", closed)  # close: readable, not flushed
+    fh, ino_b = create(vfs, b"synced")
+    vfs.write(fh, 0, b"synced bytes")
+    vfs.fsync(fh, False)
+    power_cut(vfs)
+
+    again = open_filesystem(fs_factory.meta_url)
+    fs_factory.opened.append(again)
+    assert read_all(again, ino_a) == closed
+    assert read_all(again, ino_b) == b"synced bytes"
+
+
+def test_writeback_makes_closed_files_durable_without_fsync(fs_factory: FsFactory) -> None:
+    import time
+
+    from shinglefs.client.config import ClientConfig
+
+    vfs = fs_factory.vfs(ClientConfig(writeback_interval=0.05, deletion_interval=0.02))
+    data = pattern(61, 10_000)
+    ino = write_small(vfs, b"closed", data)
+    deadline = time.monotonic() + 5
+    while vfs._unflushed and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.1)  # the flush that emptied the set has returned
+    power_cut(vfs)
+
+    again = open_filesystem(fs_factory.meta_url)
+    fs_factory.opened.append(again)
+    assert read_all(again, ino) == data
+
+
+def write_small(vfs, name: bytes, data: bytes) -> int:  # type: ignore[no-untyped-def]
+    fh, ino = create(vfs, name)
+    vfs.write(fh, 0, data)
+    vfs.flush(fh)
+    vfs.release(fh)
+    return ino

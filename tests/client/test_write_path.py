@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from fsfixtures import FsFactory, MiB, create, pattern, read_all, write_file
 
 from shinglefs.client.config import ClientConfig
 from shinglefs.client.vfs import VFS, SetAttrChanges
-from shinglefs.meta.api import ROOT_CTX, ROOT_INO
+from shinglefs.meta.api import ROOT_CTX, ROOT_INO, SliceState
+from shinglefs.server.errors import SliceMissing
 
 
 def test_sequential_write_is_streamed_in_4mib_pieces_before_close(vfs: VFS) -> None:
@@ -190,3 +192,22 @@ def test_two_large_files_land_on_two_drives_and_each_slice_stays_whole(
         drives.append(drive)
     assert sorted(drives) == [0, 1]  # the second file's group went to the freer drive
     assert read_all(vfs, first) == pattern(9, 12 * MiB)
+
+
+def test_a_small_file_costs_one_commit_that_records_its_replica(vfs: VFS) -> None:
+    """A file written in one piece is not registered separately: its commit
+    records the slice's replica, the slice is committed, and it reads back."""
+    fh, ino = create(vfs, b"small")
+    vfs.write(fh, 0, b"hello small file")
+    vfs.flush(fh)
+    vfs.release(fh)
+    pieces = vfs.meta.read_map(ino, 0, 100)
+    assert len(pieces) == 1 and pieces[0].slice_id is not None
+    info = vfs.meta.get_slice(pieces[0].slice_id)
+    assert info.state == SliceState.COMMITTED
+    assert [(r.server, r.drive) for r in info.replicas] == [("local", "0")]
+    assert read_all(vfs, ino) == b"hello small file"
+    vfs.unlink(ROOT_INO, b"small")
+    vfs.run_deletions()
+    with pytest.raises(SliceMissing):
+        vfs.node.read(pieces[0].slice_id, 0, 1)

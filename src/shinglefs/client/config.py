@@ -32,6 +32,8 @@ class ClientConfig:
     deletion_batch: int = 256
     deletion_consumer: bool = True
     session_timeout: float = 120.0  # a session silent this long is expired (crashed client)
-    durable_slice_commit: bool = True
+    durable_slice_commit: bool = True  # slices ended while writing: flushed before commit
+    durable_close: bool = False  # close/flush: stored (readable) but not flushed; fsync flushes
+    writeback_interval: float = 1.0  # seconds: drives holding unflushed committed slices get flushed
     max_settling_slices: int = 4  # ended slices of one file committing in the background
     commit_threads: int = 4  # a slice is flushed on its drive before meta points at it

@@ -135,6 +135,8 @@ class OpenInode:
     writer: FileWriter
     handles: int = 0
     commits_per_chunk: dict[int, int] = field(default_factory=dict)
+    # (mtime, ctime, size) after this client's last open or commit of the inode
+    stamp: tuple[int, int, int] | None = None
 
 
 class InodeMemo(OrderedDict[int, T]):
@@ -236,6 +238,8 @@ class VFS:
         self._wake = threading.Event()
         self._compact_queue: list[tuple[int, int]] = []
         self._deletion_lock = threading.Lock()
+        self._unflushed: set[int] = set()  # drives holding committed but unflushed slices
+        self._last_writeback = time.monotonic()
         self.deleted_slices = 0
         self.compactions = 0
         self._maintenance = threading.Thread(
@@ -418,6 +422,8 @@ class VFS:
             if state is None:
                 state = self._inodes[ino] = OpenInode(ino, self._writer_for(ino, attr.size))
             state.handles += 1
+            if state.handles == 1:
+                state.stamp = stamp
             keep = self._stamps.get(ino) == stamp
             if not keep:
                 self._maps.pop(ino, None)
@@ -546,6 +552,10 @@ class VFS:
             if state.handles > 0:
                 return
             del self._inodes[ino]
+            if state.stamp is not None:
+                # What this client saw or made last: a later change by anyone differs.
+                self._stamps[ino] = state.stamp
+                return
         try:
             attr = self.meta.getattr(ino)
             with self._lock:
@@ -559,9 +569,10 @@ class VFS:
         """Make the file's data AND metadata durable before returning (both flavours)."""
         self._check_open()
         h = self._handle(fh)
-        self._flush_writer(h.ino, durable=True)
-        if not self.config.durable_slice_commit:
-            self.node.flush()
+        # Commit buffered bytes, then one flush a drive covers them and every
+        # earlier slice closed without a flush (durable_close off).
+        self._flush_writer(h.ino, durable=False)
+        self._writeback()
         # Meta commits are durable per the backend's setting (MetaStore.durability);
         # a backend offering an explicit sync (SQLite synchronous=NORMAL) is asked to.
         sync = getattr(self.meta, "sync", None)
@@ -680,16 +691,24 @@ class VFS:
         )
 
     def _commit_slice(self, finished: FinishedSlice, file_end: int) -> None:
-        self.meta.commit_slice(
+        if not finished.durable:
+            with self._lock:
+                self._unflushed.add(finished.drive_id)
+        attr = self.meta.commit_slice(
             finished.ino,
             finished.chunk_index,
             SliceRef(finished.slice_id, finished.chunk_offset, finished.length, 0),
             file_end,
             group=finished.group,
             slice_length=finished.length,
+            replicas=()
+            if finished.registered
+            else (Replica(LOCAL_SERVER, str(finished.drive_id)),),
         )
         self._bump(finished.ino)
         state = self._inodes.get(finished.ino)
+        if state is not None:
+            state.stamp = (attr.mtime_ns, attr.ctime_ns, attr.size)
         if state is not None and self.config.compaction:
             n = state.commits_per_chunk.get(finished.chunk_index, 0) + 1
             state.commits_per_chunk[finished.chunk_index] = n
@@ -805,6 +824,10 @@ class VFS:
                     # Chunks fragmented by any client (or by this one before a restart).
                     self.compact_fragmented()
                     last_scan = time.monotonic()
+                if self._unflushed and (
+                    time.monotonic() - self._last_writeback > self.config.writeback_interval
+                ):
+                    self._writeback()
                 if time.monotonic() - last_heartbeat > HEARTBEAT_INTERVAL:
                     self._heartbeat()
                     # Sessions of crashed clients release their unlinked-open files.
@@ -834,6 +857,18 @@ class VFS:
                     except FsError:
                         log.warning("inode %d was freed while the session was expired", ino)
                         break
+
+    def _writeback(self, drive_ids: list[int] | None = None) -> None:
+        """Flush the drives (default: every drive) so committed slices are durable.
+
+        Slices closed without a flush (``durable_close`` off) are readable at
+        once and durable after the next writeback (``writeback_interval``) or
+        ``fsync``, like the page cache's write-back of a local file system.
+        """
+        with self._lock:
+            self._unflushed.clear()  # a commit racing this flush marks its drive again
+            self._last_writeback = time.monotonic()
+        self.node.flush(drive_ids)
 
     def run_deletions(self) -> int:
         """Delete the slices queued by meta from their drives, then acknowledge them.

@@ -99,6 +99,8 @@ class FinishedSlice:
     length: int
     drive_id: int
     group: int
+    registered: bool = True  # False: meta learns its replica in the commit itself
+    durable: bool = True  # False: readable but not yet flushed on its drive
 
 
 class OpenSlice:
@@ -111,6 +113,7 @@ class OpenSlice:
         "inflight",
         "length",
         "pending",
+        "registered",
         "slice_id",
         "start",
         "submitted",
@@ -125,6 +128,7 @@ class OpenSlice:
         self.pending = bytearray()
         self.drive_id: int | None = None
         self.group: int | None = None
+        self.registered = False
         self.inflight: deque[tuple[Future[None], int]] = deque()
 
     @property
@@ -305,7 +309,9 @@ class FileWriter:
         self.pieces_submitted += 1
         if first:
             s.drive_id = drive_id
-            self._register(s.slice_id, drive_id, s.group)
+            if not ending:  # a slice stored in one piece is registered by its commit
+                self._register(s.slice_id, drive_id, s.group)
+                s.registered = True
 
     def _reap_oldest(self, s: OpenSlice) -> None:
         future, _n = s.inflight.popleft()
@@ -332,14 +338,18 @@ class FileWriter:
             raise
         with self._settle_lock:
             previous = self._settling[-1][2] if self._settling else None
-            future = self._settler.submit(self._settle, s, durable and not final_durable, previous)
+            future = self._settler.submit(
+                self._settle, s, durable and not final_durable, previous, durable
+            )
             self._settling.append((s.start, s.end, future))
         # Only now: a lock-free reader (``overlaps``) always sees the slice somewhere.
         self.open_slice = None
         if wait:
             self._wait_settled()
 
-    def _settle(self, s: OpenSlice, flush: bool, previous: Future[None] | None) -> None:
+    def _settle(
+        self, s: OpenSlice, flush: bool, previous: Future[None] | None, durable: bool = True
+    ) -> None:
         """Background: wait for the pieces of ``s``, flush, commit (after ``previous``)."""
         if previous is not None:
             try:
@@ -352,22 +362,65 @@ class FileWriter:
             assert s.drive_id is not None and s.group is not None
             if flush:
                 self._node.flush([s.drive_id])
-            finished = FinishedSlice(
-                ino=self.ino,
-                chunk_index=s.chunk_index,
-                chunk_offset=s.start - s.chunk_index * self._chunk_size,
-                slice_id=s.slice_id,
-                length=s.length,
-                drive_id=s.drive_id,
-                group=s.group,
-            )
-            self._commit(finished, s.end)
+            self._commit(self._finished(s, durable), s.end)
         except BaseException:
             self._abort(s)
             raise
         self._committed_size = max(self._committed_size, s.end)
         self.slices_committed += 1
         self._node.forget(s.slice_id)
+
+    def _finished(self, s: OpenSlice, durable: bool) -> FinishedSlice:
+        assert s.drive_id is not None and s.group is not None
+        return FinishedSlice(
+            ino=self.ino,
+            chunk_index=s.chunk_index,
+            chunk_offset=s.start - s.chunk_index * self._chunk_size,
+            slice_id=s.slice_id,
+            length=s.length,
+            drive_id=s.drive_id,
+            group=s.group,
+            registered=s.registered,
+            durable=durable,
+        )
+
+    def _finish_inline(self, s: OpenSlice, *, durable: bool) -> None:
+        """End slice ``s`` in the caller's thread (flush/close/fsync): commit this
+        file's earlier slices, store the last piece without lingering, commit.
+
+        ``s`` stays the open slice until its reference is committed, so a
+        lock-free ``overlaps`` never misses its bytes. Raises the first failure
+        (an earlier slice's or this one's); a failed ``s`` is deleted.
+        """
+        first: BaseException | None = None
+        try:
+            self._wait_settled()
+        except BaseException as exc:
+            first = exc
+        if s.length == 0:
+            self.open_slice = None
+        else:
+            final_durable = durable and bool(s.pending)
+            try:
+                self._submit_pending(s, durable=final_durable, ending=True)
+                assert s.drive_id is not None
+                self._node.expedite(s.slice_id, s.drive_id)
+                while s.inflight:
+                    self._reap_oldest(s)
+                if durable and not final_durable:
+                    self._node.flush([s.drive_id])
+                self._commit(self._finished(s, durable), s.end)
+            except BaseException:
+                self.open_slice = None
+                self._error = None  # reported now, by this raise
+                self._abort(s)
+                raise
+            self.open_slice = None
+            self._committed_size = max(self._committed_size, s.end)
+            self.slices_committed += 1
+            self._node.forget(s.slice_id)
+        if first is not None:
+            raise first
 
     def _wait_oldest_settling(self) -> None:
         with self._settle_lock:
@@ -427,11 +480,15 @@ class FileWriter:
 
     # ------------------------------------------------------------------ ending
     def flush(self, *, durable: bool | None = None) -> None:
-        """End the open slice (if any) and commit it; report a pending background error."""
+        """End the open slice (if any) and commit it; report a pending background error.
+
+        ``durable`` (default ``config.durable_close``): flush the slice on its
+        drive before committing. Either way the bytes are stored (readable by
+        any client) before meta points at them."""
         with self.lock:
             s = self.open_slice
             if s is not None:
-                self._finish(s, durable=self._config.durable_slice_commit if durable is None else durable)
+                self._finish_inline(s, durable=self._config.durable_close if durable is None else durable)
             else:
                 self._wait_settled()
             self._raise_pending_error()

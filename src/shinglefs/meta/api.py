@@ -641,6 +641,7 @@ class MetaStore(ABC):
         *,
         group: int = 0,
         slice_length: int | None = None,
+        replicas: Sequence[Replica] = (),
     ) -> InodeAttr:
         """Append ``piece`` to chunk ``chunk_index``'s overlay and grow the file
         to at least ``new_size``, in one transaction; also sets mtime/ctime
@@ -650,7 +651,9 @@ class MetaStore(ABC):
         chunk or empty, or a ``new_size`` short of the piece's end;
         EISDIR/EINVAL for a non-file, ENOENT, ESTALE
         (SliceStateError) if the slice is already queued for deletion.
-        Returns the new attributes."""
+        ``replicas`` are recorded for the slice in the same transaction (a
+        writer that never called ``add_slice`` for it: one transaction per
+        small file instead of two). Returns the new attributes."""
 
     @abstractmethod
     def truncate(self, ino: int, size: int, ctx: Ctx = ROOT_CTX) -> InodeAttr:

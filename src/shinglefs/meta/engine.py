@@ -1186,6 +1186,7 @@ class SqlMetaStore(MetaStore):
         *,
         group: int = 0,
         slice_length: int | None = None,
+        replicas: Sequence[Replica] = (),
     ) -> InodeAttr:
         self._require_formatted()
         self._check_piece(piece)
@@ -1214,6 +1215,8 @@ class SqlMetaStore(MetaStore):
                 ),
             )
             self._ref_slice(tx, piece, group, slice_length)
+            for rep in replicas:
+                tx.run(S.INS_REPLICA, (piece.slice_id, rep.server, rep.drive))
             size = max(a.size, new_size)
             if size != a.size:
                 self._counters(tx, size - a.size, 0)

@@ -327,8 +327,16 @@ class StorageNode:
         drive_id, future = self.submit(
             slice_id, offset, data, group, drive_id=drive_id, durable=durable
         )
+        self.expedite(slice_id, drive_id)
         wait_piece(future, slice_id, drive_id)
         return drive_id
+
+    def expedite(self, slice_id: int, drive_id: int) -> None:
+        """A caller is about to wait for the queued pieces of ``slice_id``: have the
+        drive's writer take them now instead of lingering to coalesce."""
+        scheduler = getattr(self._store(drive_id), "scheduler", None)
+        if scheduler is not None:
+            scheduler.expedite(slice_id)
 
     def read(self, slice_id: int, offset: int, length: int, drive_id: int | None = None) -> bytes:
         """Bytes ``[offset, offset+length)`` of a slice (short at its end).
