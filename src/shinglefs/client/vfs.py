@@ -573,11 +573,8 @@ class VFS:
         # earlier slice closed without a flush (durable_close off).
         self._flush_writer(h.ino, durable=False)
         self._writeback()
-        # Meta commits are durable per the backend's setting (MetaStore.durability);
-        # a backend offering an explicit sync (SQLite synchronous=NORMAL) is asked to.
-        sync = getattr(self.meta, "sync", None)
-        if callable(sync):
-            sync()
+        # Meta commits may not be durable yet (SQLite synchronous=NORMAL): make them so.
+        self.meta.sync()
 
     # ================================================================== data
     def write(self, fh: int, offset: int, data: bytes | memoryview) -> int:

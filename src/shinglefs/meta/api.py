@@ -351,6 +351,16 @@ class MetaStore(ABC):
     def close(self) -> None:
         """Close every connection of this store; further calls fail."""
 
+    @abstractmethod
+    def sync(self) -> None:
+        """Make every transaction committed so far durable against power loss.
+
+        SQLite with ``synchronous=normal`` (the default): an fsync of the WAL
+        (and of its directory); with ``synchronous=full`` and on PostgreSQL
+        commits are durable already and this returns at once. ``VFS.fsync``
+        calls it so an fsynced file's metadata survives a power cut.
+        Raises ``MetaUnavailable`` when the flush fails."""
+
     # ---- namespace -------------------------------------------------------------
 
     @abstractmethod

@@ -376,6 +376,9 @@ class SqlMetaStore(MetaStore):
         self._formatted = True
         return info
 
+    def sync(self) -> None:
+        self._b.sync()
+
     def format_info(self) -> FormatInfo:
         row = self._run(lambda tx: tx.one(S.SEL_FORMAT), "single")
         if row is None:

@@ -332,10 +332,11 @@ class StorageNode:
         return drive_id
 
     def expedite(self, slice_id: int, drive_id: int) -> None:
-        """A caller is about to wait for the queued pieces of ``slice_id``: have the
-        drive's writer take them now instead of lingering to coalesce."""
+        """A caller is about to wait for the queued pieces of ``slice_id``: write
+        them now in the calling thread when the drive's writer is idle, else
+        have the writer take them at once instead of lingering to coalesce."""
         scheduler = getattr(self._store(drive_id), "scheduler", None)
-        if scheduler is not None:
+        if scheduler is not None and not scheduler.write_inline(slice_id):
             scheduler.expedite(slice_id)
 
     def read(self, slice_id: int, offset: int, length: int, drive_id: int | None = None) -> bytes:

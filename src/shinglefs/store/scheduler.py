@@ -17,6 +17,11 @@ Rules:
 - ``expedite(slice_id)`` makes the groups holding that slice's queued pieces
   eligible at once: a caller that waits for a small piece (a file's close)
   never pays the ``linger_s`` coalescing timer.
+- ``write_inline(slice_id)``: when the writer thread is idle, the calling
+  thread writes the queued run of that slice's group itself (no thread
+  hand-off: a small file's close costs one ``pwritev``, not two context
+  switches). One writer at a time: whoever writes holds the ``_busy`` token,
+  taken together with the pieces, so a group's runs are written in order.
 - Group commit: one flush a batch when any piece in it asked for durability.
   A future completes when its bytes are written and indexed (readable), and
   for a durable piece only after that flush.
@@ -45,6 +50,8 @@ if TYPE_CHECKING:
     from shinglefs.store.log import SliceLog
 
 log = logging.getLogger("shinglefs.store.scheduler")
+
+COLLECTOR_WAKE_S = 0.05  # the zone collector is woken at most this often by writes
 
 
 @dataclass(slots=True, eq=False)
@@ -85,6 +92,8 @@ class WriteScheduler:
         self._failed: dict[int, tuple[int, BaseException]] = {}
         self._barriers: list[tuple[int, Future[None]]] = []
         self._urgent: set[int] = set()  # groups expedited by a waiting caller
+        self._collector_woken = 0.0
+        self._busy = False  # a thread (the writer or an inline caller) is writing runs
         self._stopping = False
         self._stopped = False
         self.batches = 0
@@ -159,6 +168,33 @@ class WriteScheduler:
             if hit:
                 self._cond.notify_all()
 
+    def write_inline(self, slice_id: int) -> bool:
+        """Write the queued run holding ``slice_id``'s pieces in the calling thread.
+
+        Only when no other thread is writing and the slice's pieces are all at
+        the head of their group (else returns False: ``expedite`` and wait for
+        the future instead). The pieces' futures are completed before return.
+        """
+        with self._cond:
+            if self._busy or self._stopping or self._barriers:
+                return False
+            groups = [g for g, q in self._groups.items()
+                      if any(p.slice_id == slice_id for p in q)]
+            if len(groups) != 1:
+                return False
+            group = groups[0]
+            runs = self._take_groups([group])
+            if not runs:
+                return False
+            self._busy = True
+        try:
+            self._write(runs)
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+        return True
+
     def wait_slice(self, slice_id: int) -> None:
         """Wait until no piece of ``slice_id`` is queued or being written."""
         with self._cond:
@@ -203,9 +239,12 @@ class WriteScheduler:
         return out
 
     def _take(self, now: float) -> list[tuple[int, list[PendingWrite]]]:
+        return self._take_groups(self._eligible(now))
+
+    def _take_groups(self, groups: list[int]) -> list[tuple[int, list[PendingWrite]]]:
         runs = []
         total = 0
-        for group in self._eligible(now):
+        for group in groups:
             queue = self._groups[group]
             run: list[PendingWrite] = []
             size = 0
@@ -255,6 +294,9 @@ class WriteScheduler:
             with self._cond:
                 while True:
                     now = time.monotonic()
+                    if self._busy:  # an inline caller is writing: wait for it
+                        self._cond.wait()
+                        continue
                     runs = self._take(now)
                     # Pieces taken now are written before these barriers complete.
                     barriers = self._ready_barriers()
@@ -262,10 +304,17 @@ class WriteScheduler:
                         break
                     self._cond.wait(self._next_wait(now))
                 done = self._stopping and not self._groups and not runs and not self._barriers
-            if runs:
-                self._write(runs)
-            if barriers:
-                self._complete_barriers(barriers)
+                self._busy = bool(runs or barriers)
+            try:
+                if runs:
+                    self._write(runs)
+                if barriers:
+                    self._complete_barriers(barriers)
+            finally:
+                if runs or barriers:
+                    with self._cond:
+                        self._busy = False
+                        self._cond.notify_all()
             if done:
                 with self._cond:
                     self._stopped = True
@@ -323,7 +372,10 @@ class WriteScheduler:
         if len(self.runs_written) > 4096:
             del self.runs_written[:-4096]
         self.batches += 1
-        if self.log.collector is not None:
+        now = time.monotonic()
+        if self.log.collector is not None and now - self._collector_woken >= COLLECTOR_WAKE_S:
+            # At most every COLLECTOR_WAKE_S: waking it per small write costs more than the write.
+            self._collector_woken = now
             self.log.collector.wake()
         with self._cond:
             for pieces, err in outcome:
