@@ -84,3 +84,33 @@ def write_small(vfs, name: bytes, data: bytes) -> int:  # type: ignore[no-untype
     vfs.flush(fh)
     vfs.release(fh)
     return ino
+
+
+def test_janitor_deletes_slices_a_crashed_client_left_writing(fs_factory: FsFactory) -> None:
+    import pytest
+
+    from shinglefs.meta.errors import FsError
+    from shinglefs.server.errors import SliceMissing
+
+    crashed = fs_factory.vfs()
+    fh, _ino = create(crashed, b"half-written")
+    crashed.write(fh, 0, pattern(70, 5 * MiB))  # the first 4 MiB piece is stored + registered
+    crashed.node.flush()
+    crashed.abandon()
+
+    janitor = open_filesystem(fs_factory.meta_url)
+    fs_factory.opened.append(janitor)
+    left = [s.id for s in janitor.meta.abandoned_slices(0.0)]
+    assert len(left) == 1
+    assert len(janitor.node.read(left[0], 0, MiB)) == MiB  # its bytes hold drive space
+    # A slice this client is writing right now is not touched.
+    fh2, ino2 = create(janitor, b"in-progress")
+    janitor.write(fh2, 0, pattern(71, 5 * MiB))
+    assert janitor.run_janitor(older_than_s=0.0) == 1
+    janitor.run_deletions()
+    with pytest.raises(SliceMissing):
+        janitor.node.read(left[0], 0, 1)
+    with pytest.raises(FsError):
+        janitor.meta.get_slice(left[0])
+    janitor.release(fh2)
+    assert read_all(janitor, ino2) == pattern(71, 5 * MiB)

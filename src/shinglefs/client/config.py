@@ -31,6 +31,8 @@ class ClientConfig:
     deletion_interval: float = 0.5  # seconds between polls of the deletion queue
     deletion_batch: int = 256
     deletion_consumer: bool = True
+    janitor_interval: float = 300.0  # seconds between sweeps for abandoned WRITING slices (0: off)
+    abandoned_slice_age: float = 6 * 3600.0  # a WRITING slice this old was left by a crashed client
     session_timeout: float = 120.0  # a session silent this long is expired (crashed client)
     durable_slice_commit: bool = True  # slices ended while writing: flushed before commit
     durable_close: bool = False  # close/flush: stored (readable) but not flushed; fsync flushes

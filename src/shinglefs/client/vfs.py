@@ -806,7 +806,7 @@ class VFS:
 
     # ================================================================== background work
     def _maintenance_loop(self) -> None:
-        last_heartbeat = last_scan = time.monotonic()
+        last_heartbeat = last_scan = last_janitor = time.monotonic()
         while not self._stop.is_set():
             self._wake.wait(self.config.deletion_interval)
             self._wake.clear()
@@ -821,6 +821,10 @@ class VFS:
                     # Chunks fragmented by any client (or by this one before a restart).
                     self.compact_fragmented()
                     last_scan = time.monotonic()
+                janitor = self.config.janitor_interval
+                if janitor and time.monotonic() - last_janitor > janitor:
+                    self.run_janitor()
+                    last_janitor = time.monotonic()
                 if self._unflushed and (
                     time.monotonic() - self._last_writeback > self.config.writeback_interval
                 ):
@@ -866,6 +870,30 @@ class VFS:
             self._unflushed.clear()  # a commit racing this flush marks its drive again
             self._last_writeback = time.monotonic()
         self.node.flush(drive_ids)
+
+    def run_janitor(self, older_than_s: float | None = None, limit: int = 1000) -> int:
+        """Queue for deletion the WRITING slices left by crashed clients; returns the count.
+
+        A slice registered (``add_slice``) more than ``older_than_s`` ago
+        (default ``config.abandoned_slice_age``) and never committed belongs to
+        a writer that died mid-slice: meta's ``discard_slices`` queues it (only
+        while it is still WRITING with no reference), and the deletion
+        consumer then deletes its bytes from the drives its replicas name.
+        Slices this client is writing right now are never discarded.
+        """
+        self._check_open()
+        age = self.config.abandoned_slice_age if older_than_s is None else older_than_s
+        with self._lock:
+            writers = [state.writer for state in self._inodes.values()]
+        mine = {sid for w in writers for sid in w.slice_ids_in_progress()}
+        candidates = [i.id for i in self.meta.abandoned_slices(age, limit) if i.id not in mine]
+        if not candidates:
+            return 0
+        queued = self.meta.discard_slices(candidates)
+        if queued:
+            log.info("janitor: %d abandoned slices queued for deletion", len(queued))
+            self._wake.set()
+        return len(queued)
 
     def run_deletions(self) -> int:
         """Delete the slices queued by meta from their drives, then acknowledge them.

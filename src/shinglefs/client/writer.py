@@ -183,6 +183,7 @@ class FileWriter:
         self.pieces_submitted = 0
         self._settler = settler
         self._settling: deque[tuple[int, int, Future[None]]] = deque()  # (start, end, future)
+        self._settling_ids: deque[tuple[int, Future[None]]] = deque(maxlen=64)
         self._settle_lock = threading.Lock()
         budget.register(self)
 
@@ -195,6 +196,14 @@ class FileWriter:
         if s is not None and s.length > 0:
             ranges.append((s.start, s.end))
         return ranges
+
+    def slice_ids_in_progress(self) -> set[int]:
+        """Ids of this writer's slices not yet committed (open or settling)."""
+        s = self.open_slice
+        ids = {s.slice_id} if s is not None else set()
+        with self._settle_lock:
+            ids.update(sid for sid, f in self._settling_ids if not f.done())
+        return ids
 
     def buffered_end(self) -> int:
         """A floor for the file size from this writer: the end of every byte written
@@ -342,6 +351,7 @@ class FileWriter:
                 self._settle, s, durable and not final_durable, previous, durable
             )
             self._settling.append((s.start, s.end, future))
+            self._settling_ids.append((s.slice_id, future))
         # Only now: a lock-free reader (``overlaps``) always sees the slice somewhere.
         self.open_slice = None
         if wait:
