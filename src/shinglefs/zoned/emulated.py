@@ -480,11 +480,18 @@ class EmulatedZonedDrive(ZonedDrive):
         return bytes(buffer)
 
     def readinto(self, offset: int, buffer: memoryview) -> int:
+        return self.readv(offset, [buffer])
+
+    def readv(self, offset: int, buffers: Sequence[Buffer]) -> int:
+        """Fill ``buffers`` back to back from ``offset`` with one vectored read; returns the bytes.
+
+        The same rules as ``readinto`` for the whole span (4 KiB aligned
+        offset and total length; bytes past a write pointer read as zeros), so
+        a record's header block and payload can arrive in one system call.
+        """
         self._check_open()
-        view = memoryview(buffer)
-        if view.ndim != 1 or view.itemsize != 1:
-            view = view.cast("B")
-        length = view.nbytes
+        views = fileio.as_views(buffers)
+        length = sum(v.nbytes for v in views)
         self._check_read(offset, length)
         if length == 0:
             return 0
@@ -509,14 +516,17 @@ class EmulatedZonedDrive(ZonedDrive):
             if wp < seg_end:
                 zero_ranges.append((max(wp, seg_start) - offset, seg_end - offset))
         try:
-            fileio.preadv_all(self._fd, view, offset)
+            if len(views) == 1:
+                fileio.preadv_all(self._fd, views[0], offset)
+            else:
+                fileio.preadv_views_all(self._fd, views, offset)
         except OSError as exc:
             raise ZoneError(
                 f"read failed: {exc.strerror}", drive=self.name, zone=first, offset=offset,
                 errno=exc.errno,
             ) from exc
         for a, b in zero_ranges:
-            fileio.zero_fill(view, a, b)
+            _zero_span(views, a, b)
         return length
 
     def _check_read(self, offset: int, length: int) -> None:
@@ -767,3 +777,17 @@ def _subtract(extent: tuple[int, int], hole: tuple[int, int] | None) -> list[tup
     if hole[1] < b:
         out.append((hole[1], b))
     return out
+
+
+def _zero_span(views: list[memoryview], start: int, end: int) -> None:
+    """Zero bytes ``[start, end)`` of the concatenation of ``views``."""
+    pos = 0
+    for view in views:
+        n = view.nbytes
+        a = max(start, pos)
+        b = min(end, pos + n)
+        if a < b:
+            fileio.zero_fill(view, a - pos, b - pos)
+        pos += n
+        if pos >= end:
+            break

@@ -83,6 +83,38 @@ def preadv_all(fd: int, view: memoryview, offset: int) -> int:
     return length
 
 
+def preadv_views_all(fd: int, views: list[memoryview], offset: int) -> int:
+    """Fill ``views`` back to back from ``offset`` with as few ``preadv`` calls as the kernel
+    allows (one, unless a read comes back short); bytes past the end of the file read as zeros.
+    """
+    total = sum(v.nbytes for v in views)
+    done = 0
+    pending = views
+    while pending:
+        batch = pending[:IOV_MAX]
+        want = sum(v.nbytes for v in batch)
+        got = os.preadv(fd, batch, offset + done)
+        done += got
+        if got == want:
+            pending = pending[IOV_MAX:]
+            continue
+        if got == 0:
+            for view in pending:
+                zero_fill(view, 0, view.nbytes)
+            break
+        # Short read: drop what arrived and read the rest.
+        rest = list(pending)
+        while got:
+            if rest[0].nbytes <= got:
+                got -= rest[0].nbytes
+                rest.pop(0)
+            else:
+                rest[0] = rest[0][got:]
+                got = 0
+        pending = rest
+    return total
+
+
 def zero_fill(view: memoryview, start: int, end: int) -> None:
     """Set ``view[start:end]`` to zero bytes without allocating a buffer of that size."""
     pos = start
