@@ -1,26 +1,22 @@
 """Formatting and opening a file system: the metadata engine plus the drives recorded at format time.
 
-The drives of a file system are recorded in its metadata at format time (as
-the JSON list ``trusted.shinglefs.drives`` on the root directory, until the
-metadata engine grows a drives table), so ``open_filesystem(meta_url)`` needs
-nothing else. A drive's id is its position in that list; slice replicas in
-meta name it as ``("local", "<id>")``.
+The drives of a file system are recorded in its metadata at format time
+(meta's drives table, ``MetaStore.set_drives``), so ``open_filesystem(meta_url)``
+needs nothing else. A drive's id is its position in that list; slice replicas
+in meta name it as ``("local", "<id>")``.
 """
 
 from __future__ import annotations
 
-import json
 import uuid as _uuid
 
 from shinglefs.client.config import ClientConfig
 from shinglefs.client.errors import NotAFileSystem
 from shinglefs.client.groups import GroupPolicy
 from shinglefs.client.vfs import VFS
-from shinglefs.meta.api import CHUNK_SIZE, ROOT_INO, MetaStore, open_meta
-from shinglefs.meta.errors import AlreadyFormatted, FsError, NotFormatted
+from shinglefs.meta.api import CHUNK_SIZE, MetaStore, open_meta
+from shinglefs.meta.errors import AlreadyFormatted, NotFormatted
 from shinglefs.server.node import StorageNode
-
-DRIVES_XATTR = b"trusted.shinglefs.drives"
 
 
 def format_filesystem(
@@ -63,22 +59,18 @@ def format_filesystem(
             node.close()
         meta.format(name, str(_uuid.uuid4()), chunk_size=chunk_size, capacity_bytes=capacity)
         meta.set_capacity(capacity)
-        meta.setxattr(ROOT_INO, DRIVES_XATTR, json.dumps(list(drives)).encode())
+        meta.set_drives(list(drives))
     finally:
         meta.close()
 
 
 def recorded_drives(meta: MetaStore) -> list[str]:
     """The drive specs recorded at format time (position = drive id)."""
-    try:
-        raw = meta.getxattr(ROOT_INO, DRIVES_XATTR)
-    except FsError as exc:
+    drives = meta.drives()
+    if not drives:
         raise NotAFileSystem(
             "the metadata names no drives", hint="format it with `shinglefs format`"
-        ) from exc
-    drives = json.loads(raw)
-    if not isinstance(drives, list) or not all(isinstance(d, str) for d in drives):
-        raise NotAFileSystem(f"the recorded drive list is damaged: {raw[:200]!r}")
+        )
     return drives
 
 

@@ -352,6 +352,16 @@ class MetaStore(ABC):
         """Close every connection of this store; further calls fail."""
 
     @abstractmethod
+    def set_drives(self, specs: Sequence[str]) -> None:
+        """Record the file system's drives (``KIND:PATH[:SIZE]`` specs); a drive's
+        id is its position. Replaces any earlier list. EINVAL for an empty spec."""
+
+    @abstractmethod
+    def drives(self) -> list[str]:
+        """The drive specs recorded by ``set_drives`` (position = drive id; empty
+        when none were recorded)."""
+
+    @abstractmethod
     def sync(self) -> None:
         """Make every transaction committed so far durable against power loss.
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno as E
 import functools
 import itertools
+import json
 import os
 import random
 import stat
@@ -155,6 +156,13 @@ class SqlMetaStore(MetaStore):
             info = self.format_info()
         except NotFormatted:
             return
+        if info.schema_version == 1:
+            try:
+                self._migrate_v1()
+            except BaseException:
+                backend.close()
+                raise
+            info = self.format_info()
         if info.schema_version != S.SCHEMA_VERSION:
             backend.close()
             raise SchemaVersionError(
@@ -378,6 +386,45 @@ class SqlMetaStore(MetaStore):
 
     def sync(self) -> None:
         self._b.sync()
+
+    def _migrate_v1(self) -> None:
+        """Version 1 -> 2: the drive list moves from the root xattr into ``drives``."""
+        self._run(functools.partial(_run_ddl, ddl=S.DRIVES_DDL), "autocommit")
+
+        def txn(tx: Tx) -> None:
+            row = tx.one(S.SEL_FORMAT)
+            if row is None or row[4] != 1:
+                return  # migrated concurrently
+            raw = tx.one(S.SEL_XATTR, (ROOT_INO, S.V1_DRIVES_XATTR))
+            if raw is not None:
+                specs = json.loads(bytes(raw[0]))
+                if not isinstance(specs, list) or not all(isinstance(d, str) for d in specs):
+                    raise SchemaVersionError(
+                        f"{self.url_where}: the version-1 drive list is damaged: {bytes(raw[0])[:200]!r}",
+                        hint="repair the root xattr trusted.shinglefs.drives, then open again",
+                    )
+                tx.run(S.DEL_DRIVES)
+                for i, spec in enumerate(specs):
+                    tx.run(S.INS_DRIVE, (i, spec))
+                tx.run(S.DEL_XATTR, (ROOT_INO, S.V1_DRIVES_XATTR))
+            tx.run(S.SET_SCHEMA_VERSION, (S.SCHEMA_VERSION,))
+
+        self._run(txn)
+
+    def set_drives(self, specs: Sequence[str]) -> None:
+        self._require_formatted()
+        if not all(isinstance(d, str) and d for d in specs):
+            raise FsError(E.EINVAL, f"drive specs must be non-empty strings: {list(specs)!r}")
+
+        def txn(tx: Tx) -> None:
+            tx.run(S.DEL_DRIVES)
+            for i, spec in enumerate(specs):
+                tx.run(S.INS_DRIVE, (i, spec))
+
+        self._run(txn)
+
+    def drives(self) -> list[str]:
+        return [r[0] for r in self._run(lambda tx: tx.all(S.SEL_DRIVES), "read")]
 
     def format_info(self) -> FormatInfo:
         row = self._run(lambda tx: tx.one(S.SEL_FORMAT), "single")

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Version 1 kept the drive list as the root xattr below; opening a version-1
+# database migrates it into the drives table (engine.SqlMetaStore).
+V1_DRIVES_XATTR = b"trusted.shinglefs.drives"
 
 # Inode columns in the order InodeAttr takes them.
 INODE_COLS = (
@@ -135,10 +138,15 @@ DDL = [
     ){without_rowid}""",
     "CREATE INDEX IF NOT EXISTS open_files_ino ON open_files (ino)",
 ]
+DRIVES_DDL = """CREATE TABLE IF NOT EXISTS drives (
+    id INTEGER PRIMARY KEY,
+    spec TEXT NOT NULL
+)"""
+DDL.append(DRIVES_DDL)
 
 TABLES = [
     "format", "ids", "counters", "inodes", "dentries", "xattrs", "chunks", "chunk_refs",
-    "slices", "slice_replicas", "deletions", "sessions", "open_files",
+    "slices", "slice_replicas", "deletions", "sessions", "open_files", "drives",
 ]  # fmt: skip
 
 
@@ -197,6 +205,10 @@ INS_FORMAT = (
     "INSERT INTO format (id, name, uuid, chunk_size, block_size, schema_version, secret, "
     "created_ns, capacity_bytes) VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
+SEL_DRIVES = "SELECT spec FROM drives ORDER BY id"
+INS_DRIVE = "INSERT INTO drives (id, spec) VALUES (?, ?)"
+DEL_DRIVES = "DELETE FROM drives"
+SET_SCHEMA_VERSION = "UPDATE format SET schema_version = ? WHERE id = 1"
 SET_CAPACITY = "UPDATE format SET capacity_bytes = ? WHERE id = 1"
 INS_ID = "INSERT INTO ids (name, next_id) VALUES (?, ?)"
 ALLOC_IDS = "UPDATE ids SET next_id = next_id + ? WHERE name = ? RETURNING next_id"

@@ -1,0 +1,77 @@
+"""MetaStore.sync (durable on demand) and the drives table (with the v1 migration)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from shinglefs.meta import open_meta
+from shinglefs.meta.api import ROOT_CTX, ROOT_INO
+from shinglefs.meta.engine import SqlMetaStore
+from shinglefs.meta.errors import FsError
+
+
+def test_sync_returns_and_keeps_every_committed_transaction(meta: SqlMetaStore) -> None:
+    attr = meta.mkdir(ROOT_INO, b"made", 0o755, ROOT_CTX)
+    meta.sync()
+    meta.sync()  # idempotent
+    assert meta.lookup(ROOT_INO, b"made", ROOT_CTX).ino == attr.ino
+
+
+def test_sqlite_normal_sync_fsyncs_the_wal_and_full_needs_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def spy(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    normal = open_meta(f"sqlite3://{tmp_path / 'n.db'}")
+    normal.format("t", str(uuid.uuid4()))
+    normal.mkdir(ROOT_INO, b"d", 0o755, ROOT_CTX)
+    monkeypatch.setattr(os, "fsync", spy)
+    normal.sync()
+    assert str(tmp_path / "n.db-wal") in synced
+    normal.close()
+
+    synced.clear()
+    full = open_meta(f"sqlite3://{tmp_path / 'f.db'}?synchronous=full")
+    full.format("t", str(uuid.uuid4()))
+    full.sync()  # every commit is already fsynced: nothing to do
+    assert synced == []
+    full.close()
+
+
+def test_drives_are_recorded_in_their_own_table(meta: SqlMetaStore) -> None:
+    assert meta.drives() == []
+    meta.set_drives(["emulated:/d/0.img:1G", "emulated:/d/1.img:1G"])
+    assert meta.drives() == ["emulated:/d/0.img:1G", "emulated:/d/1.img:1G"]
+    assert meta.listxattr(ROOT_INO) == []  # nothing shows in listxattr /
+    meta.set_drives(["block:/dev/sdb"])
+    assert meta.drives() == ["block:/dev/sdb"]
+    with pytest.raises(FsError) as err:
+        meta.set_drives([""])
+    assert err.value.errno == errno.EINVAL
+    assert meta.drives() == ["block:/dev/sdb"]
+
+
+def test_a_version_1_database_is_migrated_when_opened(meta_url: str, meta: SqlMetaStore) -> None:
+    # Make it look like version 1: no drives table, the list as the root xattr.
+    meta._b.run(lambda tx: tx.run("DROP TABLE drives"), "write")
+    meta.setxattr(ROOT_INO, b"trusted.shinglefs.drives", b'["emulated:/x.img:1G"]')
+    meta._b.run(lambda tx: tx.run("UPDATE format SET schema_version = 1"), "write")
+    meta.close()
+
+    again = open_meta(meta_url)
+    try:
+        assert again.format_info().schema_version == 2
+        assert again.drives() == ["emulated:/x.img:1G"]
+        assert again.listxattr(ROOT_INO) == []
+    finally:
+        again.close()
