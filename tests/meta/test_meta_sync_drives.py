@@ -75,3 +75,24 @@ def test_a_version_1_database_is_migrated_when_opened(meta_url: str, meta: SqlMe
         assert again.listxattr(ROOT_INO) == []
     finally:
         again.close()
+
+
+def test_close_files_closes_a_batch_in_one_transaction_and_reports_the_freed(
+    meta: SqlMetaStore,
+) -> None:
+    from shinglefs.meta.api import SessionInfo
+
+    s = meta.register_session(SessionInfo(host="batch"))
+    kept = meta.create(ROOT_INO, b"kept", 0o644, ROOT_CTX, session=s)
+    doomed = meta.create(ROOT_INO, b"doomed", 0o644, ROOT_CTX, session=s)
+    meta.open_file(s, doomed.ino)  # two descriptors on doomed
+    meta.unlink(ROOT_INO, b"doomed")
+    # One close each for kept and doomed: doomed keeps one descriptor.
+    assert meta.close_files(s, [kept.ino, doomed.ino]) == []
+    assert meta.getattr(doomed.ino).nlink == 0
+    assert meta.close_files(s, [doomed.ino]) == [doomed.ino]
+    with pytest.raises(FsError) as err:
+        meta.getattr(doomed.ino)
+    assert err.value.errno == errno.ENOENT
+    assert meta.getattr(kept.ino).nlink == 1
+    assert meta.close_files(s, []) == []

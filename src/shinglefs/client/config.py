@@ -35,6 +35,7 @@ class ClientConfig:
     abandoned_slice_age: float = 6 * 3600.0  # a WRITING slice this old was left by a crashed client
     session_timeout: float = 120.0  # a session silent this long is expired (crashed client)
     durable_slice_commit: bool = True  # slices ended while writing: flushed before commit
+    deferred_close: bool = True  # release: meta's open-file row is dropped in batches (maintenance)
     durable_close: bool = False  # close/flush: stored (readable) but not flushed; fsync flushes
     writeback_interval: float = 1.0  # seconds: drives holding unflushed committed slices get flushed
     max_settling_slices: int = 4  # ended slices of one file committing in the background

@@ -81,6 +81,7 @@ COMPACTION_ATTEMPTS = 3
 INODE_MEMO_ENTRIES = 1 << 20
 T = TypeVar("T")
 HEARTBEAT_INTERVAL = 10.0
+CLOSE_BATCH = 256  # queued closes that wake the maintenance thread early
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +239,7 @@ class VFS:
         self._wake = threading.Event()
         self._compact_queue: list[tuple[int, int]] = []
         self._deletion_lock = threading.Lock()
+        self._closes: list[tuple[int, int]] = []  # (session, ino) released, not yet closed in meta
         self._unflushed: set[int] = set()  # drives holding committed but unflushed slices
         self._last_writeback = time.monotonic()
         self.deleted_slices = 0
@@ -535,13 +537,43 @@ class VFS:
             except BaseException as exc:
                 error = exc
         try:
-            freed = self.meta.close_file(self.session, h.ino)
+            if self.config.deferred_close:
+                with self._lock:
+                    self._closes.append((self.session, h.ino))
+                    many = len(self._closes) >= CLOSE_BATCH
+                if many:
+                    self._wake.set()
+            elif self.meta.close_file(self.session, h.ino):
+                self._wake.set()
         finally:
             self._detach(h.ino)
-        if freed:
-            self._wake.set()
         if error is not None:
             raise error
+
+    def drain_closes(self) -> int:
+        """Close in meta, in one transaction a session, the handles ``release``
+        queued (``deferred_close``); returns the number of inodes freed.
+
+        Deferring costs nothing visible: the row only keeps an unlinked inode
+        alive, so the worst effect is a freed file's slices deleted up to one
+        maintenance interval later. ``run_deletions`` and ``shutdown`` drain first.
+        """
+        with self._lock:
+            closes, self._closes = self._closes, []
+        if not closes:
+            return 0
+        by_session: dict[int, list[int]] = {}
+        for session, ino in closes:
+            by_session.setdefault(session, []).append(ino)
+        freed = 0
+        try:
+            for session, inos in by_session.items():
+                freed += len(self.meta.close_files(session, inos))
+        except BaseException:
+            with self._lock:  # retried by the next drain
+                self._closes[:0] = [(s, i) for s, inos in by_session.items() for i in inos]
+            raise
+        return freed
 
     def _detach(self, ino: int) -> None:
         with self._lock:
@@ -813,6 +845,7 @@ class VFS:
             if self._stop.is_set():
                 return
             try:
+                self.drain_closes()
                 if self.config.deletion_consumer:
                     self.run_deletions()
                 self._run_queued_compactions()
@@ -903,6 +936,7 @@ class VFS:
         a call made while the maintenance thread runs one waits for it, so on
         return everything queued before the call is deleted. Returns the count.
         """
+        self.drain_closes()  # files freed by closes queued so far are deleted too
         with self._deletion_lock:  # a concurrent pass holds leases: wait for it to finish
             return self._run_deletions_locked()
 
@@ -1060,6 +1094,7 @@ class VFS:
         self._stop_background()
         self._closed = True
         for step in (
+            self.drain_closes,
             lambda: self.meta.unregister_session(self.session),
             self.run_deletions if self.config.deletion_consumer else (lambda: 0),
             self.node.close,

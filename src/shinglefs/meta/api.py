@@ -598,6 +598,11 @@ class MetaStore(ABC):
         inode has no links left, free it (slices dereferenced) and return True."""
 
     @abstractmethod
+    def close_files(self, session: int, inos: Sequence[int]) -> list[int]:
+        """``close_file`` for each of ``inos`` (an inode may repeat: one close
+        each), in one transaction; returns the inodes freed."""
+
+    @abstractmethod
     def expire_sessions(self, timeout_s: float) -> list[int]:
         """Remove sessions whose last heartbeat is older than ``timeout_s``,
         close their files (freeing unlinked inodes nobody else holds open).

@@ -1103,6 +1103,21 @@ class SqlMetaStore(MetaStore):
 
         return self._run(txn)
 
+    def close_files(self, session: int, inos: Sequence[int]) -> list[int]:
+        def txn(tx: Tx) -> list[int]:
+            now = _now()
+            freed = []
+            for ino in inos:
+                row = tx.one(S.CLOSE_FILE, (session, ino))
+                if row is None or row[0] > 0:
+                    continue
+                tx.run(S.DEL_OPEN, (session, ino))
+                if self._free_if_orphan(tx, ino, now):
+                    freed.append(ino)
+            return freed
+
+        return self._run(txn) if inos else []
+
     def expire_sessions(self, timeout_s: float) -> list[int]:
         def txn(tx: Tx) -> list[int]:
             now = _now()
