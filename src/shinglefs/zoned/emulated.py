@@ -529,6 +529,20 @@ class EmulatedZonedDrive(ZonedDrive):
             _zero_span(views, a, b)
         return length
 
+    def prefetch(self, offset: int, length: int) -> None:
+        """Hint that ``[offset, offset + length)`` will be read soon; returns without waiting.
+
+        Only a hint to the backing file (``posix_fadvise(WILLNEED)``: the
+        kernel queues the read): no rule is checked, no state changes, and
+        errors are ignored, so a caller may prefetch speculatively.
+        """
+        if length <= 0 or self._closed:
+            return
+        try:
+            os.posix_fadvise(self._fd, offset, length, os.POSIX_FADV_WILLNEED)
+        except (OSError, AttributeError):
+            pass
+
     def _check_read(self, offset: int, length: int) -> None:
         bs = self.block_size
         if offset % bs or length % bs:
