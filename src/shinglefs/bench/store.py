@@ -282,6 +282,11 @@ def run(quick: bool, workdir: Path, **options: Any) -> dict:
         "get_ratio_of_medians": round(med(get) / raw_read_rate, 3),
         "put_ratios": [round(x, 2) for x in put_ratios],
         "get_ratios": [round(x, 2) for x in get_ratios],
+        # Per repeat, in run order (even repeats: raw first), to tell noise from a trend.
+        "put_mib_s_runs": [round(x) for x in put],
+        "raw_write_mib_s_runs": [round(r[wm]) for r in raw_w],
+        "get_mib_s_runs": [round(x) for x in get],
+        "raw_read_mib_s_runs": [round(r[rm]) for r in raw_r],
         "waf_append": round(med(waf), 4),
     }
     result.update(churn(workdir, quick, data))
