@@ -6,7 +6,7 @@ import errno
 from pathlib import Path
 
 import pytest
-from conftest import ZONE_SIZE, make_emulated
+from drivekit import ZONE_SIZE, make_emulated
 
 from shinglefs.errors import UsageError
 from shinglefs.zoned.conventional import ConventionalDrive

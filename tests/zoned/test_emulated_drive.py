@@ -9,7 +9,7 @@ import random
 from pathlib import Path
 
 import pytest
-from conftest import CONVENTIONAL, MAX_OPEN, ZONE_COUNT, ZONE_SIZE, make_emulated
+from drivekit import CONVENTIONAL, MAX_OPEN, ZONE_COUNT, ZONE_SIZE, make_emulated
 
 from shinglefs.errors import UsageError
 from shinglefs.zoned.emulated import EmulatedZonedDrive, default_conventional_zones
