@@ -299,19 +299,56 @@ class StorageNode:
             drive_id = self.place(slice_id, group, len(data))
         store = self._store(drive_id)
         size = len(data)
+        self._count_pending(drive_id, size)
+        try:
+            future = store.submit(slice_id, offset, data, group, durable=durable)
+        except BaseException:
+            self._count_pending(drive_id, -size)
+            raise
+        self._settle_pending_when_done(future, drive_id, size)
+        return drive_id, future
+
+    def write_now(
+        self,
+        slice_id: int,
+        offset: int,
+        data: Buffer,
+        group: int,
+        *,
+        drive_id: int | None = None,
+    ) -> tuple[int, Future[None]] | None:
+        """Store a piece in the calling thread if its drive's writer is idle
+        (``SliceStoreAPI.write_now``): returns ``(drive_id, completed future)``,
+        or None with nothing written or queued (``submit`` instead). Places the
+        slice like ``submit``."""
+        if drive_id is None:
+            drive_id = self.place(slice_id, group, len(data))
+        size = len(data)
+        self._count_pending(drive_id, size)
+        try:
+            future = self._store(drive_id).write_now(slice_id, offset, data, group)
+        except BaseException:
+            self._count_pending(drive_id, -size)
+            raise
+        if future is None:
+            self._count_pending(drive_id, -size)
+            return None
+        self._settle_pending_when_done(future, drive_id, size)
+        return drive_id, future
+
+    def _count_pending(self, drive_id: int, size: int) -> None:
         with self._lock:
             self._pending_bytes[drive_id] += size
             self._since_stats[drive_id] += size
-        future = store.submit(slice_id, offset, data, group, durable=durable)
 
-        def _done(_f: Future[None], drive: int = drive_id) -> None:
+    def _settle_pending_when_done(self, future: Future[None], drive_id: int, size: int) -> None:
+        def _done(_f: Future[None]) -> None:
             # Between stats refreshes (stats_ttl) free space is estimated from
             # the bytes submitted since; the cached stats are not dropped here.
             with self._lock:
-                self._pending_bytes[drive] -= size
+                self._pending_bytes[drive_id] -= size
 
         future.add_done_callback(_done)
-        return drive_id, future
 
     def write(
         self,

@@ -67,6 +67,15 @@ class SliceStoreAPI(ABC):
         must not modify ``data`` until the future completes.
         """
 
+    def write_now(
+        self, slice_id: int, offset: int, data: Buffer, group: int, *, durable: bool = False
+    ) -> Future[None] | None:
+        """Write a piece in the calling thread without waiting for any other
+        thread, returning its completed future, or do nothing and return None
+        (the drive is busy: ``submit`` instead). Never blocks on a queue.
+        This default never writes now."""
+        return None
+
     def write(
         self, slice_id: int, offset: int, data: Buffer, group: int, *, durable: bool = False
     ) -> None:

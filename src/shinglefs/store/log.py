@@ -852,8 +852,13 @@ class SliceLog:
             self._last_ckpt_bytes = self.device_bytes
             return size
 
+    @property
+    def checkpoint_due(self) -> bool:
+        """Enough bytes were appended since the last index checkpoint to write one."""
+        return self.device_bytes - self._last_ckpt_bytes >= self.config.checkpoint_interval_bytes
+
     def maybe_checkpoint(self) -> None:
-        if self.device_bytes - self._last_ckpt_bytes >= self.config.checkpoint_interval_bytes:
+        if self.checkpoint_due:
             self.checkpoint()
 
     @property

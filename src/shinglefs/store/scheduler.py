@@ -22,6 +22,8 @@ Rules:
   hand-off: a small file's close costs one ``pwritev``, not two context
   switches). One writer at a time: whoever writes holds the ``_busy`` token,
   taken together with the pieces, so a group's runs are written in order.
+- ``write_now(...)``: the same without queueing at all: a piece is written in
+  the calling thread if nothing stands before it, else nothing happens.
 - Group commit: one flush a batch when any piece in it asked for durability.
   A future completes when its bytes are written and indexed (readable), and
   for a durable piece only after that flush.
@@ -114,22 +116,10 @@ class WriteScheduler:
                 self._cond.wait()
                 if self._stopping:
                     raise StoreClosed("store is closing", drive=self.log.name)
-            expected = self._expected.get(slice_id)
-            if expected is None:
-                expected = indexed_length(slice_id)
-            if offset != expected:
-                raise SliceOrderError(slice_id, offset, expected, drive=self.log.name)
-            if offset + n > MAX_SLICE_SIZE:
-                raise SliceOrderError(slice_id, offset, expected, drive=self.log.name,
-                                      detail=f"{offset + n} bytes exceed {MAX_SLICE_SIZE}")
-            self._ticket += 1
-            piece = PendingWrite(slice_id, offset, data, group, durable, self._ticket,
-                                 time.monotonic())
+            piece = self._new_piece(slice_id, offset, data, group, durable, indexed_length)
             if n == 0:
                 piece.future.set_result(None)
                 return piece.future
-            self._expected[slice_id] = offset + n
-            self._slice_pending[slice_id] = self._slice_pending.get(slice_id, 0) + 1
             queue = self._groups.get(group)
             if queue is None:
                 queue = self._groups[group] = deque()
@@ -143,6 +133,57 @@ class WriteScheduler:
             self._queued_bytes += n
             self._cond.notify_all()
             return piece.future
+
+    def _new_piece(self, slice_id: int, offset: int, data: memoryview, group: int,
+                   durable: bool, indexed_length: Callable[[int], int]) -> PendingWrite:
+        """Check the piece's order and count it as pending (``_cond`` held)."""
+        n = data.nbytes
+        expected = self._expected.get(slice_id)
+        if expected is None:
+            expected = indexed_length(slice_id)
+        if offset != expected:
+            raise SliceOrderError(slice_id, offset, expected, drive=self.log.name)
+        if offset + n > MAX_SLICE_SIZE:
+            raise SliceOrderError(slice_id, offset, expected, drive=self.log.name,
+                                  detail=f"{offset + n} bytes exceed {MAX_SLICE_SIZE}")
+        self._ticket += 1
+        piece = PendingWrite(slice_id, offset, data, group, durable, self._ticket,
+                             time.monotonic())
+        if n:
+            self._expected[slice_id] = offset + n
+            self._slice_pending[slice_id] = self._slice_pending.get(slice_id, 0) + 1
+        return piece
+
+    def write_now(self, slice_id: int, offset: int, data: memoryview, group: int,
+                  durable: bool, indexed_length: Callable[[int], int]) -> Future[None] | None:
+        """Write one piece in the calling thread at once, or do nothing at all.
+
+        Only when no thread is writing, no flush barrier waits, nothing of
+        ``group`` is queued (a group's runs stay in order), the store is not
+        closing and no index checkpoint is due (that is the writer thread's
+        job); otherwise returns None with nothing queued: ``submit`` instead.
+        The returned future is complete (its exception is the write's error).
+        For a small file's close: one ``pwritev`` and no thread hand-off.
+        """
+        n = data.nbytes
+        with self._cond:
+            if (self._busy or self._stopping or self._barriers or self._groups.get(group)
+                    or self.log.checkpoint_due):
+                return None
+            piece = self._new_piece(slice_id, offset, data, group, durable, indexed_length)
+            if n == 0:
+                piece.future.set_result(None)
+                return piece.future
+            self._group_pending[group] = self._group_pending.get(group, 0) + 1
+            piece.future.set_running_or_notify_cancel()
+            self._busy = True
+        try:
+            self._write([(group, [piece])])
+        finally:
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+        return piece.future
 
     def flush(self) -> None:
         """Wait until every piece submitted before the call is written and durable."""

@@ -98,6 +98,10 @@ class SliceStore(SliceStoreAPI):
     # ================================================================= writing
     def submit(self, slice_id: int, offset: int, data: Buffer, group: int, *,
                durable: bool = False) -> Future[None]:
+        view = self._checked_piece(slice_id, group, data)
+        return self.scheduler.submit(slice_id, offset, view, group, durable, self._indexed_length)
+
+    def _checked_piece(self, slice_id: int, group: int, data: Buffer) -> memoryview:
         self._check_open()
         if not 0 <= slice_id < _U64:
             raise UsageError(f"slice id {slice_id} is not a 64-bit unsigned integer")
@@ -106,7 +110,13 @@ class SliceStore(SliceStoreAPI):
         view = memoryview(data)
         if view.ndim != 1 or view.itemsize != 1:
             view = view.cast("B")
-        return self.scheduler.submit(slice_id, offset, view, group, durable, self._indexed_length)
+        return view
+
+    def write_now(self, slice_id: int, offset: int, data: Buffer, group: int, *,
+                  durable: bool = False) -> Future[None] | None:
+        view = self._checked_piece(slice_id, group, data)
+        return self.scheduler.write_now(slice_id, offset, view, group, durable,
+                                        self._indexed_length)
 
     def _indexed_length(self, slice_id: int) -> int:
         with self._log._cv:
