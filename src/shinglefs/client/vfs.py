@@ -516,6 +516,15 @@ class VFS:
         if h.writable:
             self._flush_writer(h.ino)
 
+    def try_flush(self, fh: int) -> bool:
+        """``flush`` if it needs no other thread (nothing buffered, or a small
+        file's bytes stored in this thread: ``FileWriter.try_flush``); returns
+        whether it did. False: call ``flush``, which may wait for a drive."""
+        self._check_open()
+        h = self._handle(fh)
+        state = self._inodes.get(h.ino) if h.writable else None
+        return state is None or state.writer.try_flush()
+
     def release(self, fh: int) -> None:
         """Last close of a handle: commit buffered writes, close the file in meta.
 
@@ -621,6 +630,18 @@ class VFS:
                 size = max(self.meta.getattr(h.ino).size, state.writer.buffered_end())
                 return state.writer.write(size, data)
         return state.writer.write(offset, data)
+
+    def try_write(self, fh: int, offset: int, data: bytes | memoryview) -> int | None:
+        """``write`` if it completes at once, without waiting (the bytes fit the
+        open slice's pending buffer: ``FileWriter.try_write``); else None with
+        nothing done: call ``write``. Errors as ``write``."""
+        self._check_open()
+        h = self._handle(fh)
+        if not h.writable:
+            raise NotOpenForWriting(fh)
+        if h.append:
+            return None
+        return self._inodes[h.ino].writer.try_write(offset, data)
 
     def read(self, fh: int, offset: int, size: int) -> bytes:
         """Up to ``size`` bytes at ``offset`` (short only at EOF; holes read as zeros)."""

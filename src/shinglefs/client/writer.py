@@ -82,6 +82,14 @@ class WriteBudget:
             for writer in others:
                 writer.spill(own=False)
 
+    def try_acquire(self, n: int) -> bool:
+        """Take ``n`` bytes if that needs no wait; else take nothing and return False."""
+        with self._cond:
+            if self.used == 0 or self.used + n <= self.limit:
+                self.used += n
+                return True
+            return False
+
     def release(self, n: int) -> None:
         with self._cond:
             self.used -= n
@@ -269,6 +277,47 @@ class FileWriter:
                 self._written_end = max(self._written_end, offset + total)
         return total
 
+    def try_write(self, offset: int, data: Buffer) -> int | None:
+        """``write`` if it completes at once: an append to the pending bytes of
+        the open (or a new) slice that stays below one piece, within one chunk
+        and within both buffer bounds. Otherwise (a piece to submit, a slice
+        to end, budget to wait for, the lock busy, an error to report) returns
+        None having done nothing: call ``write``, which may block."""
+        view = memoryview(data).cast("B")
+        n = len(view)
+        if not n or not self.lock.acquire(blocking=False):
+            return None
+        try:
+            if self._error is not None:
+                return None
+            chunk_index = offset // self._chunk_size
+            if offset + n > (chunk_index + 1) * self._chunk_size:
+                return None
+            s = self.open_slice
+            if s is not None and (s.end != offset or s.chunk_index != chunk_index):
+                return None
+            pending = len(s.pending) if s is not None else 0
+            if pending + n >= self._config.piece_size:
+                return None
+            if s is not None and s.inflight and (
+                s.inflight_bytes() + pending + n > self._config.file_buffer_bytes
+            ):
+                return None
+            if not self._budget.try_acquire(n):
+                return None
+            if s is None:
+                try:
+                    s = self.open_slice = OpenSlice(self._new_slice_id(), chunk_index, offset)
+                except BaseException:
+                    self._budget.release(n)
+                    raise
+            s.pending += view
+            s.length += n
+            self._written_end = max(self._written_end, offset + n)
+            return n
+        finally:
+            self.lock.release()
+
     def _append(self, s: OpenSlice, data: memoryview) -> None:
         piece = self._config.piece_size
         while data:
@@ -419,18 +468,74 @@ class FileWriter:
                     self._reap_oldest(s)
                 if durable and not final_durable:
                     self._node.flush([s.drive_id])
-                self._commit(self._finished(s, durable), s.end)
             except BaseException:
-                self.open_slice = None
-                self._error = None  # reported now, by this raise
-                self._abort(s)
+                self._drop_open(s)
                 raise
-            self.open_slice = None
-            self._committed_size = max(self._committed_size, s.end)
-            self.slices_committed += 1
-            self._node.forget(s.slice_id)
+            self._commit_open(s, durable)
         if first is not None:
             raise first
+
+    def _drop_open(self, s: OpenSlice) -> None:
+        """The open slice ``s`` failed: forget it and delete what it stored."""
+        self.open_slice = None
+        self._error = None  # reported now, by the caller's raise
+        self._abort(s)
+
+    def _commit_open(self, s: OpenSlice, durable: bool) -> None:
+        """Commit the open slice ``s``, every byte of it stored (writer lock held).
+        ``s`` stays the open slice until committed, so a lock-free ``overlaps``
+        never misses its bytes; a failed commit deletes it."""
+        try:
+            self._commit(self._finished(s, durable), s.end)
+        except BaseException:
+            self._drop_open(s)
+            raise
+        self.open_slice = None
+        self._committed_size = max(self._committed_size, s.end)
+        self.slices_committed += 1
+        self._node.forget(s.slice_id)
+
+    def try_flush(self) -> bool:
+        """``flush`` if it completes without waiting for another thread; returns
+        whether it did. It does when nothing is buffered, or when the open slice
+        was never submitted and its drive's writer is idle: the bytes are then
+        stored in this thread (``StorageNode.write_now``) and committed. Not
+        with ``durable_close`` (a drive flush). Returns False having changed
+        nothing a later ``flush`` would not redo; raises what ``flush`` would
+        for a failure of the slice it stored."""
+        if not self.lock.acquire(blocking=False):
+            return False
+        try:
+            if self._error is not None or self._settling:
+                return False
+            s = self.open_slice
+            if s is None:
+                return True
+            if s.length == 0:
+                self.open_slice = None
+                return True
+            if self._config.durable_close or s.submitted or s.drive_id is not None:
+                return False
+            if s.group is None:
+                s.group = self._decide_group(s, True)
+            data = s.pending
+            stored = self._node.write_now(s.slice_id, 0, data, s.group)
+            if stored is None:
+                return False
+            s.drive_id, future = stored
+            s.pending = bytearray()
+            s.submitted = len(data)
+            self._budget.release(len(data))
+            self.pieces_submitted += 1
+            try:
+                wait_piece(future, s.slice_id, s.drive_id)
+            except BaseException:
+                self._drop_open(s)
+                raise
+            self._commit_open(s, False)
+            return True
+        finally:
+            self.lock.release()
 
     def _wait_oldest_settling(self) -> None:
         with self._settle_lock:
