@@ -319,7 +319,7 @@ def serve(
         report = {"meta_url": meta_url, "mountpoint": mountpoint, "pid": os.getpid()}
         if status is not None:
             report.update(status(vfs))
-        report.update(mountpoint=mountpoint, pid=os.getpid())
+        report.update(mountpoint=mountpoint, pid=os.getpid(), fuse_ops=ops.op_stats.snapshot())
         return json.dumps(report, default=str).encode()
 
     if offload_metadata is None:
