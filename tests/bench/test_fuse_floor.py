@@ -243,9 +243,11 @@ def test_bench_mount_reports_the_floor_beside_every_existing_field(tmp_path: Pat
                 "write_ratio", "read_ratio", "small_files_per_s", "local_small_files_per_s",
                 "loader_samples_per_s", "local_loader_samples_per_s", "loader_ratio",
                 "floor_write_mib_s", "floor_read_mib_s", "floor_small_files_per_s",
-                "write_of_floor", "read_of_floor", "small_files_of_floor"):
+                "write_of_floor", "read_of_floor", "small_files_of_floor",
+                "floor_write_ratio", "floor_read_ratio"):
         assert result[key] > 0, key
     assert set(result["targets_met"]) == set(TARGETS)
+    assert set(result["floor_targets_met"]) == set(TARGETS) - {"loader_ratio"}
     assert result["samples"]["floor_small"] and len(result["samples"]["floor_write"]) == 1
     assert result["write_of_floor"] == pytest.approx(
         result["samples"]["write"][0] / result["samples"]["floor_write"][0], rel=0.01)
