@@ -1,0 +1,400 @@
+"""``try_write`` / ``try_flush``: a buffered write or a small file's close completed
+in the calling thread, or nothing done that a later ``write`` / ``flush`` would not redo.
+
+Everything runs on a real VFS (SQLite file, emulated SMR drive on a sparse file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+from fsfixtures import FsFactory, MiB, create, pattern, read_all
+
+from shinglefs.client.config import ClientConfig
+from shinglefs.client.errors import NotOpenForWriting
+from shinglefs.client.filesystem import open_filesystem
+from shinglefs.client.vfs import VFS
+from shinglefs.meta.api import ROOT_CTX, ROOT_INO
+from shinglefs.store import StoreIOError
+from shinglefs.zoned import ZoneCondition
+
+KiB = 1024
+# No background drive flush during a test: it would make the drive's writer
+# busy at a moment the test does not choose.
+QUIET = ClientConfig(writeback_interval=3600.0)
+
+
+def wait_until(condition: Callable[[], object], what: str, limit: float = 30.0) -> None:
+    """Poll a state change made by another thread (a bound, not a timing assertion)."""
+    deadline = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.001)
+
+
+def committed(vfs: VFS, ino: int) -> tuple[int, list[int | None]]:
+    """What meta holds for the file: its size and the slices of its first chunk."""
+    size = vfs.meta.getattr(ino).size
+    refs = [r.slice_id for r in vfs.meta.get_chunk(ino, 0).refs]
+    return size, refs
+
+
+def power_cut(vfs: VFS) -> None:
+    drives = [vfs.node.store(d).drive for d in vfs.node.drive_ids]
+    vfs.abandon()  # buffered bytes are dropped, nothing is flushed
+    for drive in drives:
+        drive.simulate_power_cut()  # type: ignore[attr-defined]
+
+
+class DriveWriterBusy:
+    """Make drive 0's writer thread busy (it holds the store's busy token while it
+    waits for ``io_lock``, which the test holds) until ``release``."""
+
+    ORPHAN = 1 << 60  # a slice id meta never hands out
+
+    def __init__(self, vfs: VFS) -> None:
+        self.node = vfs.node
+        self.store = vfs.node.store(0)
+        self.lock = self.store.slice_log.io_lock  # type: ignore[attr-defined]
+        self.lock.acquire()
+        try:
+            _drive, self.future = self.node.submit(self.ORPHAN, 0, b"o" * 4096, 999_999,
+                                                   drive_id=0)
+            wait_until(lambda: self.store.scheduler.queued_bytes == 0,  # type: ignore[attr-defined]
+                       "the writer took the piece")
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def release(self) -> None:
+        self.lock.release()
+        self.future.result(timeout=30)
+        self.node.delete(self.ORPHAN, 0)
+
+
+# ---------------------------------------------------------------- try_write
+def test_sequential_small_writes_are_buffered_and_read_back_after_try_flush(
+    fs_factory: FsFactory,
+) -> None:
+    vfs = fs_factory.vfs(QUIET)
+    fh, ino = create(vfs, b"small")
+    parts = [pattern(i, 1000 + i) for i in range(5)]
+    offset = 0
+    for part in parts:
+        assert vfs.try_write(fh, offset, part) == len(part)
+        offset += len(part)
+    assert vfs.getattr(ino).size == offset  # the buffered size is visible
+    assert committed(vfs, ino) == (0, [])  # nothing stored or committed yet
+    assert vfs.stats()["buffered_bytes"] == offset
+
+    assert vfs.try_flush(fh) is True
+    size, refs = committed(vfs, ino)
+    assert size == offset and len(refs) == 1 and refs[0] is not None
+    assert vfs.stats()["buffered_bytes"] == 0
+    assert read_all(vfs, ino) == b"".join(parts)  # another handle sees it
+
+    # Appending after the fast close starts a new slice, closed the same way.
+    assert vfs.try_write(fh, offset, b"more") == 4
+    assert vfs.try_flush(fh) is True
+    assert committed(vfs, ino)[0] == offset + 4
+    vfs.release(fh)
+    assert read_all(vfs, ino) == b"".join(parts) + b"more"
+
+
+def test_try_write_does_what_write_does_or_nothing_at_all(fs_factory: FsFactory) -> None:
+    """Two files get the same writes: one through ``try_write`` (falling back to
+    ``write`` on None), one through ``write``. A refusal must leave the first
+    file exactly as it was; in the end both hold the same bytes.
+
+    The writes cover what ``write`` may have to do beyond buffering: go back
+    (overlay), skip ahead (a hole), cross a chunk, end one at its edge, fill a
+    piece. Whether ``try_write`` takes those at once is the writer's choice;
+    a sequential append that stays in the pending buffer it must take."""
+    piece = 64 * KiB
+    vfs = fs_factory.vfs(dataclasses.replace(QUIET, piece_size=piece), chunk_size=MiB)
+    fh_fast, fast = create(vfs, b"fast")
+    fh_slow, slow = create(vfs, b"slow")
+    writer = vfs._inodes[fast].writer
+    model = bytearray()
+    writes = [
+        (0, 3000, True),  # a new slice's first bytes
+        (3000, 1000, True),  # a sequential append below a piece
+        (10, 7, False),  # back into the open slice
+        (4000, 5000, False),  # sequential again (a new slice after an overlay, maybe)
+        (20_000, 100, False),  # past the end: a hole
+        (20_100, piece, False),  # fills a piece
+        (MiB - 30, 20, False),  # a new slice 10 bytes before the chunk edge
+        (MiB - 10, 20, False),  # a sequential append across the chunk edge
+        (MiB + 10, 50, False),  # sequential in the next chunk
+        (2 * MiB - 100, 100, False),  # ends exactly at a chunk edge
+        (2 * MiB, 10, False),  # the next chunk's first bytes
+    ]
+    taken = []
+    for i, (offset, n, must_take) in enumerate(writes):
+        data = pattern(200 + i, n)
+        s = writer.open_slice
+        before = (vfs.getattr(fast).size, s, s and s.length, s and len(s.pending))
+        got = vfs.try_write(fh_fast, offset, data)
+        if got is None:
+            assert not must_take, f"write {i} at {offset} was refused"
+            s = writer.open_slice
+            after = (vfs.getattr(fast).size, s, s and s.length, s and len(s.pending))
+            assert after == before, f"write {i}: the refusal changed the buffer"
+            got = vfs.write(fh_fast, offset, data)
+        else:
+            taken.append(i)
+        assert got == n
+        assert vfs.write(fh_slow, offset, data) == n
+        if len(model) < offset:
+            model += bytes(offset - len(model))
+        model[offset : offset + n] = data
+        assert vfs.getattr(fast).size == vfs.getattr(slow).size == len(model), f"after write {i}"
+        s = writer.open_slice
+        if s is not None:  # a full piece is never held back; a slice never crosses a chunk
+            assert len(s.pending) < piece, f"after write {i}: {len(s.pending)} bytes pending"
+            assert s.start // MiB == (s.end - 1) // MiB, f"after write {i}: {s.start}..{s.end}"
+    assert 0 in taken and 1 in taken
+    vfs.flush(fh_fast)
+    vfs.flush(fh_slow)
+    assert read_all(vfs, fast) == read_all(vfs, slow) == bytes(model)
+    vfs.release(fh_fast)
+    vfs.release(fh_slow)
+    again_fast, again_slow = read_all(vfs, fast), read_all(vfs, slow)
+    assert again_fast == again_slow == bytes(model)
+
+
+def test_try_write_on_append_and_read_only_handles(vfs: VFS) -> None:
+    fh, ino = create(vfs, b"f")
+    vfs.write(fh, 0, b"base")
+    vfs.release(fh)
+
+    appender = vfs.open(ino, os.O_WRONLY | os.O_APPEND, ROOT_CTX)
+    assert vfs.try_write(appender, 0, b"tail") is None  # the end is a metadata question
+    assert vfs.getattr(ino).size == 4
+    assert vfs.write(appender, 0, b"tail") == 4
+    vfs.release(appender)
+    assert read_all(vfs, ino) == b"basetail"
+
+    reader = vfs.open(ino, os.O_RDONLY, ROOT_CTX)
+    with pytest.raises(NotOpenForWriting) as info:
+        vfs.try_write(reader, 0, b"no")
+    assert info.value.errno == errno.EBADF
+    assert vfs.try_flush(reader) is True  # nothing to do for a reader
+    vfs.release(reader)
+    assert read_all(vfs, ino) == b"basetail"
+
+
+def test_try_write_returns_none_when_the_write_budget_is_exhausted(fs_factory: FsFactory) -> None:
+    vfs = fs_factory.vfs(dataclasses.replace(QUIET, total_buffer_bytes=64 * KiB))
+    fh_a, ino_a = create(vfs, b"a")
+    fh_b, ino_b = create(vfs, b"b")
+    a = pattern(3, 60 * KiB)
+    assert vfs.try_write(fh_a, 0, a) == len(a)
+    assert vfs.try_write(fh_b, 0, b"b" * (8 * KiB)) is None  # 68 KiB > 64 KiB
+    assert vfs.stats()["buffered_bytes"] == len(a)
+    assert vfs.getattr(ino_b).size == 0
+    assert vfs.try_write(fh_b, 0, b"b" * (4 * KiB)) == 4 * KiB  # 64 KiB fits exactly
+    # write() waits for budget (spilling the idle writer's bytes) instead.
+    assert vfs.write(fh_b, 4 * KiB, b"c" * (8 * KiB)) == 8 * KiB
+    vfs.release(fh_a)
+    vfs.release(fh_b)
+    assert vfs.stats()["buffered_bytes"] == 0
+    assert read_all(vfs, ino_a) == a
+    assert read_all(vfs, ino_b) == b"b" * (4 * KiB) + b"c" * (8 * KiB)
+
+
+def test_try_write_and_try_flush_do_nothing_while_another_thread_holds_the_file(
+    fs_factory: FsFactory,
+) -> None:
+    vfs = fs_factory.vfs(QUIET)
+    fh, ino = create(vfs, b"f")
+    assert vfs.try_write(fh, 0, b"first") == 5
+    writer = vfs._inodes[ino].writer
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with writer.lock:
+            held.set()
+            done.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(30)
+        assert vfs.try_write(fh, 5, b"second") is None
+        assert vfs.try_flush(fh) is False
+        assert vfs.getattr(ino).size == 5
+        assert committed(vfs, ino) == (0, [])
+    finally:
+        done.set()
+        holder.join(30)
+    assert vfs.try_write(fh, 5, b"second") == 6
+    assert vfs.try_flush(fh) is True
+    assert read_all(vfs, ino) == b"firstsecond"
+    vfs.release(fh)
+
+
+# ---------------------------------------------------------------- try_flush
+def test_try_flush_commits_bytes_that_a_fresh_client_reads_after_a_crash(
+    fs_factory: FsFactory,
+) -> None:
+    vfs = fs_factory.vfs(QUIET)
+    fh, ino = create(vfs, b"ckpt.json")
+    data = pattern(4, 20_000)
+    assert vfs.try_write(fh, 0, data) == len(data)
+    assert vfs.try_flush(fh) is True
+    assert committed(vfs, ino)[0] == len(data)
+    vfs.fsync(fh)  # covers the slice try_flush committed without a drive flush
+    power_cut(vfs)  # the handle is never released; buffered bytes would be lost
+
+    again = open_filesystem(fs_factory.meta_url)
+    fs_factory.opened.append(again)
+    assert again.getattr(ino).size == len(data)
+    assert read_all(again, ino) == data
+
+
+def test_try_flush_with_nothing_buffered_returns_true(fs_factory: FsFactory) -> None:
+    vfs = fs_factory.vfs(dataclasses.replace(QUIET, durable_close=True))
+    fh, ino = create(vfs, b"empty")
+    assert vfs.try_flush(fh) is True
+    vfs.write(fh, 0, b"x")
+    vfs.flush(fh)
+    assert vfs.try_flush(fh) is True  # flushed already: nothing buffered
+    vfs.release(fh)
+    assert read_all(vfs, ino) == b"x"
+
+
+def test_try_flush_declines_a_durable_close(fs_factory: FsFactory) -> None:
+    vfs = fs_factory.vfs(dataclasses.replace(QUIET, durable_close=True))
+    fh, ino = create(vfs, b"durable")
+    assert vfs.try_write(fh, 0, b"must be flushed") == 15
+    assert vfs.try_flush(fh) is False
+    assert committed(vfs, ino) == (0, [])
+    assert vfs.stats()["buffered_bytes"] == 15
+    vfs.flush(fh)
+    assert committed(vfs, ino)[0] == 15
+    power_cut(vfs)  # durable_close: the close flushed the drive
+    again = open_filesystem(fs_factory.meta_url)
+    fs_factory.opened.append(again)
+    assert read_all(again, ino) == b"must be flushed"
+
+
+def test_try_flush_declines_a_file_that_already_streamed_a_piece(fs_factory: FsFactory) -> None:
+    vfs = fs_factory.vfs(QUIET)
+    fh, ino = create(vfs, b"large")
+    data = pattern(5, 5 * MiB)
+    vfs.write(fh, 0, data)  # one 4 MiB piece submitted, 1 MiB pending
+    s = vfs._inodes[ino].writer.open_slice
+    assert s is not None and s.submitted == 4 * MiB
+    # Once the piece is stored the drive's writer is idle: only the rule declines.
+    wait_until(lambda: vfs.node.length(s.slice_id) == 4 * MiB, "the first piece is stored")
+    wait_until(lambda: vfs.node.store(0).scheduler.pending_length(s.slice_id) is None,
+               "the piece is settled")
+    assert vfs.try_flush(fh) is False
+    assert committed(vfs, ino)[0] == 0
+    vfs.flush(fh)
+    assert committed(vfs, ino)[0] == len(data)
+    vfs.release(fh)
+    assert read_all(vfs, ino) == data
+
+
+def test_try_flush_declines_while_the_drive_writer_is_busy_and_flush_redoes_it(
+    fs_factory: FsFactory,
+) -> None:
+    vfs = fs_factory.vfs(QUIET)
+    fh, ino = create(vfs, b"f")
+    data = pattern(6, 10_000)
+    assert vfs.try_write(fh, 0, data) == len(data)
+    busy = DriveWriterBusy(vfs)
+    try:
+        assert vfs.try_flush(fh) is False
+        assert committed(vfs, ino) == (0, [])
+        assert vfs.stats()["buffered_bytes"] == len(data)
+        assert vfs.getattr(ino).size == len(data)
+    finally:
+        busy.release()
+    vfs.flush(fh)
+    assert committed(vfs, ino)[0] == len(data)
+    assert vfs.stats()["buffered_bytes"] == 0
+    vfs.release(fh)
+    assert read_all(vfs, ino) == data
+
+
+@pytest.mark.parametrize("close", ["try_flush", "flush"])
+def test_a_failing_drive_in_the_close_raises_the_typed_error_and_the_file_stays_usable(
+    fs_factory: FsFactory, close: str
+) -> None:
+    vfs = fs_factory.vfs(QUIET)
+    d = vfs.mkdir(ROOT_INO, b"dir", 0o755, ROOT_CTX)
+    fh, first = create(vfs, b"first", d.ino)
+    assert vfs.try_write(fh, 0, b"first file") == 10
+    assert vfs.try_flush(fh) is True
+    vfs.release(fh)
+    # Fail the zone that holds the directory's small files (their group).
+    store = vfs.node.store(0)
+    (slice_id,) = committed(vfs, first)[1]
+    dev = store.slice_log.index.extents(slice_id)[0][2]  # type: ignore[attr-defined]
+    zone = dev // store.drive.zone_size  # type: ignore[attr-defined]
+    store.drive.fail_zone(zone, ZoneCondition.READ_ONLY)  # type: ignore[attr-defined]
+
+    fh, ino = create(vfs, b"second", d.ino)
+    data = pattern(7, 3000)
+    assert vfs.try_write(fh, 0, data) == len(data)
+    lost = vfs._inodes[ino].writer.open_slice.slice_id  # type: ignore[union-attr]
+    with pytest.raises(StoreIOError) as info:
+        getattr(vfs, close)(fh)
+    assert info.value.errno == errno.EIO and info.value.zone == zone
+    # Nothing half-committed: meta has no slice, the drive keeps none, no bytes held.
+    assert committed(vfs, ino) == (0, [])
+    assert not vfs.node.contains(lost)
+    assert vfs.stats()["buffered_bytes"] == 0
+    assert vfs.try_flush(fh) is True  # the error was reported once
+    # The file is usable: a rewrite lands in a fresh zone and reads back.
+    again = pattern(8, 3000)
+    assert vfs.write(fh, 0, again) == len(again)
+    vfs.flush(fh)
+    vfs.release(fh)
+    assert read_all(vfs, ino) == again
+    assert read_all(vfs, first) == b"first file"  # a READ_ONLY zone still reads
+
+
+def test_three_hundred_small_files_close_on_the_fast_path(fs_factory: FsFactory) -> None:
+    vfs = fs_factory.vfs(QUIET)
+    d = vfs.mkdir(ROOT_INO, b"shards", 0o755, ROOT_CTX)
+    files: dict[int, bytes] = {}
+    fast_writes = fast_closes = 0
+    for i in range(300):
+        data = pattern(100 + i, 1 + (i * 997) % 20_000)
+        fh, ino = create(vfs, f"s{i:04d}.json".encode(), d.ino)
+        half = len(data) // 2
+        for off, part in ((0, data[:half]), (half, data[half:])):
+            n = vfs.try_write(fh, off, part) if part else 0
+            if n is None:
+                n = vfs.write(fh, off, part)
+            else:
+                fast_writes += 1 if part else 0
+            assert n == len(part)
+        if vfs.try_flush(fh):
+            fast_closes += 1
+        else:
+            vfs.flush(fh)
+        vfs.release(fh)
+        files[ino] = data
+    # Single-threaded with no background drive flush: nothing ever stands in the way.
+    assert fast_closes == 300
+    assert fast_writes == sum(1 for data in files.values() for part in
+                              (data[: len(data) // 2], data[len(data) // 2 :]) if part)
+    for ino, data in files.items():
+        assert vfs.getattr(ino).size == len(data)
+        assert read_all(vfs, ino) == data
+    vfs.shutdown()
+    again = open_filesystem(fs_factory.meta_url)
+    fs_factory.opened.append(again)
+    for ino, data in files.items():
+        assert read_all(again, ino) == data

@@ -1,0 +1,145 @@
+"""Per-operation request counts and latencies (``OpStats``), served as ``fuse_ops``
+in the root's status xattr of a real mount."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyfuse3
+import pytest
+import trio
+
+from shinglefs.client.config import ClientConfig
+from shinglefs.client.filesystem import format_filesystem, open_filesystem
+from shinglefs.fuse.harness import MountedFileSystem, default_drives
+from shinglefs.fuse.operations import STATUS_XATTR, OpStats, ShingleOperations
+
+GiB = 1024**3
+KiB = 1024
+
+
+# ---------------------------------------------------------------- the counter alone
+def test_op_stats_snapshot_counts_and_averages_in_microseconds() -> None:
+    stats = OpStats()
+    assert stats.snapshot() == {}
+    stats.record("write", 1_000)
+    stats.record("write", 3_000)
+    stats.record("flush", 500)
+    stats.record("write", 2_000)
+    snap = stats.snapshot()
+    assert list(snap) == ["flush", "write"]  # sorted by name
+    assert snap["write"] == {"count": 3, "mean_us": 2.0, "max_us": 3.0}
+    assert snap["flush"] == {"count": 1, "mean_us": 0.5, "max_us": 0.5}
+    assert json.loads(json.dumps(snap)) == snap  # what the status xattr serves
+
+
+def test_op_stats_snapshot_is_a_copy_and_rounds_to_a_tenth() -> None:
+    stats = OpStats()
+    stats.record("read", 1_234)
+    stats.record("read", 5_678)
+    first = stats.snapshot()
+    assert first["read"] == {"count": 2, "mean_us": 3.5, "max_us": 5.7}
+    stats.record("read", 0)
+    assert first["read"]["count"] == 2  # a snapshot does not change later
+    assert stats.snapshot()["read"] == {"count": 3, "mean_us": 2.3, "max_us": 5.7}
+
+
+# ---------------------------------------------------------------- on a real mount
+def fuse_ops(mountpoint: Path) -> dict[str, dict[str, float]]:
+    report = json.loads(os.getxattr(mountpoint, STATUS_XATTR.decode()))
+    ops = report["fuse_ops"]
+    assert isinstance(ops, dict)
+    return ops
+
+
+def count(ops: dict[str, dict[str, float]], op: str) -> int:
+    return int(ops.get(op, {}).get("count", 0))
+
+
+@pytest.mark.fuse
+def test_the_status_xattr_counts_the_requests_of_the_mount(
+    shinglefs_mount: MountedFileSystem, mnt: Path
+) -> None:
+    before = fuse_ops(shinglefs_mount.mountpoint)
+    files = 6
+    for i in range(files):
+        path = mnt / f"f{i}.json"
+        with open(path, "wb") as f:  # create, write, flush, release
+            f.write(b"x" * (100 + i))
+    for i in range(files):
+        assert (mnt / f"f{i}.json").read_bytes() == b"x" * (100 + i)
+    after = fuse_ops(shinglefs_mount.mountpoint)
+
+    for op in ("create", "write", "flush", "release"):
+        assert count(after, op) - count(before, op) >= files, (op, before.get(op), after.get(op))
+    assert count(after, "getxattr") > count(before, "getxattr")  # the first status read
+    for op, entry in after.items():
+        assert set(entry) == {"count", "mean_us", "max_us"}, op
+        assert entry["count"] >= 1
+        assert 0 <= entry["mean_us"] <= entry["max_us"], (op, entry)
+    # Counts only grow.
+    assert all(count(after, op) >= count(before, op) for op in before)
+
+
+# ---------------------------------------------------------------- one request, one record
+@dataclass
+class Request:
+    """What the handlers read of a pyfuse3.RequestContext."""
+
+    uid: int = 0
+    gid: int = 0
+    pid: int = os.getpid()
+    umask: int = 0o022
+
+
+@pytest.fixture
+def small_budget_ops(tmp_path: Path) -> Iterator[ShingleOperations]:
+    """Handlers (no kernel) over a real VFS whose writes often need the slow path:
+    a 64 KiB write budget and closes that flush the drive."""
+    url = f"sqlite:///{tmp_path / 'meta.db'}"
+    format_filesystem(url, default_drives(tmp_path, smr_drives=1, smr_bytes=4 * GiB,
+                                          conventional_bytes=0))
+    vfs = open_filesystem(url, config=ClientConfig(total_buffer_bytes=64 * KiB,
+                                                   durable_close=True))
+    try:
+        yield ShingleOperations(vfs)
+    finally:
+        vfs.shutdown()
+
+
+def run(handler: Any, *args: Any) -> Any:
+    async def call() -> Any:
+        return await handler(*args)
+
+    return trio.run(call)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "ShingleOperations.write/flush record a request twice when the inline try "
+    "fails and the threaded call follows (two _call(...) with the same op name): "
+    "OpStats counts calls, not requests, and splits one request's wait in two"))
+def test_each_request_is_counted_once_even_when_it_falls_back_to_a_thread(
+    small_budget_ops: ShingleOperations,
+) -> None:
+    ops = small_budget_ops
+    ctx = Request()
+    flags = os.O_CREAT | os.O_RDWR
+    info_a, _ = run(ops.create, pyfuse3.ROOT_INODE, b"a", 0o644, flags, ctx)
+    info_b, _ = run(ops.create, pyfuse3.ROOT_INODE, b"b", 0o644, flags, ctx)
+    assert run(ops.write, info_a.fh, 0, b"a" * (60 * KiB)) == 60 * KiB  # fits the budget
+    assert run(ops.write, info_b.fh, 0, b"b" * (8 * KiB)) == 8 * KiB  # waits for budget
+    run(ops.flush, info_a.fh)  # durable_close: a drive flush, in a thread
+    run(ops.release, info_a.fh)
+    run(ops.release, info_b.fh)
+    snap = ops.op_stats.snapshot()
+    for name, data in ((b"a", b"a" * (60 * KiB)), (b"b", b"b" * (8 * KiB))):
+        fh = ops.vfs.open(ops.vfs.lookup(pyfuse3.ROOT_INODE, name).ino, os.O_RDONLY)
+        assert ops.vfs.read(fh, 0, 100 * KiB) == data
+        ops.vfs.release(fh)
+    counts = {op: count(snap, op) for op in ("create", "write", "flush", "release")}
+    assert counts == {"create": 2, "write": 2, "flush": 1, "release": 2}
