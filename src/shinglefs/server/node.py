@@ -43,10 +43,10 @@ from shinglefs.server.errors import (
     UnknownDrive,
 )
 from shinglefs.store import SliceStore
-from shinglefs.store.api import SliceStoreAPI, StoreStats
+from shinglefs.store.api import MAX_SLICE_SIZE, PieceBytes, SliceStoreAPI, StoreStats
 from shinglefs.store.errors import SliceNotFound, StoreFull
 from shinglefs.zoned import create_drive, open_drive
-from shinglefs.zoned.model import Buffer
+from shinglefs.zoned.fileio import Payload
 
 log = logging.getLogger(__name__)
 
@@ -283,7 +283,7 @@ class StorageNode:
         self,
         slice_id: int,
         offset: int,
-        data: Buffer,
+        data: PieceBytes,
         group: int,
         *,
         drive_id: int | None = None,
@@ -295,10 +295,11 @@ class StorageNode:
         later pieces go to the same drive. Store errors surface through the
         future (``StoreFull`` becomes ``NodeFull`` in :meth:`write`).
         """
+        data = Payload(data)
+        size = data.nbytes
         if drive_id is None:
-            drive_id = self.place(slice_id, group, len(data))
+            drive_id = self.place(slice_id, group, size)
         store = self._store(drive_id)
-        size = len(data)
         self._count_pending(drive_id, size)
         try:
             future = store.submit(slice_id, offset, data, group, durable=durable)
@@ -312,7 +313,7 @@ class StorageNode:
         self,
         slice_id: int,
         offset: int,
-        data: Buffer,
+        data: PieceBytes,
         group: int,
         *,
         drive_id: int | None = None,
@@ -321,9 +322,10 @@ class StorageNode:
         (``SliceStoreAPI.write_now``): returns ``(drive_id, completed future)``,
         or None with nothing written or queued (``submit`` instead). Places the
         slice like ``submit``."""
+        data = Payload(data)
+        size = data.nbytes
         if drive_id is None:
-            drive_id = self.place(slice_id, group, len(data))
-        size = len(data)
+            drive_id = self.place(slice_id, group, size)
         self._count_pending(drive_id, size)
         try:
             future = self._store(drive_id).write_now(slice_id, offset, data, group)
@@ -354,7 +356,7 @@ class StorageNode:
         self,
         slice_id: int,
         offset: int,
-        data: Buffer,
+        data: PieceBytes,
         group: int,
         *,
         drive_id: int | None = None,
@@ -367,6 +369,12 @@ class StorageNode:
         self.expedite(slice_id, drive_id)
         wait_piece(future, slice_id, drive_id)
         return drive_id
+
+    def has_queue_room(self, drive_id: int, nbytes: int) -> bool:
+        """Would ``submit`` of ``nbytes`` to this drive queue them without waiting
+        for room (a hint: other submitters may take the room first)?"""
+        scheduler = getattr(self._store(drive_id), "scheduler", None)
+        return scheduler is None or scheduler.has_room(nbytes)
 
     def expedite(self, slice_id: int, drive_id: int) -> None:
         """A caller is about to wait for the queued pieces of ``slice_id``: write
@@ -387,6 +395,18 @@ class StorageNode:
             return self._store(drive_id).read(slice_id, offset, length)
         except SliceNotFound:
             raise SliceMissing(slice_id, drive_id) from None
+
+    def read_view(self, slice_id: int, offset: int, length: int,
+                  drive_id: int | None = None) -> memoryview:
+        """``read`` into a fresh buffer, returned as a read-only view (no copy to bytes)."""
+        if drive_id is None:
+            drive_id = self.locate(slice_id)
+        buf = bytearray(min(length, MAX_SLICE_SIZE))
+        try:
+            n = self._store(drive_id).readinto(slice_id, offset, buf)
+        except SliceNotFound:
+            raise SliceMissing(slice_id, drive_id) from None
+        return memoryview(buf)[:n].toreadonly()
 
     def length(self, slice_id: int, drive_id: int | None = None) -> int:
         """Bytes written so far to a slice."""

@@ -12,10 +12,15 @@ data expected to die together); a group's pieces fill zones of their own.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from shinglefs.zoned.fileio import Payload
 from shinglefs.zoned.model import Buffer
+
+PieceBytes = Buffer | Sequence[Buffer] | Payload
+"""A piece's bytes: one buffer, several (written back to back, never copied) or a Payload."""
 
 MAX_SLICE_SIZE = 64 * 1024 * 1024
 
@@ -58,7 +63,7 @@ class SliceStoreAPI(ABC):
 
     @abstractmethod
     def submit(
-        self, slice_id: int, offset: int, data: Buffer, group: int, *, durable: bool = False
+        self, slice_id: int, offset: int, data: PieceBytes, group: int, *, durable: bool = False
     ) -> Future[None]:
         """Queue a piece of ``slice_id`` at ``offset`` (== its length so far).
 
@@ -68,7 +73,7 @@ class SliceStoreAPI(ABC):
         """
 
     def write_now(
-        self, slice_id: int, offset: int, data: Buffer, group: int, *, durable: bool = False
+        self, slice_id: int, offset: int, data: PieceBytes, group: int, *, durable: bool = False
     ) -> Future[None] | None:
         """Write a piece in the calling thread without waiting for any other
         thread, returning its completed future, or do nothing and return None
@@ -77,7 +82,7 @@ class SliceStoreAPI(ABC):
         return None
 
     def write(
-        self, slice_id: int, offset: int, data: Buffer, group: int, *, durable: bool = False
+        self, slice_id: int, offset: int, data: PieceBytes, group: int, *, durable: bool = False
     ) -> None:
         """``submit`` and wait for it."""
         self.submit(slice_id, offset, data, group, durable=durable).result()
@@ -85,6 +90,14 @@ class SliceStoreAPI(ABC):
     @abstractmethod
     def read(self, slice_id: int, offset: int, length: int) -> bytes:
         """Return ``length`` bytes of the slice from ``offset`` (short at its end)."""
+
+    def readinto(self, slice_id: int, offset: int, buffer: Buffer) -> int:
+        """Fill ``buffer`` from ``offset`` of the slice; returns the bytes read
+        (short at its end). This default copies what ``read`` returns."""
+        view = memoryview(buffer).cast("B")
+        data = self.read(slice_id, offset, view.nbytes)
+        view[: len(data)] = data
+        return len(data)
 
     @abstractmethod
     def length(self, slice_id: int) -> int:

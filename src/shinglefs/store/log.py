@@ -55,6 +55,7 @@ from shinglefs.store.record import (
 )
 from shinglefs.store.recovery import DiscardedTail, RecoveryReport
 from shinglefs.zoned.errors import ZoneError
+from shinglefs.zoned.fileio import Payload
 from shinglefs.zoned.model import ZoneCondition, ZonedDrive, ZoneInfo, ZoneType
 
 log = logging.getLogger("shinglefs.store")
@@ -362,7 +363,8 @@ class SliceLog:
     # ================================================================= appending
     def append(self, key: StreamKey, items: Sequence[tuple[int, int, Any, int]], *,
                gc: bool = False) -> list[tuple[int, int, int, int, int]]:
-        """Write data records for ``items`` = ``(slice id, offset, buffer, group)`` to a stream.
+        """Write data records for ``items`` = ``(slice id, offset, bytes, group)`` to a stream
+        (bytes: a buffer, a sequence of buffers or a ``Payload``).
 
         Consecutive pieces of one slice become one record (up to 64 MiB and the
         zone's room); records that fit in the stream's zone go out as one
@@ -371,19 +373,17 @@ class SliceLog:
         """
         records: list[list[Any]] = []  # [sid, off, [views], length, group]
         for sid, off, data, group in items:
-            view = memoryview(data).cast("B") if not isinstance(data, memoryview) else data
-            if view.ndim != 1 or view.itemsize != 1:
-                view = view.cast("B")
-            n = view.nbytes
+            payload = data if isinstance(data, Payload) else Payload(data)
+            n = payload.nbytes
             if n == 0:
                 continue
             last = records[-1] if records else None
             if (not gc and last is not None and last[0] == sid and last[1] + last[3] == off
                     and last[4] == group and last[3] + n <= MAX_RECORD_PAYLOAD):
-                last[2].append(view)
+                last[2].extend(payload.views)
                 last[3] += n
             else:
-                records.append([sid, off, [view], n, group])
+                records.append([sid, off, list(payload.views), n, group])
         if not records:
             return []
         total = sum(record_footprint(r[3]) for r in records)

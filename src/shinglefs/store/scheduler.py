@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 
 from shinglefs.store.api import MAX_SLICE_SIZE
 from shinglefs.store.errors import SliceOrderError, StoreClosed, StoreError
+from shinglefs.zoned.fileio import Payload
 
 if TYPE_CHECKING:
     from shinglefs.store.log import SliceLog
@@ -62,7 +63,7 @@ class PendingWrite:
 
     slice_id: int
     offset: int
-    data: memoryview
+    data: Payload
     group: int
     durable: bool
     ticket: int
@@ -105,7 +106,7 @@ class WriteScheduler:
         self._thread.start()
 
     # ================================================================= callers
-    def submit(self, slice_id: int, offset: int, data: memoryview, group: int, durable: bool,
+    def submit(self, slice_id: int, offset: int, data: Payload, group: int, durable: bool,
                indexed_length: Callable[[int], int]) -> Future[None]:
         """Queue a piece; raises SliceOrderError (nothing queued) when it is out of order."""
         n = data.nbytes
@@ -134,7 +135,7 @@ class WriteScheduler:
             self._cond.notify_all()
             return piece.future
 
-    def _new_piece(self, slice_id: int, offset: int, data: memoryview, group: int,
+    def _new_piece(self, slice_id: int, offset: int, data: Payload, group: int,
                    durable: bool, indexed_length: Callable[[int], int]) -> PendingWrite:
         """Check the piece's order and count it as pending (``_cond`` held)."""
         n = data.nbytes
@@ -154,7 +155,7 @@ class WriteScheduler:
             self._slice_pending[slice_id] = self._slice_pending.get(slice_id, 0) + 1
         return piece
 
-    def write_now(self, slice_id: int, offset: int, data: memoryview, group: int,
+    def write_now(self, slice_id: int, offset: int, data: Payload, group: int,
                   durable: bool, indexed_length: Callable[[int], int]) -> Future[None] | None:
         """Write one piece in the calling thread at once, or do nothing at all.
 
@@ -251,6 +252,11 @@ class WriteScheduler:
         """The slice's length counting queued pieces, or None when none is queued."""
         with self._cond:
             return self._expected.get(slice_id)
+
+    def has_room(self, nbytes: int) -> bool:
+        """Would ``submit`` of ``nbytes`` queue them without waiting (a hint)?"""
+        queued = self._queued_bytes
+        return not queued or queued + nbytes <= self.max_queue_bytes
 
     @property
     def queued_bytes(self) -> int:

@@ -9,12 +9,13 @@ from concurrent.futures import Future
 from typing import Any
 
 from shinglefs.errors import UsageError
-from shinglefs.store.api import MAX_SLICE_SIZE, SliceStoreAPI, StoreStats
+from shinglefs.store.api import MAX_SLICE_SIZE, PieceBytes, SliceStoreAPI, StoreStats
 from shinglefs.store.errors import SliceNotFound, StoreClosed
 from shinglefs.store.gc import ZoneCollector
 from shinglefs.store.log import SliceLog, StoreConfig
 from shinglefs.store.recovery import RecoveryReport
 from shinglefs.store.scheduler import WriteScheduler
+from shinglefs.zoned.fileio import Payload
 from shinglefs.zoned.model import Buffer, ZonedDrive
 
 log = logging.getLogger("shinglefs.store")
@@ -96,23 +97,23 @@ class SliceStore(SliceStoreAPI):
         self.close()
 
     # ================================================================= writing
-    def submit(self, slice_id: int, offset: int, data: Buffer, group: int, *,
+    def submit(self, slice_id: int, offset: int, data: PieceBytes,
+               group: int, *,
                durable: bool = False) -> Future[None]:
         view = self._checked_piece(slice_id, group, data)
         return self.scheduler.submit(slice_id, offset, view, group, durable, self._indexed_length)
 
-    def _checked_piece(self, slice_id: int, group: int, data: Buffer) -> memoryview:
+    def _checked_piece(self, slice_id: int, group: int,
+                       data: PieceBytes) -> Payload:
         self._check_open()
         if not 0 <= slice_id < _U64:
             raise UsageError(f"slice id {slice_id} is not a 64-bit unsigned integer")
         if not 0 <= group < _U64:
             raise UsageError(f"lifetime group {group} is not a 64-bit unsigned integer")
-        view = memoryview(data)
-        if view.ndim != 1 or view.itemsize != 1:
-            view = view.cast("B")
-        return view
+        return Payload(data)
 
-    def write_now(self, slice_id: int, offset: int, data: Buffer, group: int, *,
+    def write_now(self, slice_id: int, offset: int, data: PieceBytes,
+                  group: int, *,
                   durable: bool = False) -> Future[None] | None:
         view = self._checked_piece(slice_id, group, data)
         return self.scheduler.write_now(slice_id, offset, view, group, durable,

@@ -42,6 +42,24 @@ def as_views(data: Buffer | Sequence[Buffer]) -> list[memoryview]:
     return views
 
 
+class Payload:
+    """Bytes given as several buffers and held without copying (``views``, ``nbytes``).
+
+    The owner of the buffers must not modify them while a ``Payload`` of them
+    is in use (a queued piece keeps it until its future completes).
+    """
+
+    __slots__ = ("nbytes", "views")
+
+    def __init__(self, data: Buffer | Sequence[Buffer] | Payload) -> None:
+        self.views: list[memoryview] = (
+            data.views if isinstance(data, Payload) else as_views(data))
+        self.nbytes = sum(v.nbytes for v in self.views)
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+
 def pwritev_all(fd: int, views: list[memoryview], offset: int) -> int:
     """Write every view back to back at ``offset``; returns the byte count."""
     total = 0
