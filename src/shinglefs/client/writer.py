@@ -82,13 +82,9 @@ class WriteBudget:
             for writer in others:
                 writer.spill(own=False)
 
-    def try_acquire(self, n: int) -> bool:
-        """Take ``n`` bytes if that needs no wait; else take nothing and return False."""
-        with self._cond:
-            if self.used == 0 or self.used + n <= self.limit:
-                self.used += n
-                return True
-            return False
+    def has_room(self, n: int) -> bool:
+        """Would ``acquire(n)`` return at once (a hint: others may take it first)?"""
+        return self.used == 0 or self.used + n <= self.limit
 
     def release(self, n: int) -> None:
         with self._cond:
@@ -109,6 +105,48 @@ class FinishedSlice:
     group: int
     registered: bool = True  # False: meta learns its replica in the commit itself
     durable: bool = True  # False: readable but not yet flushed on its drive
+
+
+class PendingBytes:
+    """Bytes written to an open slice and not yet submitted, in file order.
+
+    Large writes of immutable ``bytes`` (what the FUSE layer hands over) are
+    *borrowed*: kept as views, never copied; a piece is then a list of
+    buffers the drive writes with one ``pwritev``. Smaller or mutable
+    buffers (the caller may reuse them after ``write`` returns) are copied
+    into a tail ``bytearray``.
+    """
+
+    BORROW_MIN = 64 * 1024  # below this a copy is cheaper than one more iovec
+
+    __slots__ = ("nbytes", "parts")
+
+    def __init__(self) -> None:
+        self.parts: list[memoryview | bytearray] = []
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def add(self, view: memoryview) -> None:
+        """Append ``view`` (a flat byte view); borrows it when its owner is immutable."""
+        n = view.nbytes
+        if n >= self.BORROW_MIN and isinstance(view.obj, bytes):
+            self.parts.append(view)
+        else:
+            tail = self.parts[-1] if self.parts else None
+            if isinstance(tail, bytearray):
+                tail += view
+            else:
+                self.parts.append(bytearray(view))
+        self.nbytes += n
+
+    def take(self) -> list[memoryview | bytearray]:
+        """Hand over every part (they are never modified again) and start empty."""
+        parts = self.parts
+        self.parts = []
+        self.nbytes = 0
+        return parts
 
 
 class OpenSlice:
@@ -133,7 +171,7 @@ class OpenSlice:
         self.start = start
         self.length = 0
         self.submitted = 0
-        self.pending = bytearray()
+        self.pending = PendingBytes()
         self.drive_id: int | None = None
         self.group: int | None = None
         self.registered = False
@@ -278,45 +316,50 @@ class FileWriter:
         return total
 
     def try_write(self, offset: int, data: Buffer) -> int | None:
-        """``write`` if it completes at once: an append to the pending bytes of
-        the open (or a new) slice that stays below one piece, within one chunk
-        and within both buffer bounds. Otherwise (a piece to submit, a slice
-        to end, budget to wait for, the lock busy, an error to report) returns
-        None having done nothing: call ``write``, which may block."""
-        view = memoryview(data).cast("B")
-        n = len(view)
+        """``write`` if nothing in it has to wait: the writer's lock is free, no
+        error is pending, the bytes fit both buffer bounds, and the pieces and
+        slices the write completes can be handed to the node without waiting
+        (the drive's queue has room, fewer than ``max_settling_slices`` slices
+        settle). Otherwise returns None having done nothing: call ``write``,
+        which may block. Never waits for a drive (barring a race with another
+        writer for the same queue room, which costs one short wait)."""
+        n = memoryview(data).nbytes
         if not n or not self.lock.acquire(blocking=False):
             return None
         try:
-            if self._error is not None:
+            if self._error is not None or self._would_wait(offset, n):
                 return None
-            chunk_index = offset // self._chunk_size
-            if offset + n > (chunk_index + 1) * self._chunk_size:
-                return None
-            s = self.open_slice
-            if s is not None and (s.end != offset or s.chunk_index != chunk_index):
-                return None
-            pending = len(s.pending) if s is not None else 0
-            if pending + n >= self._config.piece_size:
-                return None
-            if s is not None and s.inflight and (
-                s.inflight_bytes() + pending + n > self._config.file_buffer_bytes
-            ):
-                return None
-            if not self._budget.try_acquire(n):
-                return None
-            if s is None:
-                try:
-                    s = self.open_slice = OpenSlice(self._new_slice_id(), chunk_index, offset)
-                except BaseException:
-                    self._budget.release(n)
-                    raise
-            s.pending += view
-            s.length += n
-            self._written_end = max(self._written_end, offset + n)
-            return n
+            return self.write(offset, data)
         finally:
             self.lock.release()
+
+    def _would_wait(self, offset: int, n: int) -> bool:
+        """Could ``write(offset, n bytes)`` wait for budget, a piece or a slice?"""
+        config = self._config
+        if not self._budget.has_room(n):
+            return True
+        s = self.open_slice
+        sequential = s is not None and s.end == offset and s.chunk_index == (
+            offset // self._chunk_size)
+        pending = len(s.pending) if sequential and s is not None else 0
+        if sequential and s is not None and s.inflight and (
+            s.inflight_bytes() + pending + n > config.file_buffer_bytes
+        ):
+            return True  # the per-file bound: write() would reap its oldest piece
+        # Slices this write ends: the open one if it does not continue it, and
+        # one for every chunk end it reaches.
+        ends = (offset + n) // self._chunk_size - offset // self._chunk_size
+        ends += 1 if s is not None and not sequential else 0
+        if ends:
+            with self._settle_lock:
+                settling = sum(1 for _a, _b, f in self._settling if not f.done())
+            if settling + ends > config.max_settling_slices:
+                return True
+        if (pending + n >= config.piece_size or ends) and s is not None and (
+            s.drive_id is not None
+        ):
+            return not self._node.has_queue_room(s.drive_id, pending + n)
+        return False
 
     def _append(self, s: OpenSlice, data: memoryview) -> None:
         piece = self._config.piece_size
@@ -329,7 +372,7 @@ class FileWriter:
             ):
                 self._reap_oldest(s)
             self._budget.acquire(n, self)
-            s.pending += part
+            s.pending.add(part)
             s.length += n
             data = data[n:]
             if len(s.pending) >= piece:
@@ -343,13 +386,12 @@ class FileWriter:
         return self.group
 
     def _submit_pending(self, s: OpenSlice, *, durable: bool, ending: bool) -> None:
-        data = s.pending
-        n = len(data)
+        n = len(s.pending)
         if n == 0:
             return
         if s.group is None:
             s.group = self._decide_group(s, ending)
-        s.pending = bytearray()
+        data = s.pending.take()
         first = s.drive_id is None
         drive_id, future = self._node.submit(
             s.slice_id, s.submitted, data, s.group, drive_id=s.drive_id, durable=durable
@@ -518,14 +560,14 @@ class FileWriter:
                 return False
             if s.group is None:
                 s.group = self._decide_group(s, True)
-            data = s.pending
-            stored = self._node.write_now(s.slice_id, 0, data, s.group)
+            n = len(s.pending)
+            stored = self._node.write_now(s.slice_id, 0, s.pending.parts, s.group)
             if stored is None:
                 return False
             s.drive_id, future = stored
-            s.pending = bytearray()
-            s.submitted = len(data)
-            self._budget.release(len(data))
+            s.pending.take()
+            s.submitted = n
+            self._budget.release(n)
             self.pieces_submitted += 1
             try:
                 wait_piece(future, s.slice_id, s.drive_id)
@@ -566,7 +608,7 @@ class FileWriter:
         """Drop a failed slice's bytes from its drive (best effort)."""
         if s.pending:
             self._budget.release(len(s.pending))
-            s.pending = bytearray()
+            s.pending.take()
         if s.drive_id is not None:
             try:
                 self._node.delete(s.slice_id, s.drive_id)
@@ -615,3 +657,4 @@ class FileWriter:
             self.open_slice = None
             if s is not None and s.pending:
                 self._budget.release(len(s.pending))
+                s.pending.take()
