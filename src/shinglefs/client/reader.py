@@ -29,8 +29,8 @@ from shinglefs.meta.api import ReadPiece
 
 log = logging.getLogger(__name__)
 
-ReadSlice = Callable[[int, int, int], bytes]
-"""``read_slice(slice_id, offset, length) -> bytes`` (short at the slice's end)."""
+ReadSlice = Callable[[int, int, int], bytes | memoryview]
+"""``read_slice(slice_id, offset, length)`` -> read-only bytes (short at the slice's end)."""
 
 
 @dataclass(slots=True)
@@ -67,13 +67,13 @@ class ExtentCache:
         self.capacity = capacity
         self._pool = pool
         self._lock = threading.Lock()
-        self._entries: OrderedDict[tuple[int, int], Future[bytes]] = OrderedDict()
+        self._entries: OrderedDict[tuple[int, int], Future[bytes | memoryview]] = OrderedDict()
         self._bytes = 0
         self.drive_reads = 0
         self.drive_bytes = 0
         self.hits = 0
 
-    def _fetch(self, key: tuple[int, int], future: Future[bytes]) -> None:
+    def _fetch(self, key: tuple[int, int], future: Future[bytes | memoryview]) -> None:
         slice_id, index = key
         try:
             data = self._read_slice(slice_id, index * self.extent, self.extent)
@@ -101,7 +101,7 @@ class ExtentCache:
             if future.exception() is None:
                 self._bytes -= len(future.result())
 
-    def _get_or_start(self, key: tuple[int, int], background: bool) -> Future[bytes]:
+    def _get_or_start(self, key: tuple[int, int], background: bool) -> Future[bytes | memoryview]:
         with self._lock:
             future = self._entries.get(key)
             if future is not None:
@@ -117,8 +117,9 @@ class ExtentCache:
             self._fetch(key, future)
         return future
 
-    def read(self, slice_id: int, offset: int, length: int) -> bytes:
-        """``length`` bytes of a slice from ``offset`` through the cache (short at its end)."""
+    def read(self, slice_id: int, offset: int, length: int) -> bytes | memoryview:
+        """``length`` bytes of a slice from ``offset`` through the cache (short at its
+        end); a view of the cached extent when the range lies in one (no copy)."""
         end = offset + length
         index = offset // self.extent
         if (end - 1) // self.extent == index:  # the common case: one extent, one copy
@@ -139,6 +140,33 @@ class ExtentCache:
             if len(data) < self.extent:
                 break  # the slice ends inside this extent
         return bytes(out)
+
+    def peek(self, slice_id: int, offset: int, length: int) -> memoryview | None:
+        """The bytes of a slice range if its extents are cached and read, else None.
+
+        Never reads a drive or waits. A range inside one extent comes back as
+        a view of the cached bytes (no copy); one spanning extents is copied.
+        Short at the slice's end, like ``read``.
+        """
+        end = offset + length
+        first = offset // self.extent
+        last = (end - 1) // self.extent
+        parts: list[bytes | memoryview] = []
+        with self._lock:
+            for index in range(first, last + 1):
+                future = self._entries.get((slice_id, index))
+                if future is None or not future.done() or future.exception() is not None:
+                    return None
+                self._entries.move_to_end((slice_id, index))
+                data = future.result()
+                parts.append(data)
+                if len(data) < self.extent:
+                    break  # the slice ends inside this extent
+            self.hits += len(parts)
+        start = offset - first * self.extent
+        if len(parts) == 1:
+            return memoryview(parts[0])[start : start + length]
+        return memoryview(b"".join(parts))[start : start + length]
 
     def prefetch(self, slice_id: int, offset: int, length: int) -> None:
         """Start background reads of the extents covering a slice range."""
@@ -161,7 +189,7 @@ class ExtentCache:
 
 
 class SliceReader(Protocol):
-    def read(self, slice_id: int, offset: int, length: int) -> bytes: ...
+    def read(self, slice_id: int, offset: int, length: int) -> bytes | memoryview: ...
 
 
 class DirectReader:
@@ -170,11 +198,12 @@ class DirectReader:
     def __init__(self, read_slice: ReadSlice) -> None:
         self._read_slice = read_slice
 
-    def read(self, slice_id: int, offset: int, length: int) -> bytes:
+    def read(self, slice_id: int, offset: int, length: int) -> bytes | memoryview:
         return self._read_slice(slice_id, offset, length)
 
 
-def assemble(pieces: Iterable[ReadPiece], cache: SliceReader, offset: int, size: int) -> bytes:
+def assemble(pieces: Iterable[ReadPiece], cache: SliceReader, offset: int,
+             size: int) -> bytes | memoryview:
     """The bytes of ``[offset, offset + size)`` from resolved pieces (holes as zeros).
 
     ``pieces`` must cover the range contiguously from ``offset`` (as
@@ -192,7 +221,7 @@ def assemble(pieces: Iterable[ReadPiece], cache: SliceReader, offset: int, size:
     return bytes(out[:size])
 
 
-def _piece_bytes(piece: ReadPiece, cache: SliceReader) -> bytes:
+def _piece_bytes(piece: ReadPiece, cache: SliceReader) -> bytes | memoryview:
     if piece.slice_id is None:
         return bytes(piece.length)
     data = cache.read(piece.slice_id, piece.slice_offset, piece.length)

@@ -645,6 +645,12 @@ class VFS:
 
     def read(self, fh: int, offset: int, size: int) -> bytes:
         """Up to ``size`` bytes at ``offset`` (short only at EOF; holes read as zeros)."""
+        data = self.read_buffer(fh, offset, size)
+        return data if isinstance(data, bytes) else bytes(data)
+
+    def read_buffer(self, fh: int, offset: int, size: int) -> bytes | memoryview:
+        """``read``, as a read-only buffer: a view of the read cache when the range
+        lies in one cached extent (no copy; what the FUSE layer replies with)."""
         self._check_open()
         h = self._handle(fh)
         if not h.readable:
@@ -671,13 +677,59 @@ class VFS:
             self._readahead(h, offset + len(data))
         return data
 
-    def _map(self, ino: int, offset: int, length: int) -> list[ReadPiece]:
-        end = offset + length
+    def try_read(self, fh: int, offset: int, size: int) -> bytes | memoryview | None:
+        """``read`` if it needs neither the metadata nor a drive: the range's map
+        is in this client's window and every byte in the extent cache (what
+        sequential read-ahead prepares). Returns the bytes (a view of the cache
+        when the range lies in one extent: no copy), or None having done
+        nothing but note the access: call ``read``. Errors as ``read``."""
+        self._check_open()
+        h = self._handle(fh)
+        if not h.readable:
+            raise NotOpenForReading(fh)
+        if size <= 0:
+            return b""
+        state = self._inodes.get(h.ino)
+        if state is not None and state.writer.overlaps(offset, size):
+            return None
+        pieces = self._cached_map(h.ino, offset, offset + size)
+        if pieces is None:
+            return None
+        sid = pieces[0].slice_id if len(pieces) == 1 else None
+        if sid is not None:
+            p = pieces[0]
+            data: bytes | memoryview | None = self.cache.peek(sid, p.slice_offset, p.length)
+            if data is None or len(data) != p.length:
+                return None
+        else:
+            out = bytearray()
+            for p in pieces:
+                part = (bytes(p.length) if p.slice_id is None
+                        else self.cache.peek(p.slice_id, p.slice_offset, p.length))
+                if part is None or len(part) != p.length:
+                    return None
+                out += part
+            data = bytes(out)
+        if h.read_state.observe(offset, size):
+            self._readahead(h, offset + len(data))
+        return data
+
+    def _cached_map(self, ino: int, offset: int, end: int) -> list[ReadPiece] | None:
+        """The pieces of ``[offset, end)`` from the map window, if it covers them."""
         with self._lock:
             window = self._maps.get(ino)
             gen = self._gen.get(ino, 0)
         if window is not None and window.gen == gen and window.start <= offset and end <= window.end:
             return _cut(window.pieces, offset, end)
+        return None
+
+    def _map(self, ino: int, offset: int, length: int) -> list[ReadPiece]:
+        end = offset + length
+        pieces = self._cached_map(ino, offset, end)
+        if pieces is not None:
+            return pieces
+        with self._lock:
+            gen = self._gen.get(ino, 0)
         fetch = max(length, self.config.readahead_bytes)
         pieces = self.meta.read_map(ino, offset, fetch)
         covered = offset + sum(p.length for p in pieces)
@@ -701,8 +753,8 @@ class VFS:
         prefetch_pieces(pieces, self.cache)
         state.prefetched_until = target
 
-    def _read_slice(self, slice_id: int, offset: int, length: int) -> bytes:
-        return self.node.read(slice_id, offset, length)
+    def _read_slice(self, slice_id: int, offset: int, length: int) -> memoryview:
+        return self.node.read_view(slice_id, offset, length)
 
     def fallocate(self, fh: int, mode: int, offset: int, length: int) -> None:
         """Mode 0 only: grow the size to ``offset + length`` if below (holes read
