@@ -316,7 +316,8 @@ def serve(
     from shinglefs.fuse.operations import ShingleOperations
 
     def status_provider() -> bytes:
-        report = {"meta_url": meta_url, "mountpoint": mountpoint, "pid": os.getpid()}
+        report: dict[str, Any] = {"meta_url": meta_url, "mountpoint": mountpoint,
+                                  "pid": os.getpid()}
         if status is not None:
             report.update(status(vfs))
         report.update(mountpoint=mountpoint, pid=os.getpid(), fuse_ops=ops.op_stats.snapshot())
