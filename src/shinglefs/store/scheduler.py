@@ -161,8 +161,8 @@ class WriteScheduler:
 
         Only when no thread is writing, no flush barrier waits, nothing of
         ``group`` is queued (a group's runs stay in order), the store is not
-        closing and no index checkpoint is due (that is the writer thread's
-        job); otherwise returns None with nothing queued: ``submit`` instead.
+        closing, no index checkpoint is due (that is the writer thread's job)
+        and the collector is not holding the log (copying a zone); otherwise returns None with nothing queued: ``submit`` instead.
         The returned future is complete (its exception is the write's error).
         For a small file's close: one ``pwritev`` and no thread hand-off.
         """
@@ -171,16 +171,25 @@ class WriteScheduler:
             if (self._busy or self._stopping or self._barriers or self._groups.get(group)
                     or self.log.checkpoint_due):
                 return None
-            piece = self._new_piece(slice_id, offset, data, group, durable, indexed_length)
+            # The collector holds io_lock while it copies a zone: never wait for it.
+            if not self.log.io_lock.acquire(blocking=False):
+                return None
+            try:
+                piece = self._new_piece(slice_id, offset, data, group, durable, indexed_length)
+            except BaseException:
+                self.log.io_lock.release()
+                raise
             if n == 0:
+                self.log.io_lock.release()
                 piece.future.set_result(None)
                 return piece.future
             self._group_pending[group] = self._group_pending.get(group, 0) + 1
             piece.future.set_running_or_notify_cancel()
             self._busy = True
         try:
-            self._write([(group, [piece])])
+            self._write([(group, [piece])])  # io_lock is reentrant: held across the write
         finally:
+            self.log.io_lock.release()
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()
