@@ -195,13 +195,9 @@ def test_write_now_does_nothing_while_a_flush_waits(store):
     assert future is not None and future.exception() is None
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "WriteScheduler.write_now checks only the scheduler's busy token, then takes "
-    "log.io_lock blocking (in _write): a thread holding io_lock without that token "
-    "(the zone collector appending GC copies + flush_drive, SliceStore.delete's "
-    "tombstone, SliceStore.checkpoint) makes write_now wait for it, against "
-    "'without waiting for any other thread' (SliceStoreAPI.write_now)"))
 def test_write_now_does_not_wait_for_a_thread_that_holds_the_drive(store):
+    """The zone collector, a delete's tombstone, a checkpoint: each holds the
+    log's io_lock without the writer's busy token; write_now declines then."""
     held, done = threading.Event(), threading.Event()
 
     def collector_like() -> None:
