@@ -82,6 +82,12 @@ INODE_MEMO_ENTRIES = 1 << 20
 T = TypeVar("T")
 HEARTBEAT_INTERVAL = 10.0
 CLOSE_BATCH = 256  # queued closes that wake the maintenance thread early
+# The kernel asks for this xattr before every write(2) (to strip file
+# capabilities). Its absence, learned at create or from a miss, is trusted for
+# NO_CAPS_TTL seconds (as long as attributes): one metadata query a second
+# instead of one per write.
+CAPS_XATTR = b"security.capability"
+NO_CAPS_TTL = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +227,7 @@ class VFS:
         self._maps: dict[int, MapWindow] = {}
         self._gen: dict[int, int] = {}
         self._parents: InodeMemo[int] = InodeMemo(INODE_MEMO_ENTRIES)  # ino -> dir it was seen in
+        self._no_caps: InodeMemo[float] = InodeMemo(INODE_MEMO_ENTRIES)  # ino -> trusted until
         self._next_fh = 1
         self._budget = WriteBudget(self.config.total_buffer_bytes)
         self._pool = ThreadPoolExecutor(self.config.io_threads, thread_name_prefix="shinglefs-io")
@@ -496,10 +503,13 @@ class VFS:
     ) -> tuple[int, InodeAttr]:
         """Create (O_EXCL: exclusively) and open a regular file in one transaction."""
         self._check_open()
+        started = time.time_ns()
         attr = self.meta.create(
             parent, name, mode, ctx, exclusive=bool(flags & os.O_EXCL), session=self.session
         )
         self._note_parent(attr.ino, parent)
+        if attr.ctime_ns >= started:  # made now (not an existing file opened): no xattrs
+            self._note_no_caps(attr.ino, time.monotonic())
         try:
             if flags & os.O_TRUNC:
                 attr = self._truncate_on_open(attr, ctx)
@@ -878,11 +888,34 @@ class VFS:
         )
 
     def getxattr(self, ino: int, name: bytes, ctx: Ctx = ROOT_CTX) -> bytes:
+        """An xattr's value; ENODATA when absent. ``security.capability``'s absence
+        is remembered for ``NO_CAPS_TTL`` s (another client's set may show that late)."""
         self._check_open()
-        return self.meta.getxattr(ino, name, ctx)
+        if name != CAPS_XATTR:
+            return self.meta.getxattr(ino, name, ctx)
+        now = time.monotonic()
+        with self._lock:
+            until = self._no_caps.get(ino)
+        if until is not None and now < until:
+            raise FsError(errno.ENODATA, f"no xattr {name!r} on inode {ino}", ino=ino)
+        try:
+            return self.meta.getxattr(ino, name, ctx)
+        except FsError as exc:
+            if exc.errno == errno.ENODATA:
+                self._note_no_caps(ino, now)
+            raise
+
+    def _note_no_caps(self, ino: int, now: float) -> None:
+        with self._lock:
+            self._no_caps[ino] = now + NO_CAPS_TTL
+
+    def _forget_no_caps(self, ino: int) -> None:
+        with self._lock:
+            self._no_caps.pop(ino, None)
 
     def setxattr(self, ino: int, name: bytes, value: bytes, flags: int = 0, ctx: Ctx = ROOT_CTX) -> None:
         self._check_open()
+        self._forget_no_caps(ino)
         self.meta.setxattr(ino, name, value, flags, ctx)
 
     def listxattr(self, ino: int, ctx: Ctx = ROOT_CTX) -> list[bytes]:
@@ -891,6 +924,7 @@ class VFS:
 
     def removexattr(self, ino: int, name: bytes, ctx: Ctx = ROOT_CTX) -> None:
         self._check_open()
+        self._forget_no_caps(ino)
         self.meta.removexattr(ino, name, ctx)
 
     def access(self, ino: int, mode: int, ctx: Ctx = ROOT_CTX) -> None:
