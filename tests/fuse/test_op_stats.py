@@ -30,11 +30,11 @@ def test_op_stats_snapshot_counts_and_averages_in_microseconds() -> None:
     stats.record("write", 1_000)
     stats.record("write", 3_000)
     stats.record("flush", 500)
-    stats.record("write", 2_000)
+    stats.record("write", 2_000, threaded=True)
     snap = stats.snapshot()
     assert list(snap) == ["flush", "write"]  # sorted by name
-    assert snap["write"] == {"count": 3, "mean_us": 2.0, "max_us": 3.0}
-    assert snap["flush"] == {"count": 1, "mean_us": 0.5, "max_us": 0.5}
+    assert snap["write"] == {"count": 3, "mean_us": 2.0, "max_us": 3.0, "threaded": 1}
+    assert snap["flush"] == {"count": 1, "mean_us": 0.5, "max_us": 0.5, "threaded": 0}
     assert json.loads(json.dumps(snap)) == snap  # what the status xattr serves
 
 
@@ -43,10 +43,10 @@ def test_op_stats_snapshot_is_a_copy_and_rounds_to_a_tenth() -> None:
     stats.record("read", 1_234)
     stats.record("read", 5_678)
     first = stats.snapshot()
-    assert first["read"] == {"count": 2, "mean_us": 3.5, "max_us": 5.7}
+    assert first["read"] == {"count": 2, "mean_us": 3.5, "max_us": 5.7, "threaded": 0}
     stats.record("read", 0)
     assert first["read"]["count"] == 2  # a snapshot does not change later
-    assert stats.snapshot()["read"] == {"count": 3, "mean_us": 2.3, "max_us": 5.7}
+    assert stats.snapshot()["read"] == {"count": 3, "mean_us": 2.3, "max_us": 5.7, "threaded": 0}
 
 
 # ---------------------------------------------------------------- on a real mount
@@ -79,7 +79,7 @@ def test_the_status_xattr_counts_the_requests_of_the_mount(
         assert count(after, op) - count(before, op) >= files, (op, before.get(op), after.get(op))
     assert count(after, "getxattr") > count(before, "getxattr")  # the first status read
     for op, entry in after.items():
-        assert set(entry) == {"count", "mean_us", "max_us"}, op
+        assert set(entry) == {"count", "mean_us", "max_us", "threaded"}, op
         assert entry["count"] >= 1
         assert 0 <= entry["mean_us"] <= entry["max_us"], (op, entry)
     # Counts only grow.

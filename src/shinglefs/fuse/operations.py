@@ -73,23 +73,29 @@ class OpStats:
     one ``perf_counter`` pair a request.
     """
 
-    __slots__ = ("_max", "_n", "_ns")
+    __slots__ = ("_max", "_n", "_ns", "_threaded")
 
     def __init__(self) -> None:
         self._n: dict[str, int] = {}
         self._ns: dict[str, int] = {}
         self._max: dict[str, int] = {}
+        self._threaded: dict[str, int] = {}
 
-    def record(self, op: str, ns: int) -> None:
+    def record(self, op: str, ns: int, threaded: bool = False) -> None:
         self._n[op] = self._n.get(op, 0) + 1
         self._ns[op] = self._ns.get(op, 0) + ns
         if ns > self._max.get(op, 0):
             self._max[op] = ns
+        if threaded:
+            self._threaded[op] = self._threaded.get(op, 0) + 1
 
     def snapshot(self) -> dict[str, dict[str, float]]:
+        """Per operation: ``count``, ``mean_us``, ``max_us`` and ``threaded`` (how
+        many ran in a worker thread rather than inline on the FUSE loop)."""
         return {
             op: {"count": n, "mean_us": round(self._ns[op] / n / 1e3, 1),
-                 "max_us": round(self._max[op] / 1e3, 1)}
+                 "max_us": round(self._max[op] / 1e3, 1),
+                 "threaded": self._threaded.get(op, 0)}
             for op, n in sorted(self._n.items())
         }
 
@@ -165,7 +171,7 @@ class ShingleOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EIO) from None
         finally:
             if record:
-                self.op_stats.record(op, time.perf_counter_ns() - start)
+                self.op_stats.record(op, time.perf_counter_ns() - start, offload)
 
     async def _inline_or_thread(
         self,
@@ -179,13 +185,15 @@ class ShingleOperations(pyfuse3.Operations):
         returns None or False (it did nothing), ``fallback(*args)`` in a worker
         thread. Returns what did the work returned; recorded once."""
         start = time.perf_counter_ns()
+        threaded = False
         try:
             result = await self._call(op, False, attempt, *args, fh=fh, record=False)
             if result is None or result is False:
+                threaded = True
                 return await self._call(op, True, fallback, *args, fh=fh, record=False)
             return result
         finally:
-            self.op_stats.record(op, time.perf_counter_ns() - start)
+            self.op_stats.record(op, time.perf_counter_ns() - start, threaded)
 
     async def _meta(self, op: str, func: Callable[..., T], *args: Any, ino: int | None = None) -> T:
         return await self._call(op, self.offload_metadata, func, *args, ino=ino)
