@@ -22,9 +22,9 @@ class ClientConfig:
     total_buffer_bytes: int = 256 * MiB  # all files of this client
     small_file_bytes: int = 4 * MiB  # a file whose first slice ends below this is "small"
     read_extent: int = 4 * MiB  # unit of drive reads and of the shared read cache
-    readahead_bytes: int = 16 * MiB  # how far a sequential reader is read ahead (>= 8 MiB)
+    readahead_bytes: int = 64 * MiB  # how far a sequential reader is read ahead (>= 8 MiB)
     read_cache_bytes: int = 256 * MiB
-    io_threads: int = 4  # background readers (readahead) and compaction
+    io_threads: int = 8  # background readers (readahead) and compaction
     compact_threshold: int = 16  # slices in a chunk before it is compacted in the background
     compaction: bool = True
     compaction_scan_interval: float = 60.0  # seconds between scans of meta for fragmented chunks (0: off)
