@@ -342,9 +342,8 @@ class FileWriter:
         sequential = s is not None and s.end == offset and s.chunk_index == (
             offset // self._chunk_size)
         pending = len(s.pending) if sequential and s is not None else 0
-        if sequential and s is not None and s.inflight and (
-            s.inflight_bytes() + pending + n > config.file_buffer_bytes
-        ):
+        in_flight = s.inflight_bytes() if sequential and s is not None and s.inflight else 0
+        if in_flight + pending + n > config.file_buffer_bytes:
             return True  # the per-file bound: write() would reap its oldest piece
         # Slices this write ends: the open one if it does not continue it, and
         # one for every chunk end it reaches.
