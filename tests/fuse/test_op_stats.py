@@ -142,3 +142,7 @@ def test_each_request_is_counted_once_even_when_it_falls_back_to_a_thread(
     counts = {op: count(snap, op) for op in ("create", "open", "write", "read", "flush",
                                              "release")}
     assert counts == {"create": 2, "open": 1, "write": 2, "read": 1, "flush": 1, "release": 3}
+    # The write that waited for budget, the durable flush and the uncached read
+    # each ran in a worker thread; the write into the buffer did not.
+    assert {op: snap[op]["threaded"] for op in ("write", "read", "flush")} == {
+        "write": 1, "read": 1, "flush": 1}
