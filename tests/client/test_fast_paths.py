@@ -276,14 +276,11 @@ def test_try_write_declines_an_append_past_the_per_file_bound_while_pieces_are_i
     assert read_all(vfs, ino) == data
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "FileWriter._would_wait checks the per-file bound (file_buffer_bytes) only for "
-    "a write that continues the open slice; a write that starts a slice (no open "
-    "slice, or a non-sequential one) and is larger than the bound goes to write(), "
-    "whose _append reaps (waits for) its own first pieces: try_write waits for the drive"))
 def test_try_write_never_waits_for_the_drive_even_for_a_write_past_the_per_file_bound(
     fs_factory: FsFactory,
 ) -> None:
+    """A write that starts a slice and is larger than ``file_buffer_bytes``: write()
+    would wait for its own first pieces; try_write must decline (or not wait)."""
     piece = 64 * KiB
     vfs = fs_factory.vfs(dataclasses.replace(QUIET, piece_size=piece,
                                              file_buffer_bytes=2 * piece))
