@@ -18,11 +18,12 @@ from fsfixtures import FsFactory, MiB, create, pattern, read_all
 
 from shinglefs.client.config import ClientConfig
 from shinglefs.client.errors import NotOpenForWriting
-from shinglefs.client.filesystem import open_filesystem
+from shinglefs.client.filesystem import open_filesystem, recorded_drives
 from shinglefs.client.vfs import VFS
-from shinglefs.meta.api import ROOT_CTX, ROOT_INO
-from shinglefs.store import StoreIOError
-from shinglefs.zoned import ZoneCondition
+from shinglefs.meta.api import ROOT_CTX, ROOT_INO, open_meta
+from shinglefs.server.node import StorageNode
+from shinglefs.store import SliceStore, StoreIOError
+from shinglefs.zoned import ZoneCondition, open_drive
 
 KiB = 1024
 # No background drive flush during a test: it would make the drive's writer
@@ -85,6 +86,18 @@ class DriveWriterBusy:
         self.lock.release()
         self.future.result(timeout=30)
         self.node.delete(self.ORPHAN, 0)
+
+
+def vfs_with_stores(fs_factory: FsFactory, config: ClientConfig, **store_config: object) -> VFS:
+    """A VFS on the factory's file system whose slice stores take ``store_config``
+    (``open_filesystem`` opens them with the defaults)."""
+    fs_factory.format()
+    meta = open_meta(fs_factory.meta_url)
+    stores = {i: SliceStore.open(open_drive(spec), **store_config)
+              for i, spec in enumerate(recorded_drives(meta))}
+    vfs = VFS(meta, StorageNode(stores), config)  # type: ignore[arg-type]
+    fs_factory.opened.append(vfs)
+    return vfs
 
 
 class InThread:
@@ -303,6 +316,80 @@ def test_try_write_never_waits_for_the_drive_even_for_a_write_past_the_per_file_
         assert call.result == [len(data)]
     vfs.release(fh)
     assert read_all(vfs, ino) == data
+
+
+def fill_the_drive_queue(vfs: VFS, fh: int, piece: int, pieces: int) -> None:
+    """With the drive's writer held, queue ``pieces`` pieces of the file (no wait:
+    the queue takes exactly that much)."""
+    for i in range(pieces):
+        assert vfs.write(fh, i * piece, pattern(300 + i, piece)) == piece
+    assert vfs.node.store(0).scheduler.queued_bytes == pieces * piece  # type: ignore[attr-defined]
+
+
+def test_try_write_declines_a_piece_when_its_drive_queue_is_full(fs_factory: FsFactory) -> None:
+    piece = 64 * KiB
+    vfs = vfs_with_stores(fs_factory, dataclasses.replace(QUIET, piece_size=piece),
+                          max_queue_bytes=4 * piece, gc_background=False)
+    fh, ino = create(vfs, b"a")
+    call: InThread | None = None
+    busy = DriveWriterBusy(vfs)
+    try:
+        fill_the_drive_queue(vfs, fh, piece, 4)
+        # The next piece of this slice needs room in the full queue: write would wait.
+        call = InThread(lambda: vfs.try_write(fh, 4 * piece, pattern(304, piece)))
+        returned = call.returned_within()
+    finally:
+        busy.release()
+        if call is not None:
+            call.join()
+    assert returned, "try_write waited for room in the drive's queue"
+    assert call is not None and call.result == [None]
+    assert vfs.getattr(ino).size == 4 * piece
+    vfs.write(fh, 4 * piece, pattern(304, piece))
+    vfs.release(fh)
+    assert read_all(vfs, ino) == b"".join(pattern(300 + i, piece) for i in range(5))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "FileWriter._would_wait checks queue room (has_queue_room) only when the open "
+    "slice already has a drive; the first piece of a slice that has none (a new "
+    "slice reaching a piece, or a never-submitted slice ended by a seek) goes to "
+    "StorageNode.submit -> WriteScheduler.submit, which waits for room in a full "
+    "queue: try_write waits for the drive (on the FUSE loop)"))
+@pytest.mark.parametrize("case", ["first piece of a new slice", "a seek ends a small slice"])
+def test_try_write_does_not_wait_for_queue_room_for_a_slice_without_a_drive(
+    fs_factory: FsFactory, case: str
+) -> None:
+    piece = 64 * KiB
+    vfs = vfs_with_stores(fs_factory, dataclasses.replace(QUIET, piece_size=piece),
+                          max_queue_bytes=4 * piece, gc_background=False)
+    fh_a, _ = create(vfs, b"a")
+    fh_b, b = create(vfs, b"b")
+    model = bytearray()
+    if case == "a seek ends a small slice":
+        model += pattern(401, 1000)
+        assert vfs.try_write(fh_b, 0, bytes(model)) == 1000  # pending, no drive yet
+        offset, data = 0, b"header"
+    else:
+        offset, data = 0, pattern(400, piece)
+    call: InThread | None = None
+    busy = DriveWriterBusy(vfs)
+    try:
+        fill_the_drive_queue(vfs, fh_a, piece, 4)
+        call = InThread(lambda: vfs.try_write(fh_b, offset, data))
+        returned = call.returned_within()
+    finally:
+        busy.release()
+        if call is not None:
+            call.join()
+    assert returned, "try_write waited for room in the drive's queue"
+    assert call is not None and not call.error
+    if call.result == [None]:
+        vfs.write(fh_b, offset, data)
+    model[offset : offset + len(data)] = data
+    vfs.release(fh_a)
+    vfs.release(fh_b)
+    assert read_all(vfs, b) == bytes(model)
 
 
 def test_try_write_and_try_flush_do_nothing_while_another_thread_holds_the_file(
