@@ -350,12 +350,6 @@ def test_try_write_declines_a_piece_when_its_drive_queue_is_full(fs_factory: FsF
     assert read_all(vfs, ino) == b"".join(pattern(300 + i, piece) for i in range(5))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "FileWriter._would_wait checks queue room (has_queue_room) only when the open "
-    "slice already has a drive; the first piece of a slice that has none (a new "
-    "slice reaching a piece, or a never-submitted slice ended by a seek) goes to "
-    "StorageNode.submit -> WriteScheduler.submit, which waits for room in a full "
-    "queue: try_write waits for the drive (on the FUSE loop)"))
 @pytest.mark.parametrize("case", ["first piece of a new slice", "a seek ends a small slice"])
 def test_try_write_does_not_wait_for_queue_room_for_a_slice_without_a_drive(
     fs_factory: FsFactory, case: str

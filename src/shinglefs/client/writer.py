@@ -354,10 +354,13 @@ class FileWriter:
                 settling = sum(1 for _a, _b, f in self._settling if not f.done())
             if settling + ends > config.max_settling_slices:
                 return True
-        if (pending + n >= config.piece_size or ends) and s is not None and (
-            s.drive_id is not None
-        ):
-            return not self._node.has_queue_room(s.drive_id, pending + n)
+        # Room in the drive's queue for what is submitted: the pieces this write
+        # fills and the last pieces of the slices it ends (the open slice's
+        # pending bytes included). A slice not placed yet may go to any drive.
+        if pending + n >= config.piece_size or ends:
+            queued = n + (len(s.pending) if s is not None else 0)
+            drive = s.drive_id if s is not None else None
+            return not self._node.has_queue_room(drive, queued)
         return False
 
     def _append(self, s: OpenSlice, data: memoryview) -> None:

@@ -370,11 +370,16 @@ class StorageNode:
         wait_piece(future, slice_id, drive_id)
         return drive_id
 
-    def has_queue_room(self, drive_id: int, nbytes: int) -> bool:
-        """Would ``submit`` of ``nbytes`` to this drive queue them without waiting
-        for room (a hint: other submitters may take the room first)?"""
-        scheduler = getattr(self._store(drive_id), "scheduler", None)
-        return scheduler is None or scheduler.has_room(nbytes)
+    def has_queue_room(self, drive_id: int | None, nbytes: int) -> bool:
+        """Would ``submit`` of ``nbytes`` to this drive (None: whichever drive a
+        new slice is placed on) queue them without waiting for room? A hint:
+        other submitters may take the room first."""
+        drives = [drive_id] if drive_id is not None else self.drive_ids
+        for drive in drives:
+            scheduler = getattr(self._store(drive), "scheduler", None)
+            if scheduler is not None and not scheduler.has_room(nbytes):
+                return False
+        return True
 
     def expedite(self, slice_id: int, drive_id: int) -> None:
         """A caller is about to wait for the queued pieces of ``slice_id``: write

@@ -187,7 +187,9 @@ class WriteScheduler:
             piece.future.set_running_or_notify_cancel()
             self._busy = True
         try:
-            self._write([(group, [piece])])  # io_lock is reentrant: held across the write
+            # io_lock is reentrant: held across the write. No checkpoint here: once
+            # one is due, write_now declines and the writer thread writes it.
+            self._write([(group, [piece])], checkpoint=False)
         finally:
             self.log.io_lock.release()
             with self._cond:
@@ -388,7 +390,8 @@ class WriteScheduler:
         for _, fut in barriers:
             _resolve(fut, None)
 
-    def _write(self, runs: list[tuple[int, list[PendingWrite]]]) -> None:
+    def _write(self, runs: list[tuple[int, list[PendingWrite]]], *,
+               checkpoint: bool = True) -> None:
         outcome: list[tuple[list[PendingWrite], BaseException | None]] = []
         durable = False
         with self.log.io_lock:
@@ -422,7 +425,8 @@ class WriteScheduler:
                                 else (exc if any(p.durable for p in pieces) else None))
                                for pieces, err in outcome]
             try:
-                self.log.maybe_checkpoint()
+                if checkpoint:
+                    self.log.maybe_checkpoint()
             except Exception as exc:  # the writer must survive; the next interval retries
                 log.warning("checkpoint of %s failed: %s", self.log.name, exc)
         if len(self.runs_written) > 4096:
