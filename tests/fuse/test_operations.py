@@ -81,13 +81,31 @@ def test_unexpected_exceptions_become_eio_and_are_logged_with_context(
 
 
 def test_entries_carry_attributes_and_the_chosen_timeouts(ops: ShingleOperations) -> None:
+    assert not ops.enable_writeback_cache  # the default (docs/mount.md)
     fi, entry = call(ops.create, pyfuse3.ROOT_INODE, b"f", stat.S_IFREG | 0o640,
                      os.O_WRONLY | os.O_APPEND, Request(uid=0, gid=0))
     assert stat.S_ISREG(entry.st_mode) and stat.S_IMODE(entry.st_mode) == 0o640
     assert (entry.attr_timeout, entry.entry_timeout) == (ATTR_TIMEOUT, ENTRY_TIMEOUT)
     assert entry.st_size == 0 and entry.st_nlink == 1
-    # The write-only, append-mode create was opened read-write without O_APPEND
-    # (writeback cache): the handle can read what it wrote at any offset.
+    # Without the writeback cache the flags are the application's: O_APPEND
+    # appends whatever offset comes, and a write-only handle cannot read.
+    assert call(ops.write, fi.fh, 0, b"hello") == 5
+    assert call(ops.write, fi.fh, 0, b"J") == 1
+    assert fuse_errno(ops.read, fi.fh, 0, 100) == errno.EBADF
+    call(ops.flush, fi.fh)
+    call(ops.release, fi.fh)
+    looked_up = call(ops.lookup, pyfuse3.ROOT_INODE, b"f", Request())
+    assert looked_up.st_ino == entry.st_ino and looked_up.st_size == 6
+
+
+def test_with_the_writeback_cache_opens_are_read_write_without_append(
+    ops: ShingleOperations,
+) -> None:
+    ops.enable_writeback_cache = True
+    fi, entry = call(ops.create, pyfuse3.ROOT_INODE, b"f", stat.S_IFREG | 0o640,
+                     os.O_WRONLY | os.O_APPEND, Request(uid=0, gid=0))
+    # The kernel may read any handle's pages to fill a partly written page,
+    # and it computes append offsets itself (it owns the size).
     assert call(ops.write, fi.fh, 0, b"hello") == 5
     assert call(ops.write, fi.fh, 0, b"J") == 1
     assert call(ops.read, fi.fh, 0, 100) == b"Jello"

@@ -262,8 +262,18 @@ def unmount(mountpoint: str | os.PathLike[str], *, force: bool = False,
 # -- serving ----------------------------------------------------------------------------
 
 
+# Our own -o option (not passed to libfuse): turn the kernel's writeback cache on.
+WRITEBACK_OPTION = "writeback_cache"
+
+
+def split_options(options: Iterable[str]) -> list[str]:
+    """``-o`` values (each comma separated) as single options."""
+    return [part.strip() for opt in options for part in opt.split(",") if part.strip()]
+
+
 def fuse_options(allow_other: bool, options: Iterable[str], name: str) -> set[str]:
-    """The libfuse options of a mount (see docs/mount.md for why each)."""
+    """The libfuse options of a mount (see docs/mount.md for why each); our own
+    options (``writeback_cache``) are not among them."""
     import pyfuse3
 
     opts = set(pyfuse3.default_options)  # default_permissions: the kernel checks modes
@@ -271,11 +281,7 @@ def fuse_options(allow_other: bool, options: Iterable[str], name: str) -> set[st
     opts.add("subtype=shinglefs")
     if allow_other:
         opts.add("allow_other")
-    for opt in options:
-        for part in opt.split(","):
-            part = part.strip()
-            if part:
-                opts.add(part)
+    opts.update(o for o in split_options(options) if o != WRITEBACK_OPTION)
     return opts
 
 
@@ -326,7 +332,8 @@ def serve(
     if offload_metadata is None:
         offload_metadata = bool(meta_url and meta_url.startswith(("postgres", "postgresql")))
     ops = ShingleOperations(vfs, offload_metadata=offload_metadata,
-                            status_provider=status_provider)
+                            status_provider=status_provider,
+                            writeback_cache=WRITEBACK_OPTION in split_options(options))
     try:
         pyfuse3.init(ops, mountpoint, fuse_options(allow_other, options, name))
     except Exception as exc:
