@@ -60,9 +60,11 @@ class ExtentCache:
     """
 
     def __init__(
-        self, read_slice: ReadSlice, *, extent: int, capacity: int, pool: ThreadPoolExecutor
+        self, read_slice: ReadSlice, *, extent: int, capacity: int, pool: ThreadPoolExecutor,
+        hint: Callable[[int, int, int], None] | None = None,
     ) -> None:
         self._read_slice = read_slice
+        self._hint = hint
         self.extent = extent
         self.capacity = capacity
         self._pool = pool
@@ -169,9 +171,17 @@ class ExtentCache:
         return memoryview(b"".join(parts))[start : start + length]
 
     def prefetch(self, slice_id: int, offset: int, length: int) -> None:
-        """Start background reads of the extents covering a slice range."""
+        """Start background reads of the extents covering a slice range; first
+        ``hint(slice_id, offset, length)`` the drive of the extents not yet
+        cached, so it reads them as one stream while the readers queue up."""
         first = offset // self.extent
         last = (offset + length - 1) // self.extent
+        if self._hint is not None:
+            with self._lock:
+                missing = [i for i in range(first, last + 1) if (slice_id, i) not in self._entries]
+            if missing:
+                start = missing[0] * self.extent
+                self._hint(slice_id, start, (missing[-1] + 1) * self.extent - start)
         for index in range(first, last + 1):
             self._get_or_start((slice_id, index), background=True)
 

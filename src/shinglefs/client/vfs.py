@@ -240,6 +240,7 @@ class VFS:
             extent=self.config.read_extent,
             capacity=self.config.read_cache_bytes,
             pool=self._pool,
+            hint=self.node.prefetch,
         )
         self._closed = False
         self._stop = threading.Event()

@@ -401,6 +401,14 @@ class StorageNode:
         except SliceNotFound:
             raise SliceMissing(slice_id, drive_id) from None
 
+    def prefetch(self, slice_id: int, offset: int, length: int) -> None:
+        """Hint the drive holding a slice that a range of it is read soon (never raises
+        for a slice that is gone: a hint is best effort)."""
+        try:
+            self._store(self.locate(slice_id)).prefetch(slice_id, offset, length)
+        except (SliceMissing, SliceNotFound):
+            pass
+
     def read_view(self, slice_id: int, offset: int, length: int,
                   drive_id: int | None = None) -> memoryview:
         """``read`` into a fresh buffer, returned as a read-only view (no copy to bytes)."""

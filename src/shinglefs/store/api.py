@@ -99,6 +99,11 @@ class SliceStoreAPI(ABC):
         view[: len(data)] = data
         return len(data)
 
+    def prefetch(self, slice_id: int, offset: int, length: int) -> None:
+        """Hint that ``[offset, offset + length)`` of a slice is read soon; returns
+        at once and never fails for an unknown slice. This default ignores it."""
+        return None
+
     @abstractmethod
     def length(self, slice_id: int) -> int:
         """Bytes written so far to ``slice_id``; raises SliceNotFound."""

@@ -595,6 +595,23 @@ class SliceLog:
                 self._cv.notify_all()
         return n
 
+    def prefetch(self, sid: int, offset: int, length: int) -> None:
+        """Hint the drive that ``[offset, offset + length)`` of a slice is read
+        soon (the records' spans; ``drive.prefetch``, e.g. ``WILLNEED``).
+        Returns at once; an unknown slice or a drive without hints is ignored."""
+        if self._prefetch is None or length <= 0:
+            return
+        with self._cv:
+            extents = self.index.extents(sid) or []
+        end = offset + length
+        for e_off, e_len, dev in extents:
+            a = max(offset, e_off) - e_off
+            b = min(end, e_off + e_len) - e_off
+            if a < b:
+                lo = a // BLOCK * BLOCK  # whole blocks; the header block with the first
+                self._prefetch(dev + (0 if lo == 0 else HEADER_BLOCK + lo),
+                               align_up(b) - lo + (HEADER_BLOCK if lo == 0 else 0))
+
     def _cached_header(self, dev: int) -> RecordHeader | None:
         with self._cv:
             header = self._headers.get(dev)

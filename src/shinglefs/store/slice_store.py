@@ -181,6 +181,10 @@ class SliceStore(SliceStoreAPI):
             raise UsageError(f"bad offset {offset}")
         return self._log.readinto(slice_id, offset, view)
 
+    def prefetch(self, slice_id: int, offset: int, length: int) -> None:
+        self._check_open()
+        self._log.prefetch(slice_id, offset, length)
+
     def length(self, slice_id: int) -> int:
         self._check_open()
         pending = self.scheduler.pending_length(slice_id)
