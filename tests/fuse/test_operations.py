@@ -128,3 +128,23 @@ def test_the_status_xattr_is_read_only(ops: ShingleOperations) -> None:
     assert call(ops.getxattr, pyfuse3.ROOT_INODE, name, Request()) == b'{"ok": 1}'
     assert fuse_errno(ops.setxattr, pyfuse3.ROOT_INODE, name, b"x", Request()) == errno.EPERM
     assert name not in call(ops.listxattr, pyfuse3.ROOT_INODE, Request())
+
+
+def test_fast_paths_run_inline_only_with_local_metadata(ops: ShingleOperations) -> None:
+    def small_file(name: bytes) -> dict[str, Any]:
+        fi, _entry = call(ops.create, pyfuse3.ROOT_INODE, name, stat.S_IFREG | 0o644,
+                          os.O_RDWR, Request(uid=0, gid=0))
+        assert call(ops.write, fi.fh, 0, b"x" * 4096) == 4096
+        call(ops.flush, fi.fh)
+        assert bytes(call(ops.read, fi.fh, 0, 4096)) == b"x" * 4096
+        call(ops.release, fi.fh)
+        return ops.op_stats.snapshot()
+
+    local = small_file(b"local")
+    assert local["write"]["threaded"] == 0 and local["flush"]["threaded"] == 0
+    # Networked metadata (PostgreSQL): a commit is a round trip, so the flush
+    # leaves the loop; a buffered write still does not.
+    ops.offload_metadata = True
+    remote = small_file(b"remote")
+    assert remote["write"]["threaded"] == 0
+    assert remote["flush"]["threaded"] == 1

@@ -212,14 +212,17 @@ class ShingleOperations(pyfuse3.Operations):
         fallback: Callable[..., T],
         *args: Any,
         fh: int | None = None,
+        inline: bool = True,
     ) -> Any:
         """One request: ``attempt(*args)`` inline (it must never wait); when it
-        returns None or False (it did nothing), ``fallback(*args)`` in a worker
-        thread. Returns what did the work returned; recorded once."""
+        returns None or False (it did nothing), or ``inline`` is False,
+        ``fallback(*args)`` in a worker thread. Returns what did the work
+        returned; recorded once."""
         start = time.perf_counter_ns()
         threaded = False
         try:
-            result = await self._call(op, False, attempt, *args, fh=fh, record=False)
+            result = (await self._call(op, False, attempt, *args, fh=fh, record=False)
+                      if inline else None)
             if result is None or result is False:
                 threaded = True
                 return await self._call(op, True, fallback, *args, fh=fh, record=False)
@@ -410,19 +413,21 @@ class ShingleOperations(pyfuse3.Operations):
         self, fh: int, off: int, size: int
     ) -> bytes | memoryview:
         # Bytes already read ahead into the cache are served inline (a view of
-        # the cache, no copy, no thread hop); the rest waits in a thread.
+        # the cache, no copy, no thread hop); the rest waits in a thread. Not
+        # with networked metadata: try_read's read-ahead asks meta for maps.
         data: bytes | memoryview = await self._inline_or_thread(
-            "read", self.vfs.try_read, self.vfs.read_buffer, fh, off, size, fh=fh)
+            "read", self.vfs.try_read, self.vfs.read_buffer, fh, off, size, fh=fh,
+            inline=not self.offload_metadata)
         return data
 
     async def write(self, fh: int, off: int, buf: bytes) -> int:
-        # The kernel's writeback sends one file's dirty pages in ascending order
-        # as several concurrent requests; run in worker threads as they come,
-        # they would race and reach the VFS out of order, cutting its
-        # sequential slices into fragments. One FIFO lock per inode keeps the
-        # kernel's order (the VFS serialises a file's writes anyway).
-        # A write that only lands in the file's buffer (below one 4 MiB piece)
-        # needs no thread: done inline, it saves the hop (~0.1-0.3 ms).
+        # Concurrent requests for one file (the writeback cache sends dirty
+        # pages in ascending order as several at once) must reach the VFS in
+        # the kernel's order even when some fall back to threads, or they cut
+        # its sequential slices into fragments: one FIFO lock per inode.
+        # A write that only lands in the file's buffer, or hands pieces to the
+        # drive's queue without waiting, runs inline: it saves the hop. (It may
+        # touch meta once per 64 MiB slice: registering it.)
         async with self._write_lock(fh):
             self._dirty.add(self._inode_of.get(fh, -1))
             written: int = await self._inline_or_thread(
@@ -434,14 +439,13 @@ class ShingleOperations(pyfuse3.Operations):
         async with self._write_lock(fh):
             # Clean (read-only handles, files with nothing written since the
             # last flush), or a small file whose bytes the idle drive writer
-            # takes in this thread: inline, no hop. This also keeps it from
-            # racing the next request's transaction (measured: a create that
-            # overlaps a release in a thread takes 1.2 ms instead of 0.13).
+            # takes in this thread: inline, no hop. Not with networked
+            # metadata: the commit is a round trip other requests would wait for.
             if ino not in self._dirty:
                 await self._call("flush", False, self.vfs.flush, fh, fh=fh)
             else:
                 await self._inline_or_thread("flush", self.vfs.try_flush, self.vfs.flush, fh,
-                                             fh=fh)
+                                             fh=fh, inline=not self.offload_metadata)
             self._dirty.discard(ino)
 
     async def release(self, fh: int) -> None:
