@@ -662,10 +662,7 @@ class VFS:
     def read_buffer(self, fh: int, offset: int, size: int) -> bytes | memoryview:
         """``read``, as a read-only buffer: a view of the read cache when the range
         lies in one cached extent (no copy; what the FUSE layer replies with)."""
-        self._check_open()
-        h = self._handle(fh)
-        if not h.readable:
-            raise NotOpenForReading(fh)
+        h = self._reading(fh)
         if size <= 0:
             return b""
         state = self._inodes.get(h.ino)
@@ -694,10 +691,7 @@ class VFS:
         sequential read-ahead prepares). Returns the bytes (a view of the cache
         when the range lies in one extent: no copy), or None having done
         nothing but note the access: call ``read``. Errors as ``read``."""
-        self._check_open()
-        h = self._handle(fh)
-        if not h.readable:
-            raise NotOpenForReading(fh)
+        h = self._reading(fh)
         if size <= 0:
             return b""
         state = self._inodes.get(h.ino)
@@ -724,6 +718,14 @@ class VFS:
         if h.read_state.observe(offset, size):
             self._readahead(h, offset + len(data))
         return data
+
+    def _reading(self, fh: int) -> FileHandle:
+        """The handle ``fh``, open for reading (else NotOpenForReading)."""
+        self._check_open()
+        h = self._handle(fh)
+        if not h.readable:
+            raise NotOpenForReading(fh)
+        return h
 
     def _cached_map(self, ino: int, offset: int, end: int) -> list[ReadPiece] | None:
         """The pieces of ``[offset, end)`` from the map window, if it covers them."""

@@ -29,7 +29,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -295,18 +295,32 @@ class StorageNode:
         later pieces go to the same drive. Store errors surface through the
         future (``StoreFull`` becomes ``NodeFull`` in :meth:`write`).
         """
-        data = Payload(data)
-        size = data.nbytes
+        payload = Payload(data)
+        drive_id, future = self._hand_over(
+            slice_id, payload, group, drive_id,
+            lambda store: store.submit(slice_id, offset, payload, group, durable=durable))
+        assert future is not None
+        return drive_id, future
+
+    def _hand_over(
+        self, slice_id: int, payload: Payload, group: int, drive_id: int | None,
+        give: Callable[[SliceStoreAPI], Future[None] | None],
+    ) -> tuple[int, Future[None] | None]:
+        """Place the slice (unless ``drive_id``), count its bytes as pending on the
+        drive while ``give(store)`` has them, uncount them if it fails or declines."""
+        size = payload.nbytes
         if drive_id is None:
             drive_id = self.place(slice_id, group, size)
-        store = self._store(drive_id)
         self._count_pending(drive_id, size)
         try:
-            future = store.submit(slice_id, offset, data, group, durable=durable)
+            future = give(self._store(drive_id))
         except BaseException:
             self._count_pending(drive_id, -size)
             raise
-        self._settle_pending_when_done(future, drive_id, size)
+        if future is None:
+            self._count_pending(drive_id, -size)
+        else:
+            self._settle_pending_when_done(future, drive_id, size)
         return drive_id, future
 
     def write_now(
@@ -322,21 +336,11 @@ class StorageNode:
         (``SliceStoreAPI.write_now``): returns ``(drive_id, completed future)``,
         or None with nothing written or queued (``submit`` instead). Places the
         slice like ``submit``."""
-        data = Payload(data)
-        size = data.nbytes
-        if drive_id is None:
-            drive_id = self.place(slice_id, group, size)
-        self._count_pending(drive_id, size)
-        try:
-            future = self._store(drive_id).write_now(slice_id, offset, data, group)
-        except BaseException:
-            self._count_pending(drive_id, -size)
-            raise
-        if future is None:
-            self._count_pending(drive_id, -size)
-            return None
-        self._settle_pending_when_done(future, drive_id, size)
-        return drive_id, future
+        payload = Payload(data)
+        drive_id, future = self._hand_over(
+            slice_id, payload, group, drive_id,
+            lambda store: store.write_now(slice_id, offset, payload, group))
+        return None if future is None else (drive_id, future)
 
     def _count_pending(self, drive_id: int, size: int) -> None:
         with self._lock:
