@@ -11,8 +11,8 @@ benchmark functions as the real mount, so its figures are the ceiling that
 any pyfuse3 file system, ShingleFS included, can reach in that run.
 
 It is mounted exactly like the real mount: the options of
-``fuse.mount.fuse_options``, the raised bdi read-ahead of
-``fuse.mount._tune_bdi``, and the writeback cache, timeouts and attribute
+``fuse.mount.fuse_options``, the loop of ``fuse.mount.run_fuse_loop`` (signals,
+the raised bdi read-ahead), and the writeback cache, timeouts and attribute
 replies (``ShingleOperations.entry``) of ``fuse.operations``.
 
 Run ``python -m shinglefs.bench.fuse_floor MOUNTPOINT``: it mounts in the
@@ -29,7 +29,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -38,15 +37,13 @@ from pathlib import Path
 from typing import Any
 
 import pyfuse3
-import trio
 
 from shinglefs.fuse.harness import MountedFileSystem
 from shinglefs.fuse.mount import (
-    _kernel_unmount,
-    _tune_bdi,
     check_fuse,
     check_mountpoint,
     fuse_options,
+    run_fuse_loop,
 )
 from shinglefs.fuse.operations import ShingleOperations
 
@@ -328,29 +325,8 @@ def serve(mountpoint: str) -> None:
     check_fuse()
     pyfuse3.init(FloorOperations(), path, fuse_options(False, (), FSNAME))
 
-    async def watch_signals() -> None:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for _ in signals:
-                # Nothing to write back: unmounting ends pyfuse3.main().
-                ok, detail = await trio.to_thread.run_sync(_kernel_unmount, path, False)
-                if not ok:
-                    log.info("unmount on signal failed (%s); detaching", detail)
-                    pyfuse3.terminate()
-                return
-
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            async def run_loop() -> None:
-                await pyfuse3.main()
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(run_loop)
-            nursery.start_soon(watch_signals)
-            await trio.to_thread.run_sync(os.stat, path)
-            await trio.to_thread.run_sync(_tune_bdi, path)
-
     try:
-        trio.run(main)
+        run_fuse_loop(path)  # nothing to write back before unmounting
     finally:
         # Unmounts (lazily) only if the loop ended without the kernel unmounting.
         pyfuse3.close(unmount=True)

@@ -296,6 +296,52 @@ def _tune_bdi(mountpoint: str) -> None:
         log.info("read-ahead not raised (%s); the kernel default applies", exc)
 
 
+def run_fuse_loop(
+    mountpoint: str,
+    *,
+    on_serving: Callable[[], None] | None = None,
+    before_unmount: Callable[[], None] | None = None,
+) -> None:
+    """Run the pyfuse3 loop of a mount ``pyfuse3.init`` set up, until it is
+    unmounted or SIGINT/SIGTERM arrives.
+
+    Once a stat of the mount point through the loop succeeded, the bdi's
+    read-ahead is raised and ``on_serving()`` called. On a signal,
+    ``before_unmount()`` runs in a thread (the loop still serves), then the
+    mount is unmounted, or the loop ended and left for a lazy detach when it
+    is busy. The caller closes pyfuse3 (``pyfuse3.close``) afterwards.
+    """
+    import pyfuse3
+    import trio
+
+    async def watch_signals() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for signum in signals:
+                log.info("signal %s: unmounting %s", signum, mountpoint)
+                if before_unmount is not None:
+                    await trio.to_thread.run_sync(before_unmount)
+                ok, detail = await trio.to_thread.run_sync(_kernel_unmount, mountpoint, False)
+                if not ok:
+                    log.info("unmount on signal failed (%s); detaching", detail)
+                    pyfuse3.terminate()
+                return
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            async def run_loop() -> None:
+                await pyfuse3.main()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(run_loop)
+            nursery.start_soon(watch_signals)
+            await trio.to_thread.run_sync(os.stat, mountpoint)
+            await trio.to_thread.run_sync(_tune_bdi, mountpoint)
+            if on_serving is not None:
+                on_serving()
+
+    trio.run(main)
+
+
 def serve(
     vfs: VFS,
     mountpoint: str,
@@ -317,7 +363,6 @@ def serve(
     call is a network round trip) runs namespace requests in worker threads.
     """
     import pyfuse3
-    import trio
 
     from shinglefs.fuse.operations import ShingleOperations
 
@@ -342,36 +387,19 @@ def serve(
         raise MountFailedError(f"cannot mount {mountpoint}: {exc}",
                                hint="check `dmesg` and that /dev/fuse is usable") from None
 
-    async def watch_signals(cancel: trio.CancelScope) -> None:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for signum in signals:
-                log.info("signal %s: writing back and unmounting %s", signum, mountpoint)
-                # Write back the kernel's dirty pages while the loop still serves them.
-                with contextlib.suppress(Exception):
-                    await trio.to_thread.run_sync(pyfuse3.syncfs, mountpoint)
-                ok, detail = await trio.to_thread.run_sync(_kernel_unmount, mountpoint, False)
-                if not ok:
-                    log.info("unmount on signal failed (%s); detaching", detail)
-                    pyfuse3.terminate()
-                return
+    def ready() -> None:
+        _write_state(MountState(mountpoint, os.getpid(), meta_url, time.time()))
+        if on_ready is not None:
+            on_ready()
 
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            async def run_loop() -> None:
-                await pyfuse3.main()
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(run_loop)
-            nursery.start_soon(watch_signals, nursery.cancel_scope)
-            await trio.to_thread.run_sync(os.stat, mountpoint)
-            await trio.to_thread.run_sync(_tune_bdi, mountpoint)
-            _write_state(MountState(mountpoint, os.getpid(), meta_url, time.time()))
-            if on_ready is not None:
-                on_ready()
+    def write_back() -> None:
+        # Write back the kernel's dirty pages while the loop still serves them.
+        with contextlib.suppress(Exception):
+            pyfuse3.syncfs(mountpoint)
 
     failed: BaseException | None = None
     try:
-        trio.run(main)
+        run_fuse_loop(mountpoint, on_serving=ready, before_unmount=write_back)
     except BaseException as exc:
         failed = exc
         log.exception("the FUSE loop of %s ended with an error", mountpoint)
