@@ -29,7 +29,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -362,25 +361,10 @@ class FloorMount(MountedFileSystem):
         """
         self.mountpoint.mkdir(parents=True, exist_ok=True)
         check_mountpoint(self.mountpoint)
-        env = dict(os.environ)
-        env.setdefault("SHINGLEFS_LOG", "WARNING")
-        with open(self.log_path, "ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "shinglefs.bench.fuse_floor", str(self.mountpoint)],
-                stdout=out, stderr=out, env=env, start_new_session=True,
-            )
-        deadline = time.monotonic() + timeout
-        while not os.path.ismount(self.mountpoint):
-            if self.process.poll() is not None:
-                code = self.process.returncode
-                self.process = None
-                raise RuntimeError(f"the floor mount process exited with {code}:\n"
-                                   f"{self.log_text()}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the floor mount did not come up within {timeout} s:\n"
-                                   f"{self.log_text()}")
-            time.sleep(0.02)
+        super().start(timeout)
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "shinglefs.bench.fuse_floor", str(self.mountpoint)]
 
     def __enter__(self) -> FloorMount:
         self.start()

@@ -68,6 +68,11 @@ class MountedFileSystem:
         drives = self.drives or default_drives(self.data_dir)
         format_filesystem(self.meta_url, drives, name="test")
 
+    def command(self) -> list[str]:
+        """The child's command line: a foreground mount."""
+        return [*shinglefs_command(), "mount", self.meta_url, str(self.mountpoint),
+                "--foreground", *self.extra_args]
+
     def start(self, timeout: float = 60.0) -> None:
         """Mount in a child process; return when the mount serves (raises on failure)."""
         env = dict(os.environ)
@@ -75,14 +80,14 @@ class MountedFileSystem:
         env.update(self.env or {})
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [*shinglefs_command(), "mount", self.meta_url, str(self.mountpoint),
-                 "--foreground", *self.extra_args],
-                stdout=log, stderr=log, env=env, start_new_session=True,
+                self.command(), stdout=log, stderr=log, env=env, start_new_session=True,
             )
         deadline = time.monotonic() + timeout
         while not os.path.ismount(self.mountpoint):
             if self.process.poll() is not None:
-                raise RuntimeError(f"the mount process exited with {self.process.returncode}:\n"
+                code = self.process.returncode
+                self.process = None
+                raise RuntimeError(f"the mount process exited with {code}:\n"
                                    f"{self.log_text()}")
             if time.monotonic() > deadline:
                 self.stop()
