@@ -6,17 +6,14 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pyfuse3
 import pytest
-import trio
+from tests.fuse.opskit import Request, call, handlers
 
 from shinglefs.client.config import ClientConfig
-from shinglefs.client.filesystem import format_filesystem, open_filesystem
-from shinglefs.fuse.harness import MountedFileSystem, default_drives
+from shinglefs.fuse.harness import MountedFileSystem
 from shinglefs.fuse.operations import STATUS_XATTR, OpStats, ShingleOperations
 
 GiB = 1024**3
@@ -87,36 +84,13 @@ def test_the_status_xattr_counts_the_requests_of_the_mount(
 
 
 # ---------------------------------------------------------------- one request, one record
-@dataclass
-class Request:
-    """What the handlers read of a pyfuse3.RequestContext."""
-
-    uid: int = 0
-    gid: int = 0
-    pid: int = os.getpid()
-    umask: int = 0o022
-
-
 @pytest.fixture
 def small_budget_ops(tmp_path: Path) -> Iterator[ShingleOperations]:
     """Handlers (no kernel) over a real VFS whose writes often need the slow path:
     a 64 KiB write budget and closes that flush the drive."""
-    url = f"sqlite:///{tmp_path / 'meta.db'}"
-    format_filesystem(url, default_drives(tmp_path, smr_drives=1, smr_bytes=4 * GiB,
-                                          conventional_bytes=0))
-    vfs = open_filesystem(url, config=ClientConfig(total_buffer_bytes=64 * KiB,
-                                                   durable_close=True))
-    try:
-        yield ShingleOperations(vfs)
-    finally:
-        vfs.shutdown()
-
-
-def run(handler: Any, *args: Any) -> Any:
-    async def call() -> Any:
-        return await handler(*args)
-
-    return trio.run(call)
+    config = ClientConfig(total_buffer_bytes=64 * KiB, durable_close=True)
+    with handlers(tmp_path, config) as operations:
+        yield operations
 
 
 def test_each_request_is_counted_once_even_when_it_falls_back_to_a_thread(
@@ -125,16 +99,16 @@ def test_each_request_is_counted_once_even_when_it_falls_back_to_a_thread(
     ops = small_budget_ops
     ctx = Request()
     flags = os.O_CREAT | os.O_RDWR
-    info_a, _ = run(ops.create, pyfuse3.ROOT_INODE, b"a", 0o644, flags, ctx)
-    info_b, _ = run(ops.create, pyfuse3.ROOT_INODE, b"b", 0o644, flags, ctx)
-    assert run(ops.write, info_a.fh, 0, b"a" * (60 * KiB)) == 60 * KiB  # fits the budget
-    assert run(ops.write, info_b.fh, 0, b"b" * (8 * KiB)) == 8 * KiB  # waits for budget
-    run(ops.flush, info_a.fh)  # durable_close: a drive flush, in a thread
-    run(ops.release, info_a.fh)
-    run(ops.release, info_b.fh)
-    reader = run(ops.open, ops.vfs.lookup(pyfuse3.ROOT_INODE, b"b").ino, os.O_RDONLY, ctx)
-    assert bytes(run(ops.read, reader.fh, 0, 100 * KiB)) == b"b" * (8 * KiB)  # not cached yet
-    run(ops.release, reader.fh)
+    info_a, _ = call(ops.create, pyfuse3.ROOT_INODE, b"a", 0o644, flags, ctx)
+    info_b, _ = call(ops.create, pyfuse3.ROOT_INODE, b"b", 0o644, flags, ctx)
+    assert call(ops.write, info_a.fh, 0, b"a" * (60 * KiB)) == 60 * KiB  # fits the budget
+    assert call(ops.write, info_b.fh, 0, b"b" * (8 * KiB)) == 8 * KiB  # waits for budget
+    call(ops.flush, info_a.fh)  # durable_close: a drive flush, in a thread
+    call(ops.release, info_a.fh)
+    call(ops.release, info_b.fh)
+    reader = call(ops.open, ops.vfs.lookup(pyfuse3.ROOT_INODE, b"b").ino, os.O_RDONLY, ctx)
+    assert bytes(call(ops.read, reader.fh, 0, 100 * KiB)) == b"b" * (8 * KiB)  # not cached yet
+    call(ops.release, reader.fh)
     snap = ops.op_stats.snapshot()
     fh = ops.vfs.open(ops.vfs.lookup(pyfuse3.ROOT_INODE, b"a").ino, os.O_RDONLY)
     assert ops.vfs.read(fh, 0, 100 * KiB) == b"a" * (60 * KiB)

@@ -11,48 +11,20 @@ import logging
 import os
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyfuse3
 import pytest
-import trio
+from tests.fuse.opskit import GiB, Request, call, handlers
 
-from shinglefs.client.filesystem import format_filesystem, open_filesystem
-from shinglefs.fuse.harness import default_drives
 from shinglefs.fuse.operations import ATTR_TIMEOUT, ENTRY_TIMEOUT, ShingleOperations
-
-GiB = 1024**3
-
-
-@dataclass
-class Request:
-    """What the handlers read of a pyfuse3.RequestContext."""
-
-    uid: int = 0
-    gid: int = 0
-    pid: int = os.getpid()
-    umask: int = 0o022
 
 
 @pytest.fixture
 def ops(tmp_path: Path) -> Iterator[ShingleOperations]:
-    url = f"sqlite:///{tmp_path / 'meta.db'}"
-    format_filesystem(url, default_drives(tmp_path, smr_drives=1, smr_bytes=4 * GiB,
-                                          conventional_bytes=0))
-    vfs = open_filesystem(url)
-    try:
-        yield ShingleOperations(vfs)
-    finally:
-        vfs.shutdown()
-
-
-def call(handler: Any, *args: Any) -> Any:
-    async def run() -> Any:
-        return await handler(*args)
-
-    return trio.run(run)
+    with handlers(tmp_path) as operations:
+        yield operations
 
 
 def fuse_errno(handler: Any, *args: Any) -> int:
