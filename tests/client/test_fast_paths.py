@@ -20,6 +20,7 @@ from shinglefs.client.config import ClientConfig
 from shinglefs.client.errors import NotOpenForWriting
 from shinglefs.client.filesystem import open_filesystem, recorded_drives
 from shinglefs.client.vfs import VFS
+from shinglefs.client.writer import OpenSlice
 from shinglefs.meta.api import ROOT_CTX, ROOT_INO, open_meta
 from shinglefs.server.node import StorageNode
 from shinglefs.store import SliceStore, StoreIOError
@@ -123,6 +124,29 @@ class InThread:
 
     def join(self) -> None:
         self.thread.join(30)
+
+
+def try_write_while_the_drive_is_held(
+    vfs: VFS, fh: int, offset: int, data: bytes, *, waited_for: str,
+    prepare: Callable[[], object] | None = None,
+) -> list[object]:
+    """Hold drive 0's writer, run ``prepare()``, then ``vfs.try_write`` in a
+    thread: the test fails if it waited (for ``waited_for``) or raised.
+    Returns its result list (``[None]``: declined, ``[n]``: written)."""
+    call: InThread | None = None
+    busy = DriveWriterBusy(vfs)
+    try:
+        if prepare is not None:
+            prepare()
+        call = InThread(lambda: vfs.try_write(fh, offset, data))
+        returned = call.returned_within()
+    finally:
+        busy.release()
+        if call is not None:
+            call.join()
+    assert returned, f"try_write waited for {waited_for}"
+    assert call is not None and not call.error, call.error if call else None
+    return call.result
 
 
 # ---------------------------------------------------------------- try_write
@@ -264,25 +288,24 @@ def test_try_write_declines_an_append_past_the_per_file_bound_while_pieces_are_i
                                              file_buffer_bytes=2 * piece))
     fh, ino = create(vfs, b"f")
     data = pattern(9, 3 * piece)
-    call: InThread | None = None
-    busy = DriveWriterBusy(vfs)  # every piece stays in flight until release
-    try:
+    seen: dict[str, object] = {}
+
+    def one_piece_in_flight_half_a_piece_pending() -> None:  # pieces stay in flight
         assert vfs.write(fh, 0, data[:piece]) == piece  # one piece submitted
         assert vfs.try_write(fh, piece, data[piece : piece + piece // 2]) == piece // 2
         s = vfs._inodes[ino].writer.open_slice
         assert s is not None
-        before = (s.length, len(s.pending))
-        # 64 KiB in flight + 32 KiB pending + 40 KiB > the 128 KiB bound: write would wait.
-        tail = data[piece + piece // 2 :][: 40 * KiB]
-        call = InThread(lambda: vfs.try_write(fh, piece + piece // 2, tail))
-        returned = call.returned_within()
-    finally:
-        busy.release()
-        if call is not None:
-            call.join()
-    assert returned, "try_write waited for pieces stuck on the drive"
-    assert call is not None and call.result == [None]
-    assert (s.length, len(s.pending)) == before
+        seen["slice"], seen["before"] = s, (s.length, len(s.pending))
+
+    # 64 KiB in flight + 32 KiB pending + 40 KiB > the 128 KiB bound: write would wait.
+    tail = data[piece + piece // 2 :][: 40 * KiB]
+    result = try_write_while_the_drive_is_held(
+        vfs, fh, piece + piece // 2, tail, waited_for="pieces stuck on the drive",
+        prepare=one_piece_in_flight_half_a_piece_pending)
+    assert result == [None]
+    s = seen["slice"]
+    assert isinstance(s, OpenSlice)
+    assert (s.length, len(s.pending)) == seen["before"]
     assert vfs.getattr(ino).size == piece + piece // 2
     assert vfs.write(fh, piece + piece // 2, data[piece + piece // 2 :]) == piece + piece // 2
     vfs.release(fh)
@@ -299,21 +322,12 @@ def test_try_write_never_waits_for_the_drive_even_for_a_write_past_the_per_file_
                                              file_buffer_bytes=2 * piece))
     fh, ino = create(vfs, b"f")
     data = pattern(10, 8 * piece)
-    call: InThread | None = None
-    busy = DriveWriterBusy(vfs)  # no piece completes until release
-    try:
-        call = InThread(lambda: vfs.try_write(fh, 0, data))
-        returned = call.returned_within()
-    finally:
-        busy.release()
-        if call is not None:
-            call.join()
-    assert returned, "try_write waited for pieces stuck on the drive"
-    assert call is not None and not call.error
-    if call.result == [None]:
+    result = try_write_while_the_drive_is_held(vfs, fh, 0, data,
+                                               waited_for="pieces stuck on the drive")
+    if result == [None]:
         assert vfs.write(fh, 0, data) == len(data)
     else:
-        assert call.result == [len(data)]
+        assert result == [len(data)]
     vfs.release(fh)
     assert read_all(vfs, ino) == data
 
@@ -331,19 +345,11 @@ def test_try_write_declines_a_piece_when_its_drive_queue_is_full(fs_factory: FsF
     vfs = vfs_with_stores(fs_factory, dataclasses.replace(QUIET, piece_size=piece),
                           max_queue_bytes=4 * piece, gc_background=False)
     fh, ino = create(vfs, b"a")
-    call: InThread | None = None
-    busy = DriveWriterBusy(vfs)
-    try:
-        fill_the_drive_queue(vfs, fh, piece, 4)
-        # The next piece of this slice needs room in the full queue: write would wait.
-        call = InThread(lambda: vfs.try_write(fh, 4 * piece, pattern(304, piece)))
-        returned = call.returned_within()
-    finally:
-        busy.release()
-        if call is not None:
-            call.join()
-    assert returned, "try_write waited for room in the drive's queue"
-    assert call is not None and call.result == [None]
+    # The next piece of this slice needs room in the full queue: write would wait.
+    result = try_write_while_the_drive_is_held(
+        vfs, fh, 4 * piece, pattern(304, piece), waited_for="room in the drive's queue",
+        prepare=lambda: fill_the_drive_queue(vfs, fh, piece, 4))
+    assert result == [None]
     assert vfs.getattr(ino).size == 4 * piece
     vfs.write(fh, 4 * piece, pattern(304, piece))
     vfs.release(fh)
@@ -366,19 +372,10 @@ def test_try_write_does_not_wait_for_queue_room_for_a_slice_without_a_drive(
         offset, data = 0, b"header"
     else:
         offset, data = 0, pattern(400, piece)
-    call: InThread | None = None
-    busy = DriveWriterBusy(vfs)
-    try:
-        fill_the_drive_queue(vfs, fh_a, piece, 4)
-        call = InThread(lambda: vfs.try_write(fh_b, offset, data))
-        returned = call.returned_within()
-    finally:
-        busy.release()
-        if call is not None:
-            call.join()
-    assert returned, "try_write waited for room in the drive's queue"
-    assert call is not None and not call.error
-    if call.result == [None]:
+    result = try_write_while_the_drive_is_held(
+        vfs, fh_b, offset, data, waited_for="room in the drive's queue",
+        prepare=lambda: fill_the_drive_queue(vfs, fh_a, piece, 4))
+    if result == [None]:
         vfs.write(fh_b, offset, data)
     model[offset : offset + len(data)] = data
     vfs.release(fh_a)
