@@ -27,9 +27,9 @@ from shinglefs.store import SliceStore, StoreIOError
 from shinglefs.zoned import ZoneCondition, open_drive
 
 KiB = 1024
-# No background drive flush during a test: it would make the drive's writer
-# busy at a moment the test does not choose.
-QUIET = ClientConfig(writeback_interval=3600.0)
+# No background compaction scan during a test: it would make the drive's
+# writer busy at a moment the test does not choose.
+QUIET = ClientConfig(compaction_scan_interval=0)
 
 
 def wait_until(condition: Callable[[], object], what: str, limit: float = 30.0) -> None:
@@ -424,8 +424,7 @@ def test_try_flush_commits_bytes_that_a_fresh_client_reads_after_a_crash(
     assert vfs.try_write(fh, 0, data) == len(data)
     fast_flush(vfs, fh)
     assert committed(vfs, ino)[0] == len(data)
-    vfs.fsync(fh)  # covers the slice try_flush committed without a drive flush
-    power_cut(vfs)  # the handle is never released; buffered bytes would be lost
+    power_cut(vfs)  # no fsync: the ordered commit flushed the drive before meta
 
     again = open_filesystem(fs_factory.meta_url)
     fs_factory.opened.append(again)
@@ -434,7 +433,7 @@ def test_try_flush_commits_bytes_that_a_fresh_client_reads_after_a_crash(
 
 
 def test_try_flush_with_nothing_buffered_returns_true(fs_factory: FsFactory) -> None:
-    vfs = fs_factory.vfs(dataclasses.replace(QUIET, durable_close=True))
+    vfs = fs_factory.vfs(QUIET)
     fh, ino = create(vfs, b"empty")
     assert vfs.try_flush(fh) is True
     vfs.write(fh, 0, b"x")
@@ -444,16 +443,13 @@ def test_try_flush_with_nothing_buffered_returns_true(fs_factory: FsFactory) -> 
     assert read_all(vfs, ino) == b"x"
 
 
-def test_try_flush_declines_a_durable_close(fs_factory: FsFactory) -> None:
-    vfs = fs_factory.vfs(dataclasses.replace(QUIET, durable_close=True))
+def test_try_flush_stores_durably_before_it_commits(fs_factory: FsFactory) -> None:
+    vfs = fs_factory.vfs(QUIET)
     fh, ino = create(vfs, b"durable")
     assert vfs.try_write(fh, 0, b"must be flushed") == 15
-    assert vfs.try_flush(fh) is False
-    assert committed(vfs, ino) == (0, [])
-    assert vfs.stats()["buffered_bytes"] == 15
-    vfs.flush(fh)
+    assert vfs.try_flush(fh) is True
     assert committed(vfs, ino)[0] == 15
-    power_cut(vfs)  # durable_close: the close flushed the drive
+    power_cut(vfs)  # the drive loses every unflushed byte
     again = open_filesystem(fs_factory.meta_url)
     fs_factory.opened.append(again)
     assert read_all(again, ino) == b"must be flushed"

@@ -87,8 +87,8 @@ def test_the_status_xattr_counts_the_requests_of_the_mount(
 @pytest.fixture
 def small_budget_ops(tmp_path: Path) -> Iterator[ShingleOperations]:
     """Handlers (no kernel) over a real VFS whose writes often need the slow path:
-    a 64 KiB write budget and closes that flush the drive."""
-    config = ClientConfig(total_buffer_bytes=64 * KiB, durable_close=True)
+    a 64 KiB write budget, so that a waiting writer spills another file's bytes."""
+    config = ClientConfig(total_buffer_bytes=64 * KiB)
     with handlers(tmp_path, config) as operations:
         yield operations
 
@@ -103,7 +103,7 @@ def test_each_request_is_counted_once_even_when_it_falls_back_to_a_thread(
     info_b, _ = call(ops.create, pyfuse3.ROOT_INODE, b"b", 0o644, flags, ctx)
     assert call(ops.write, info_a.fh, 0, b"a" * (60 * KiB)) == 60 * KiB  # fits the budget
     assert call(ops.write, info_b.fh, 0, b"b" * (8 * KiB)) == 8 * KiB  # waits for budget
-    call(ops.flush, info_a.fh)  # durable_close: a drive flush, in a thread
+    call(ops.flush, info_a.fh)  # its bytes were spilled as a piece: a wait, in a thread
     call(ops.release, info_a.fh)
     call(ops.release, info_b.fh)
     reader = call(ops.open, ops.vfs.lookup(pyfuse3.ROOT_INODE, b"b").ino, os.O_RDONLY, ctx)
@@ -116,7 +116,7 @@ def test_each_request_is_counted_once_even_when_it_falls_back_to_a_thread(
     counts = {op: count(snap, op) for op in ("create", "open", "write", "read", "flush",
                                              "release")}
     assert counts == {"create": 2, "open": 1, "write": 2, "read": 1, "flush": 1, "release": 3}
-    # The write that waited for budget, the durable flush and the uncached read
+    # The write that waited for budget, the flush of a spilled slice and the uncached read
     # each ran in a worker thread; the write into the buffer did not.
     assert {op: snap[op]["threaded"] for op in ("write", "read", "flush")} == {
         "write": 1, "read": 1, "flush": 1}

@@ -16,6 +16,7 @@ from shinglefs.meta.api import (
     ReadPiece,
     Replica,
     SessionInfo,
+    SliceCommit,
     SliceInfo,
     SliceRef,
     SliceState,
@@ -56,6 +57,37 @@ def test_commit_slice_grows_size_and_maps_bytes(meta, check):
     info = meta.get_slice(sid)
     assert info.state is SliceState.COMMITTED and info.refcount == 1 and info.length == 1000
     assert meta.statfs().used_bytes == 1000
+    check()
+
+
+def test_commit_slices_commits_a_batch_in_one_transaction_in_order(meta, check):
+    a = meta.create(ROOT_INO, b"a", 0o644)
+    b = meta.create(ROOT_INO, b"b", 0o644)
+    s1, s2, s3 = (meta.next_slice_id() for _ in range(3))
+    attrs = meta.commit_slices([
+        SliceCommit(b.ino, 0, SliceRef(s1, 0, 100), 100, replicas=(Replica("local", "0"),)),
+        SliceCommit(a.ino, 0, SliceRef(s2, 0, 50), 50),
+        SliceCommit(b.ino, 0, SliceRef(s3, 10, 20), 100),  # later in the batch: wins
+    ])
+    assert [x.ino for x in attrs] == [b.ino, a.ino, b.ino]
+    assert [x.size for x in attrs] == [100, 50, 100]
+    assert meta.read_map(b.ino, 0, 100) == [
+        ReadPiece(0, 10, s1, 0), ReadPiece(10, 20, s3, 0), ReadPiece(30, 70, s1, 30)]
+    assert meta.get_slice(s1).replicas == (Replica("local", "0"),)
+    assert meta.statfs().used_bytes == 150
+    check()
+
+
+def test_commit_slices_is_all_or_nothing(meta, check):
+    a = meta.create(ROOT_INO, b"a", 0o644)
+    d = meta.mkdir(ROOT_INO, b"d", 0o755)
+    s1, s2 = meta.next_slice_id(), meta.next_slice_id()
+    with pytest.raises(FsError) as info:
+        meta.commit_slices([SliceCommit(a.ino, 0, SliceRef(s1, 0, 100), 100),
+                            SliceCommit(d.ino, 0, SliceRef(s2, 0, 10), 10)])
+    assert info.value.errno == E.EISDIR
+    assert meta.getattr(a.ino).size == 0
+    assert meta.read_map(a.ino, 0, 100) == []
     check()
 
 

@@ -34,9 +34,6 @@ class ClientConfig:
     janitor_interval: float = 300.0  # seconds between sweeps for abandoned WRITING slices (0: off)
     abandoned_slice_age: float = 6 * 3600.0  # a WRITING slice this old was left by a crashed client
     session_timeout: float = 120.0  # a session silent this long is expired (crashed client)
-    durable_slice_commit: bool = True  # slices ended while writing: flushed before commit
     deferred_close: bool = True  # release: meta's open-file row is dropped in batches (maintenance)
-    durable_close: bool = False  # close/flush: stored (readable) but not flushed; fsync flushes
-    writeback_interval: float = 1.0  # seconds: drives holding unflushed committed slices get flushed
     max_settling_slices: int = 4  # ended slices of one file committing in the background
-    commit_threads: int = 4  # a slice is flushed on its drive before meta points at it
+    commit_threads: int = 4  # settle slices ended while writing (ordered commits: client/commit.py)

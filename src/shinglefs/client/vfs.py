@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import shinglefs
+from shinglefs.client.commit import LOCAL_SERVER, FinishedSlice, OrderedCommits
 from shinglefs.client.config import ClientConfig
 from shinglefs.client.errors import (
     BadHandle,
@@ -53,7 +54,7 @@ from shinglefs.client.reader import (
     assemble,
     prefetch_pieces,
 )
-from shinglefs.client.writer import FileWriter, FinishedSlice, WriteBudget
+from shinglefs.client.writer import FileWriter, WriteBudget
 from shinglefs.meta.api import (
     ROOT_CTX,
     Ctx,
@@ -76,7 +77,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["VFS", "Ctx", "DirEntry", "InodeAttr", "SetAttrChanges", "StatFs"]
 
-LOCAL_SERVER = "local"
 COMPACTION_ATTEMPTS = 3
 INODE_MEMO_ENTRIES = 1 << 20
 T = TypeVar("T")
@@ -248,8 +248,7 @@ class VFS:
         self._compact_queue: list[tuple[int, int]] = []
         self._deletion_lock = threading.Lock()
         self._closes: list[tuple[int, int]] = []  # (session, ino) released, not yet closed in meta
-        self._unflushed: set[int] = set()  # drives holding committed but unflushed slices
-        self._last_writeback = time.monotonic()
+        self.commits = OrderedCommits(self.meta, self.node.flush)
         self.deleted_slices = 0
         self.compactions = 0
         self._maintenance = threading.Thread(
@@ -294,10 +293,10 @@ class VFS:
                 return dataclasses.replace(attr, size=end)
         return attr
 
-    def _flush_writer(self, ino: int, *, durable: bool | None = None) -> None:
+    def _flush_writer(self, ino: int) -> None:
         state = self._inodes.get(ino)
         if state is not None:
-            state.writer.flush(durable=durable)
+            state.writer.flush()
 
     # ================================================================== namespace
     def lookup(self, parent: int, name: bytes, ctx: Ctx = ROOT_CTX) -> InodeAttr:
@@ -621,11 +620,9 @@ class VFS:
         """Make the file's data AND metadata durable before returning (both flavours)."""
         self._check_open()
         h = self._handle(fh)
-        # Commit buffered bytes, then one flush a drive covers them and every
-        # earlier slice closed without a flush (durable_close off).
-        self._flush_writer(h.ino, durable=False)
-        self._writeback()
-        # Meta commits may not be durable yet (SQLite synchronous=NORMAL): make them so.
+        # Commit buffered bytes (ordered: flushed on their drives first), then
+        # make meta's commits durable (SQLite synchronous=NORMAL defers that).
+        self._flush_writer(h.ino)
         self.meta.sync()
 
     # ================================================================== data
@@ -806,20 +803,7 @@ class VFS:
         )
 
     def _commit_slice(self, finished: FinishedSlice, file_end: int) -> None:
-        if not finished.durable:
-            with self._lock:
-                self._unflushed.add(finished.drive_id)
-        attr = self.meta.commit_slice(
-            finished.ino,
-            finished.chunk_index,
-            SliceRef(finished.slice_id, finished.chunk_offset, finished.length, 0),
-            file_end,
-            group=finished.group,
-            slice_length=finished.length,
-            replicas=()
-            if finished.registered
-            else (Replica(LOCAL_SERVER, str(finished.drive_id)),),
-        )
+        attr = self.commits.commit(finished, file_end)
         self._bump(finished.ino)
         state = self._inodes.get(finished.ino)
         if state is not None:
@@ -870,9 +854,13 @@ class VFS:
                 raise BadHandle(fh, "directory")
 
     def fsyncdir(self, fh: int, datasync: bool = False) -> None:
-        """Directory changes are metadata transactions, durable when they return."""
+        """Make the directory's changes (creates, renames, unlinks: metadata
+        transactions) durable against power loss before returning: what
+        ``rename`` + ``fsync(dir)`` — the atomic checkpoint commit — relies on."""
+        self._check_open()
         if fh not in self._dirs:
             raise BadHandle(fh, "directory")
+        self.meta.sync()
 
     # ================================================================== misc
     def statfs(self, ctx: Ctx = ROOT_CTX) -> StatFs:
@@ -968,10 +956,6 @@ class VFS:
                 if janitor and time.monotonic() - last_janitor > janitor:
                     self.run_janitor()
                     last_janitor = time.monotonic()
-                if self._unflushed and (
-                    time.monotonic() - self._last_writeback > self.config.writeback_interval
-                ):
-                    self._writeback()
                 if time.monotonic() - last_heartbeat > HEARTBEAT_INTERVAL:
                     self._heartbeat()
                     # Sessions of crashed clients release their unlinked-open files.
@@ -1001,18 +985,6 @@ class VFS:
                     except FsError:
                         log.warning("inode %d was freed while the session was expired", ino)
                         break
-
-    def _writeback(self, drive_ids: list[int] | None = None) -> None:
-        """Flush the drives (default: every drive) so committed slices are durable.
-
-        Slices closed without a flush (``durable_close`` off) are readable at
-        once and durable after the next writeback (``writeback_interval``) or
-        ``fsync``, like the page cache's write-back of a local file system.
-        """
-        with self._lock:
-            self._unflushed.clear()  # a commit racing this flush marks its drive again
-            self._last_writeback = time.monotonic()
-        self.node.flush(drive_ids)
 
     def run_janitor(self, older_than_s: float | None = None, limit: int = 1000) -> int:
         """Queue for deletion the WRITING slices left by crashed clients; returns the count.

@@ -30,8 +30,8 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass
 
+from shinglefs.client.commit import FinishedSlice
 from shinglefs.client.config import ClientConfig
 from shinglefs.server.node import StorageNode, wait_piece
 from shinglefs.zoned.model import Buffer
@@ -90,21 +90,6 @@ class WriteBudget:
         with self._cond:
             self.used -= n
             self._cond.notify_all()
-
-
-@dataclass(frozen=True, slots=True)
-class FinishedSlice:
-    """A slice whose bytes are stored: what the VFS commits into the chunk map."""
-
-    ino: int
-    chunk_index: int
-    chunk_offset: int
-    slice_id: int
-    length: int
-    drive_id: int
-    group: int
-    registered: bool = True  # False: meta learns its replica in the commit itself
-    durable: bool = True  # False: readable but not yet flushed on its drive
 
 
 class PendingBytes:
@@ -304,11 +289,11 @@ class FileWriter:
                 s = self.open_slice
                 if s is None or s.end != pos or s.chunk_index != chunk_index:
                     if s is not None:
-                        self._finish(s, durable=self._config.durable_slice_commit, wait=False)
+                        self._finish(s, wait=False)
                     s = self.open_slice = OpenSlice(self._new_slice_id(), chunk_index, pos)
                 self._append(s, view[:n])
                 if s.end == chunk_end:
-                    self._finish(s, durable=self._config.durable_slice_commit, wait=False)
+                    self._finish(s, wait=False)
                 pos += n
                 view = view[n:]
             if total:
@@ -420,17 +405,20 @@ class FileWriter:
         assert s.drive_id is not None
         wait_piece(future, s.slice_id, s.drive_id)
 
-    def _finish(self, s: OpenSlice, *, durable: bool, wait: bool = True) -> None:
+    def _finish(self, s: OpenSlice, *, wait: bool = True) -> None:
         """End slice ``s``: submit its last piece, then *settle* it in the background
-        (wait for every piece, make it durable, commit its reference), in order
-        with this file's earlier slices. ``wait``: return only once every ended
-        slice of this file is committed (raising the first failure)."""
+        (wait for every piece, commit its reference through the ordered commits,
+        which flush its drive first), in order with this file's earlier slices.
+        ``wait``: return only once every ended slice of this file is committed
+        (raising the first failure)."""
         if s.length == 0:
             self.open_slice = None
             return
-        final_durable = durable and bool(s.pending)
+        # A durable last piece: the drive's writer flushes in the same batch,
+        # and the commit needs no flush of its own.
+        durable = bool(s.pending)
         try:
-            self._submit_pending(s, durable=final_durable, ending=True)
+            self._submit_pending(s, durable=durable, ending=True)
             while len(self._settling) >= self._config.max_settling_slices:
                 self._wait_oldest_settling()
         except BaseException:
@@ -440,9 +428,7 @@ class FileWriter:
             raise
         with self._settle_lock:
             previous = self._settling[-1][2] if self._settling else None
-            future = self._settler.submit(
-                self._settle, s, durable and not final_durable, previous, durable
-            )
+            future = self._settler.submit(self._settle, s, previous, durable)
             self._settling.append((s.start, s.end, future))
             self._settling_ids.append((s.slice_id, future))
         # Only now: a lock-free reader (``overlaps``) always sees the slice somewhere.
@@ -450,10 +436,8 @@ class FileWriter:
         if wait:
             self._wait_settled()
 
-    def _settle(
-        self, s: OpenSlice, flush: bool, previous: Future[None] | None, durable: bool = True
-    ) -> None:
-        """Background: wait for the pieces of ``s``, flush, commit (after ``previous``)."""
+    def _settle(self, s: OpenSlice, previous: Future[None] | None, durable: bool) -> None:
+        """Background: wait for the pieces of ``s``, commit it (after ``previous``)."""
         if previous is not None:
             try:
                 previous.result()
@@ -462,9 +446,6 @@ class FileWriter:
         try:
             while s.inflight:
                 self._reap_oldest(s)
-            assert s.drive_id is not None and s.group is not None
-            if flush:
-                self._node.flush([s.drive_id])
             self._commit(self._finished(s, durable), s.end)
         except BaseException:
             self._abort(s)
@@ -487,7 +468,7 @@ class FileWriter:
             durable=durable,
         )
 
-    def _finish_inline(self, s: OpenSlice, *, durable: bool) -> None:
+    def _finish_inline(self, s: OpenSlice) -> None:
         """End slice ``s`` in the caller's thread (flush/close/fsync): commit this
         file's earlier slices, store the last piece without lingering, commit.
 
@@ -503,15 +484,13 @@ class FileWriter:
         if s.length == 0:
             self.open_slice = None
         else:
-            final_durable = durable and bool(s.pending)
+            durable = bool(s.pending)
             try:
-                self._submit_pending(s, durable=final_durable, ending=True)
+                self._submit_pending(s, durable=durable, ending=True)
                 assert s.drive_id is not None
                 self._node.expedite(s.slice_id, s.drive_id)
                 while s.inflight:
                     self._reap_oldest(s)
-                if durable and not final_durable:
-                    self._node.flush([s.drive_id])
             except BaseException:
                 self._drop_open(s)
                 raise
@@ -543,8 +522,8 @@ class FileWriter:
         """``flush`` if it completes without waiting for another thread; returns
         whether it did. It does when nothing is buffered, or when the open slice
         was never submitted and its drive's writer is idle: the bytes are then
-        stored in this thread (``StorageNode.write_now``) and committed. Not
-        with ``durable_close`` (a drive flush). Returns False having changed
+        stored and flushed in this thread (``StorageNode.write_now``, durable)
+        and committed. Returns False having changed
         nothing a later ``flush`` would not redo; raises what ``flush`` would
         for a failure of the slice it stored."""
         if not self.lock.acquire(blocking=False):
@@ -558,12 +537,13 @@ class FileWriter:
             if s.length == 0:
                 self.open_slice = None
                 return True
-            if self._config.durable_close or s.submitted or s.drive_id is not None:
+            if s.submitted or s.drive_id is not None:
                 return False
             if s.group is None:
                 s.group = self._decide_group(s, True)
             n = len(s.pending)
-            stored = self._node.write_now(s.slice_id, 0, s.pending.parts, s.group)
+            stored = self._node.write_now(s.slice_id, 0, s.pending.parts, s.group,
+                                          durable=True)
             if stored is None:
                 return False
             s.drive_id, future = stored
@@ -576,7 +556,7 @@ class FileWriter:
             except BaseException:
                 self._drop_open(s)
                 raise
-            self._commit_open(s, False)
+            self._commit_open(s, True)
             return True
         finally:
             self.lock.release()
@@ -638,16 +618,17 @@ class FileWriter:
             self.lock.release()
 
     # ------------------------------------------------------------------ ending
-    def flush(self, *, durable: bool | None = None) -> None:
+    def flush(self) -> None:
         """End the open slice (if any) and commit it; report a pending background error.
 
-        ``durable`` (default ``config.durable_close``): flush the slice on its
-        drive before committing. Either way the bytes are stored (readable by
-        any client) before meta points at them."""
+        When it returns every byte written through this writer is flushed on
+        its drive and referenced in meta (ordered commits, ``client.commit``):
+        it survives a crash of this process; a power cut too once meta's
+        commit is durable (``MetaStore.sync``, which ``fsync`` calls)."""
         with self.lock:
             s = self.open_slice
             if s is not None:
-                self._finish_inline(s, durable=self._config.durable_close if durable is None else durable)
+                self._finish_inline(s)
             else:
                 self._wait_settled()
             self._raise_pending_error()

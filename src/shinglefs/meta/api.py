@@ -220,6 +220,22 @@ class Replica:
 
 
 @dataclass(frozen=True, slots=True)
+class SliceCommit:
+    """One slice reference to commit (``MetaStore.commit_slices``): ``piece`` into
+    chunk ``chunk_index`` of ``ino``, growing the file to at least ``new_size``;
+    the other fields as in ``commit_slice``."""
+
+    ino: int
+    chunk_index: int
+    piece: SliceRef
+    new_size: int
+    group: int = 0
+    slice_length: int | None = None
+    replicas: tuple[Replica, ...] = ()
+    mtime_ns: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SliceInfo:
     """A slice as the metadata knows it. ``group`` is its lifetime group."""
 
@@ -679,6 +695,19 @@ class MetaStore(ABC):
         ``replicas`` are recorded for the slice in the same transaction (a
         writer that never called ``add_slice`` for it: one transaction per
         small file instead of two). Returns the new attributes."""
+
+    def commit_slices(self, commits: Sequence[SliceCommit]) -> list[InodeAttr]:
+        """``commit_slice`` for each of ``commits``, all in one transaction (group
+        commit): all of them or none. Slices of one file keep their order (a
+        later one wins where they overlap). Returns each one's new attributes,
+        in the order given. Raises what ``commit_slice`` raises for the first
+        that fails; the caller retries the others one by one to learn which."""
+        return [
+            self.commit_slice(c.ino, c.chunk_index, c.piece, c.new_size, c.mtime_ns,
+                              group=c.group, slice_length=c.slice_length,
+                              replicas=c.replicas)
+            for c in commits
+        ]
 
     @abstractmethod
     def truncate(self, ino: int, size: int, ctx: Ctx = ROOT_CTX) -> InodeAttr:

@@ -56,6 +56,7 @@ from shinglefs.meta.api import (
     Replica,
     Session,
     SessionInfo,
+    SliceCommit,
     SliceInfo,
     SliceRef,
     SliceState,
@@ -331,7 +332,7 @@ class SqlMetaStore(MetaStore):
         if existing is not None:
             raise AlreadyFormatted(
                 f"{self.url_where} already holds file system {existing.name!r} ({existing.uuid})",
-                hint="use a fresh database, or drop the old one first",
+                hint="format a new metadata URL; the file system already there is kept",
             )
         for ddl in S.DDL:
             self._run(functools.partial(_run_ddl, ddl=ddl), "autocommit")
@@ -431,7 +432,7 @@ class SqlMetaStore(MetaStore):
         if row is None:
             raise NotFormatted(
                 f"{self.url_where} holds no ShingleFS file system",
-                hint="format it first (MetaStore.format / `shinglefs format`)",
+                hint="format it first: `shinglefs format URL --drive KIND:PATH:SIZE`",
             )
         return FormatInfo(*row[:7])
 
@@ -1253,41 +1254,50 @@ class SqlMetaStore(MetaStore):
         slice_length: int | None = None,
         replicas: Sequence[Replica] = (),
     ) -> InodeAttr:
-        self._require_formatted()
-        self._check_piece(piece)
-        if chunk_index < 0 or new_size < 0:
-            raise FsError(E.EINVAL, f"negative chunk index {chunk_index} or size {new_size}")
-        piece_end = chunk_index * self._chunk_size + piece.chunk_offset + piece.length
-        if new_size < piece_end:
-            raise FsError(E.EINVAL, f"new size {new_size} ends before the piece ({piece_end})")
+        return self.commit_slices([SliceCommit(ino, chunk_index, piece, new_size, group,
+                                               slice_length, tuple(replicas), mtime_ns)])[0]
 
-        def txn(tx: Tx) -> InodeAttr:
-            now = _now()
-            mtime = now if mtime_ns is None else mtime_ns
-            a = self._file_attr(tx, ino)
-            tx.run(S.GROW_FILE, (new_size, mtime, now, ino))
-            version = tx.one(S.BUMP_CHUNK, (ino, chunk_index))[0]
-            tx.run(
-                S.INS_REF,
-                (
-                    ino,
-                    chunk_index,
-                    version,
-                    piece.slice_id,
-                    piece.chunk_offset,
-                    piece.length,
-                    piece.slice_offset,
-                ),
-            )
-            self._ref_slice(tx, piece, group, slice_length)
-            for rep in replicas:
-                tx.run(S.INS_REPLICA, (piece.slice_id, rep.server, rep.drive))
-            size = max(a.size, new_size)
-            if size != a.size:
-                self._counters(tx, size - a.size, 0)
-            return replace(a, size=size, mtime_ns=mtime, ctime_ns=now)
+    def commit_slices(self, commits: Sequence[SliceCommit]) -> list[InodeAttr]:
+        self._require_formatted()
+        for c in commits:
+            self._check_commit(c)
+        # Inode rows are locked in ascending order (no deadlock between batches);
+        # a stable sort keeps one file's slices in their order.
+        order = sorted(range(len(commits)), key=lambda i: commits[i].ino)
+
+        def txn(tx: Tx) -> list[InodeAttr]:
+            out: list[InodeAttr | None] = [None] * len(commits)
+            for i in order:
+                out[i] = self._commit_in(tx, commits[i])
+            return [a for a in out if a is not None]
 
         return self._run(txn)
+
+    def _check_commit(self, c: SliceCommit) -> None:
+        self._check_piece(c.piece)
+        if c.chunk_index < 0 or c.new_size < 0:
+            raise FsError(E.EINVAL, f"negative chunk index {c.chunk_index} or size {c.new_size}")
+        piece_end = c.chunk_index * self._chunk_size + c.piece.chunk_offset + c.piece.length
+        if c.new_size < piece_end:
+            raise FsError(E.EINVAL, f"new size {c.new_size} ends before the piece ({piece_end})")
+
+    def _commit_in(self, tx: Tx, c: SliceCommit) -> InodeAttr:
+        """One slice reference into the chunk map, inside ``tx``."""
+        now = _now()
+        mtime = now if c.mtime_ns is None else c.mtime_ns
+        a = self._file_attr(tx, c.ino)
+        tx.run(S.GROW_FILE, (c.new_size, mtime, now, c.ino))
+        version = tx.one(S.BUMP_CHUNK, (c.ino, c.chunk_index))[0]
+        p = c.piece
+        tx.run(S.INS_REF, (c.ino, c.chunk_index, version, p.slice_id, p.chunk_offset, p.length,
+                           p.slice_offset))
+        self._ref_slice(tx, p, c.group, c.slice_length)
+        for rep in c.replicas:
+            tx.run(S.INS_REPLICA, (p.slice_id, rep.server, rep.drive))
+        size = max(a.size, c.new_size)
+        if size != a.size:
+            self._counters(tx, size - a.size, 0)
+        return replace(a, size=size, mtime_ns=mtime, ctime_ns=now)
 
     def truncate(self, ino: int, size: int, ctx: Ctx = ROOT_CTX) -> InodeAttr:
         return self.setattr(ino, size=size, ctx=ctx)

@@ -331,15 +331,16 @@ class StorageNode:
         group: int,
         *,
         drive_id: int | None = None,
+        durable: bool = False,
     ) -> tuple[int, Future[None]] | None:
         """Store a piece in the calling thread if its drive's writer is idle
         (``SliceStoreAPI.write_now``): returns ``(drive_id, completed future)``,
         or None with nothing written or queued (``submit`` instead). Places the
-        slice like ``submit``."""
+        slice like ``submit``. ``durable``: the drive is flushed before return."""
         payload = Payload(data)
         drive_id, future = self._hand_over(
             slice_id, payload, group, drive_id,
-            lambda store: store.write_now(slice_id, offset, payload, group))
+            lambda store: store.write_now(slice_id, offset, payload, group, durable=durable))
         return None if future is None else (drive_id, future)
 
     def _count_pending(self, drive_id: int, size: int) -> None:
@@ -415,12 +416,19 @@ class StorageNode:
 
     def read_view(self, slice_id: int, offset: int, length: int,
                   drive_id: int | None = None) -> memoryview:
-        """``read`` into a fresh buffer, returned as a read-only view (no copy to bytes)."""
+        """``read`` into a fresh buffer, returned as a read-only view (no copy to bytes).
+
+        The buffer is as long as the bytes the slice has in the range, not as
+        ``length``: a reader asking for a whole extent of a 4 KiB slice gets
+        (and keeps alive) 4 KiB, not an extent-sized buffer.
+        """
         if drive_id is None:
             drive_id = self.locate(slice_id)
-        buf = bytearray(min(length, MAX_SLICE_SIZE))
+        store = self._store(drive_id)
         try:
-            n = self._store(drive_id).readinto(slice_id, offset, buf)
+            stored = store.length(slice_id) - offset
+            buf = bytearray(max(0, min(length, stored, MAX_SLICE_SIZE)))
+            n = store.readinto(slice_id, offset, buf)
         except SliceNotFound:
             raise SliceMissing(slice_id, drive_id) from None
         return memoryview(buf)[:n].toreadonly()

@@ -1,0 +1,159 @@
+"""Ordered commits: the one place where slice references reach the metadata.
+
+The rule (docs/architecture.md, "Ordered commits"), as a journaling file
+system's ordered mode states it: **a reference to a slice — and any file size
+that covers it — is committed to meta only after the slice's bytes are
+flushed on its drive.** A committed reference therefore points at bytes that
+survive a crash of any process and a power cut, whatever the metadata backend
+makes durable and when (SQLite's checkpoints, another client's fsync,
+PostgreSQL's synchronous commits): no crash can leave meta pointing at bytes
+the drive rolled back, so no file ever reads EIO because of a crash.
+
+Every commit of a written slice goes through :meth:`OrderedCommits.commit`:
+the writer's inline close, its background settle of slices ended while
+writing, and the Python API alike. (Compaction's ``replace_chunk`` follows the
+same rule with its own flush, see ``VFS.compact_chunk``.)
+
+Group commit: a caller that arrives while a batch is being committed waits
+and joins the next batch; one caller (the *leader*) then flushes each drive
+the batch touches once and commits every reference of the batch in one
+metadata transaction (``MetaStore.commit_slices``). A lone caller pays one
+drive flush and one transaction; N concurrent closers pay about one each per
+batch. No timer: a batch is whatever queued while the previous one ran.
+
+Errors: a failed drive flush fails every commit of its batch that needed it
+(the slice's bytes may not be durable: it is never referenced). A failed
+batch transaction is retried one commit at a time so each caller gets its own
+outcome (one file unlinked meanwhile does not fail the others).
+
+Thread safety: ``commit`` may be called from any thread, including the FUSE
+event loop (it then waits at most for the batch in progress).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from shinglefs.meta.api import InodeAttr, MetaStore, Replica, SliceCommit, SliceRef
+
+LOCAL_SERVER = "local"
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedSlice:
+    """A slice whose bytes are stored: what the client commits into the chunk map."""
+
+    ino: int
+    chunk_index: int
+    chunk_offset: int
+    slice_id: int
+    length: int
+    drive_id: int
+    group: int
+    registered: bool = True  # False: meta learns its replica in the commit itself
+    durable: bool = False  # True: the store already flushed it (no flush needed here)
+
+    def to_commit(self, file_end: int) -> SliceCommit:
+        return SliceCommit(
+            self.ino,
+            self.chunk_index,
+            SliceRef(self.slice_id, self.chunk_offset, self.length, 0),
+            file_end,
+            group=self.group,
+            slice_length=self.length,
+            replicas=() if self.registered else (Replica(LOCAL_SERVER, str(self.drive_id)),),
+        )
+
+
+@dataclass(slots=True)
+class _Waiting:
+    finished: FinishedSlice
+    file_end: int
+    done: bool = False
+    attr: InodeAttr | None = None
+    error: BaseException | None = None
+
+    def settle(self, attr: InodeAttr | None, error: BaseException | None) -> None:
+        self.attr, self.error, self.done = attr, error, True
+
+
+class OrderedCommits:
+    """Commits finished slices into meta after flushing their drives, in batches.
+
+    ``flush_drives(drive_ids)`` must return only when every write completed
+    on those drives before the call is durable (``StorageNode.flush``).
+    """
+
+    def __init__(self, meta: MetaStore, flush_drives: Callable[[Iterable[int]], None]) -> None:
+        self._meta = meta
+        self._flush_drives = flush_drives
+        self._cond = threading.Condition()
+        self._queue: list[_Waiting] = []
+        self._leading = False
+        self.batches = 0  # transactions run (statistics)
+        self.commits = 0  # references committed
+        self.drive_flushes = 0
+
+    @property
+    def waiting(self) -> int:
+        """Commits queued for the next batch (statistics)."""
+        with self._cond:
+            return len(self._queue)
+
+    def commit(self, finished: FinishedSlice, file_end: int) -> InodeAttr:
+        """Flush ``finished``'s drive (unless already durable), then commit its
+        reference and grow the file to at least ``file_end``; returns the new
+        attributes. Durable against a process crash when it returns; against a
+        power cut as soon as meta's own commit is (``MetaStore.sync``)."""
+        me = _Waiting(finished, file_end)
+        with self._cond:
+            self._queue.append(me)
+            while self._leading and not me.done:
+                self._cond.wait()
+            if not me.done:
+                self._leading = True
+                batch, self._queue = self._queue, []
+        if not me.done:
+            try:
+                self._commit_batch(batch)
+            finally:
+                with self._cond:
+                    self._leading = False
+                    self._cond.notify_all()
+        if me.error is not None:
+            raise me.error
+        assert me.attr is not None
+        return me.attr
+
+    def _commit_batch(self, batch: Sequence[_Waiting]) -> None:
+        try:
+            needed = sorted({w.finished.drive_id for w in batch if not w.finished.durable})
+            if needed:
+                self._flush_drives(needed)
+                self.drive_flushes += len(needed)
+        except BaseException as exc:
+            for w in batch:
+                w.settle(None, exc)
+            return
+        try:
+            attrs = self._meta.commit_slices([w.finished.to_commit(w.file_end) for w in batch])
+        except BaseException as exc:
+            if len(batch) == 1:
+                batch[0].settle(None, exc)
+                return
+            for w in batch:  # learn each one's own outcome
+                try:
+                    w.settle(self._meta.commit_slices([w.finished.to_commit(w.file_end)])[0],
+                             None)
+                except BaseException as one:
+                    w.settle(None, one)
+                else:
+                    self.commits += 1
+            self.batches += len(batch)
+            return
+        for w, attr in zip(batch, attrs, strict=True):
+            w.settle(attr, None)
+        self.batches += 1
+        self.commits += len(batch)
