@@ -193,7 +193,7 @@ class SqliteBackend:
         conn = getattr(local, "conn", None)
         if conn is None or local.pid != os.getpid():
             if self._closed:
-                raise MetaUnavailable(f"{self.where} is closed", hint="open_meta() again")
+                raise MetaUnavailable(f"{self.where} is closed", hint="open the metadata URL again")
             conn = self._connect()
             local.conn = conn
             local.pid = os.getpid()
@@ -240,7 +240,7 @@ class SqliteBackend:
                 if "no such table" in str(exc):
                     raise NotFormatted(
                         f"{self.where} holds no ShingleFS file system",
-                        hint="format it first (MetaStore.format / `shinglefs format`)",
+                        hint="format it first: `shinglefs format URL --drive KIND:PATH:SIZE`",
                     ) from None
                 raise MetaUnavailable(f"{self.where}: {exc}") from exc
             except sqlite3.IntegrityError as exc:
@@ -424,7 +424,7 @@ class PostgresBackend:
         if os.getpid() != self._pid:
             raise MetaUnavailable(
                 "this PostgreSQL metadata store was opened in another process",
-                hint="call open_meta() again in each process after fork",
+                hint="open the metadata URL again in each process after fork",
             )
         if mode == "write":
             begin = "BEGIN ISOLATION LEVEL SERIALIZABLE"
@@ -454,7 +454,7 @@ class PostgresBackend:
             except psycopg.errors.UndefinedTable:
                 raise NotFormatted(
                     f"{self.where} holds no ShingleFS file system",
-                    hint="format it first (MetaStore.format / `shinglefs format`)",
+                    hint="format it first: `shinglefs format URL --drive KIND:PATH:SIZE`",
                 ) from None
             except psycopg.errors.IntegrityError as exc:
                 raise FsError(17, f"constraint violated in {self.where}: {exc}") from None

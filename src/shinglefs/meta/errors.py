@@ -59,7 +59,7 @@ class ChunkChanged(FsError):
             _errno.EAGAIN,
             f"chunk {chunk_index} of inode {ino} is at version {found}, not {expected}",
             ino=ino,
-            hint="re-read the chunk with get_chunk() and compact again",
+            hint="the chunk changed meanwhile: read it again and retry the compaction",
         )
         self.chunk_index = chunk_index
         self.expected = expected

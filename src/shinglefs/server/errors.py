@@ -58,7 +58,7 @@ class NodeFull(NodeError):
             f"no space for slice {slice_id:#x}"
             + (f" on drive {drive_id}" if drive_id is not None else "")
             + (f": {detail}" if detail else ""),
-            hint="delete data (old checkpoints) or add drives",
+            hint="free space in the file system (files no longer needed) or add drives",
         )
         self.slice_id = slice_id
         self.drive_id = drive_id

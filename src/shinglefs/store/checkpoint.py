@@ -120,7 +120,7 @@ class CheckpointArea:
                 raise StoreFormatError(
                     f"{zones} conventional zones cannot hold checkpoints",
                     drive=drive.name,
-                    hint="create the drive with conventional zones or pass checkpoint_path",
+                    hint="format a drive with conventional zones (a larger drive has more)",
                 )
             self.base = 0
             self.slot_size = (conv - self.gen_bytes) // 2 // BLOCK * BLOCK
@@ -225,7 +225,7 @@ class CheckpointArea:
             raise StoreFormatError(
                 f"index checkpoint of {size} bytes exceeds its {self.slot_size}-byte slot",
                 drive=self.drive.name,
-                hint="create the drive with more conventional zones or use checkpoint_path",
+                hint="format a drive with more conventional zones (a larger drive has more)",
             )
         self._write(self._slot_offset(number % 2), parts)
         return size

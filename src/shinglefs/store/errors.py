@@ -77,7 +77,7 @@ class StoreFull(StoreError):
         super().__init__(
             f"store full: {needed} bytes do not fit ({free_zones} free zones, "
             f"{live_bytes} live bytes)",
-            drive=drive, hint="delete slices (old checkpoints) or add drives",
+            drive=drive, hint="free space in the file system (files no longer needed) or add drives",
         )
         self.needed = needed
         self.free_zones = free_zones

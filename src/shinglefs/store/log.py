@@ -891,7 +891,7 @@ class SliceLog:
         if ckpt is None:
             raise StoreFormatError("no valid index checkpoint: not a slice store, or both "
                                    "checkpoint slots are corrupt", drive=self.name,
-                                   hint="format the drive with `SliceStore.format`")
+                                   hint="check the drive path; a drive is made by `shinglefs format`")
         meta = ckpt.meta
         if meta.get("zone_size") != self.zs or meta.get("zone_count") != self.nz:
             raise StoreFormatError("checkpoint geometry does not match the drive",

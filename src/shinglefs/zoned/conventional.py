@@ -106,7 +106,7 @@ class ConventionalDrive(ZonedDrive):
             fd = os.open(data, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             raise UsageError(
-                f"{data} already exists", hint="open it instead, or remove it to start over"
+                f"{data} already exists", hint="format never overwrites a drive: choose a new path for it"
             ) from None
         except OSError as exc:
             raise UsageError(f"cannot create {data}: {exc.strerror}") from None

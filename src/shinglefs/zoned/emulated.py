@@ -234,7 +234,7 @@ class EmulatedZonedDrive(ZonedDrive):
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             except FileExistsError:
                 raise UsageError(
-                    f"{path} already exists", hint="open it instead, or remove it to start over"
+                    f"{path} already exists", hint="format never overwrites a drive: choose a new path for it"
                 ) from None
             except OSError as exc:
                 raise UsageError(f"cannot create {path}: {exc.strerror}") from None
