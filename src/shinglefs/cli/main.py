@@ -16,7 +16,8 @@ import sys
 
 import typer
 
-from shinglefs.errors import ShingleError
+from shinglefs import __version__
+from shinglefs.errors import ShingleError, UsageError
 
 app = typer.Typer(
     name="shinglefs",
@@ -28,7 +29,7 @@ app = typer.Typer(
 
 # Modules of shinglefs.cli that add commands; a missing one is skipped so the
 # layers can land one at a time.
-COMMAND_MODULES = ["bench", "demo", "filesystem"]
+COMMAND_MODULES = ["bench", "demo", "filesystem", "recovery"]
 
 
 def _register_all() -> None:
@@ -42,12 +43,37 @@ def _register_all() -> None:
         module.register(app)
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"shinglefs {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
+                                 help="print the version and exit"),
+) -> None:
+    """ShingleFS: AI training storage on host-managed SMR drives."""
+
+
+def _configure_logging() -> None:
+    """Logging at ``SHINGLEFS_LOG`` (default WARNING); UsageError for an unknown level."""
+    level = os.environ.get("SHINGLEFS_LOG", "WARNING").strip().upper() or "WARNING"
+    if level not in LOG_LEVELS:
+        raise UsageError(f"SHINGLEFS_LOG={os.environ['SHINGLEFS_LOG']!r} is not a log level",
+                         hint=f"use one of {', '.join(LOG_LEVELS)}, or unset it")
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns (and exits with) the process exit code."""
-    level = os.environ.get("SHINGLEFS_LOG", "WARNING").upper()
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     _register_all()
     try:
+        _configure_logging()
         # Standalone mode: click itself reports usage errors (exit 2) and
         # Ctrl-C; our typed errors pass through it to the boundary below.
         app(args=argv, standalone_mode=True)

@@ -1,20 +1,33 @@
-"""Consistency checks of a metadata database (the core of a future fsck).
+"""Consistency checks of a metadata database, and their repairs (the core of fsck).
 
-A list of small named passes, each one bulk SQL query (as S3QL's fsck does).
-``check_consistency`` runs them all in one read snapshot and returns every
-problem found; an empty list means the namespace, the content map, the slice
-reference counts and the statfs counters agree with each other.
+A list of small named passes (as S3QL's fsck has), each finding its problems
+with one bulk SQL query (or a few) and, where a fix is safe, repairing them in
+one transaction. ``check_consistency`` runs the finds of ``META_PASSES`` and
+returns every problem; an empty list means the namespace, the content map, the
+slice reference counts and the statfs counters agree with each other.
+``shinglefs.meta.fsck`` adds the passes that compare the metadata with what
+the drives hold, and runs the repairs.
+
+Repairs never delete file bytes that can still be read: entries pointing at
+nothing are dropped, unreachable inodes are linked into ``/lost+found``,
+counters are recomputed; only inodes nobody can reach or open (nlink 0, open
+by no live session) are freed.
 """
 
 from __future__ import annotations
 
+import stat
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from shinglefs.meta.api import ROOT_INO
-from shinglefs.meta.backend import Tx
-from shinglefs.meta.engine import SqlMetaStore
+from shinglefs.meta import schema as S
+from shinglefs.meta.api import ROOT_INO, MetaStore
+from shinglefs.meta.backend import Backend, Mode, Tx
+
+DIR_LO, DIR_HI = stat.S_IFDIR, stat.S_IFDIR + 0o010000  # mode range of directories
+LOST_FOUND = b"lost+found"
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,160 +38,411 @@ class Problem:
     detail: str
 
 
-def _file_nlink(tx: Tx) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """What a pass found: a line for the user and the row(s) its repair acts on."""
+
+    detail: str
+    key: tuple[Any, ...] = ()
+    repairable: bool = True
+
+
+@dataclass
+class CheckContext:
+    """What passes see besides the database.
+
+    ``live_sessions``: the sessions that count as alive (None: every
+    registered one, as the engine itself assumes). ``held``: per drive id,
+    slice id -> bytes the drive holds (None: the drives were not read).
+    ``drop_slice(slice_id)``: delete a slice from every drive holding it.
+    ``log``: what repairs did, one line each (paths of truncated files...).
+    """
+
+    backend: Backend
+    meta: MetaStore
+    chunk_size: int
+    live_sessions: frozenset[int] | None = None
+    held: dict[int, dict[int, int]] | None = None
+    drop_slice: Callable[[int], None] | None = None
+    log: list[str] = field(default_factory=list)
+
+    def run(self, fn: Callable[[Tx], Any], mode: Mode = "write") -> Any:
+        return self.backend.run(fn, mode)
+
+
+Find = Callable[[Tx, CheckContext], list[Finding]]
+Repair = Callable[[CheckContext, list[Finding]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class CheckPass:
+    """A named pass: ``find`` runs in a read snapshot; ``repair`` (when safe) fixes."""
+
+    name: str
+    find: Find
+    repair: Repair | None = None
+
+
+def path_of(tx: Tx, ino: int) -> str:
+    """A path of ``ino`` (through its first entry at each level), or ``<ino N>``."""
+    parts: list[bytes] = []
+    cur = ino
+    for _ in range(4096):
+        if cur == ROOT_INO:
+            return "/" + "/".join(p.decode(errors="replace") for p in reversed(parts))
+        row = tx.one("SELECT parent, name FROM dentries WHERE ino = ? LIMIT 1", (cur,))
+        if row is None:
+            break
+        cur, name = row
+        parts.append(bytes(name))
+    return f"<inode {ino}>"
+
+
+def _is_dir_sql(alias: str) -> str:
+    return f"{alias}.mode >= {DIR_LO} AND {alias}.mode < {DIR_HI}"
+
+
+# ---- sessions and open files ----------------------------------------------------------
+
+
+def _stale_sessions(tx: Tx, ctx: CheckContext) -> list[Finding]:
+    if ctx.live_sessions is None:
+        return []
+    rows = tx.all("SELECT id, host, pid, mountpoint FROM sessions ORDER BY id")
+    return [Finding(f"session {r[0]} ({r[1]} pid {r[2]} {r[3] or '-'}) is not alive", (r[0],))
+            for r in rows if r[0] not in ctx.live_sessions]
+
+
+def _end_sessions(ctx: CheckContext, found: list[Finding]) -> None:
+    def txn(tx: Tx) -> None:
+        for f in found:
+            tx.run(S.DEL_OPEN_OF_SESSION, f.key)
+            tx.run(S.DEL_SESSION, f.key)
+
+    ctx.run(txn)
+    ctx.log.append(f"ended {len(found)} dead session(s)")
+
+
+def _open_files(tx: Tx, ctx: CheckContext) -> list[Finding]:
     rows = tx.all(
-        "SELECT i.ino, i.nlink, (SELECT COUNT(*) FROM dentries d WHERE d.ino = i.ino) "
-        f"FROM inodes i WHERE i.mode < {0o040000} OR i.mode >= {0o050000}"
+        "SELECT o.session, o.ino FROM open_files o LEFT JOIN sessions s ON s.id = o.session "
+        "WHERE s.id IS NULL"
     )
-    return [f"inode {r[0]} has nlink {r[1]} but {r[2]} entries" for r in rows if r[1] != r[2]]
+    return [Finding(f"inode {r[1]} is held open by unknown session {r[0]}", (r[0], r[1]))
+            for r in rows]
 
 
-def _dir_nlink(tx: Tx) -> list[str]:
-    rows = tx.all(
-        "SELECT p.ino, p.nlink, (SELECT COUNT(*) FROM dentries d JOIN inodes c ON c.ino = d.ino "
-        f"WHERE d.parent = p.ino AND c.mode >= {0o040000} AND c.mode < {0o050000}) "
-        f"FROM inodes p WHERE p.mode >= {0o040000} AND p.mode < {0o050000}"
-    )
-    return [
-        f"directory {r[0]} has nlink {r[1]} but {r[2]} subdirectories"
-        for r in rows
-        if r[1] != 2 + r[2]
-    ]
+def _drop_open_files(ctx: CheckContext, found: list[Finding]) -> None:
+    ctx.run(lambda tx: [tx.run(S.DEL_OPEN, f.key) for f in found])
 
 
-def _dangling_entries(tx: Tx) -> list[str]:
+# ---- namespace ------------------------------------------------------------------------
+
+
+def _dangling_entries(tx: Tx, ctx: CheckContext) -> list[Finding]:
     rows = tx.all(
         "SELECT d.parent, d.name, d.ino FROM dentries d LEFT JOIN inodes i ON i.ino = d.ino "
         "WHERE i.ino IS NULL"
     )
-    return [f"entry {bytes(r[1])!r} in {r[0]} points at missing inode {r[2]}" for r in rows]
+    return [Finding(f"entry {bytes(r[1])!r} in {r[0]} points at missing inode {r[2]}",
+                    (r[0], bytes(r[1]))) for r in rows]
 
 
-def _entries_in_non_dirs(tx: Tx) -> list[str]:
+def _entries_in_non_dirs(tx: Tx, ctx: CheckContext) -> list[Finding]:
     rows = tx.all(
         "SELECT d.parent, d.name FROM dentries d LEFT JOIN inodes p ON p.ino = d.parent "
-        f"WHERE p.ino IS NULL OR p.mode < {0o040000} OR p.mode >= {0o050000}"
+        f"WHERE p.ino IS NULL OR NOT ({_is_dir_sql('p')})"
     )
-    return [f"entry {bytes(r[1])!r} lives in {r[0]}, which is no directory" for r in rows]
+    return [Finding(f"entry {bytes(r[1])!r} lives in {r[0]}, which is no directory",
+                    (r[0], bytes(r[1]))) for r in rows]
 
 
-def _orphans(tx: Tx) -> list[str]:
-    rows = tx.all(
-        "SELECT i.ino FROM inodes i WHERE i.ino <> ? AND i.nlink = 0 "
-        "AND NOT EXISTS (SELECT 1 FROM open_files o WHERE o.ino = i.ino)",
-        (ROOT_INO,),
-    )
-    return [f"inode {r[0]} has no links and is open nowhere (leaked)" for r in rows]
+def _drop_entries(ctx: CheckContext, found: list[Finding]) -> None:
+    ctx.run(lambda tx: [tx.run(S.DEL_DENTRY, f.key) for f in found])
+    ctx.log.extend(f"dropped entry {f.key[1]!r} of directory {f.key[0]}" for f in found)
 
 
-def _dir_parents(tx: Tx) -> list[str]:
+def _dir_parents(tx: Tx, ctx: CheckContext) -> list[Finding]:
     rows = tx.all(
         "SELECT c.ino, c.parent, d.parent FROM inodes c JOIN dentries d ON d.ino = c.ino "
-        f"WHERE c.mode >= {0o040000} AND c.mode < {0o050000} AND c.parent <> d.parent"
+        f"WHERE {_is_dir_sql('c')} AND c.parent <> d.parent"
     )
-    out = [f"directory {r[0]} records parent {r[1]} but lives in {r[2]}" for r in rows]
+    out = [Finding(f"directory {r[0]} records parent {r[1]} but lives in {r[2]}", (r[0], r[2]))
+           for r in rows]
     # Every directory reaches the root (no cycles): walk parents in memory.
-    parent = dict(
-        tx.all(f"SELECT ino, parent FROM inodes WHERE mode >= {0o040000} AND mode < {0o050000}")
-    )
+    parent = dict(tx.all(f"SELECT ino, parent FROM inodes i WHERE {_is_dir_sql('i')}"))
     for ino in parent:
         cur, seen = ino, 0
         while cur != ROOT_INO and seen <= len(parent):
             cur = parent.get(cur, ROOT_INO)
             seen += 1
         if cur != ROOT_INO:
-            out.append(f"directory {ino} does not reach the root (cycle)")
+            out.append(Finding(f"directory {ino} does not reach the root (cycle)", (ino,),
+                               repairable=False))
     return out
 
 
-def _counters(tx: Tx) -> list[str]:
-    used, inodes = tx.one(
-        "SELECT COALESCE(SUM(used_bytes), 0), COALESCE(SUM(inodes), 0) FROM counters"
+def _fix_dir_parents(ctx: CheckContext, found: list[Finding]) -> None:
+    fixable = [f for f in found if f.repairable]
+    ctx.run(lambda tx: [tx.run("UPDATE inodes SET parent = ? WHERE ino = ?", (f.key[1], f.key[0]))
+                        for f in fixable])
+
+
+def _unreachable(tx: Tx, ctx: CheckContext) -> list[Finding]:
+    rows = tx.all(
+        "SELECT i.ino, i.mode FROM inodes i WHERE i.ino <> ? AND i.nlink > 0 "
+        "AND NOT EXISTS (SELECT 1 FROM dentries d WHERE d.ino = i.ino)", (ROOT_INO,)
     )
-    real_inodes, real_used = tx.one("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM inodes")
-    out = []
-    if int(inodes) != int(real_inodes):
-        out.append(f"inode counter says {inodes}, table holds {real_inodes}")
-    if int(used) != int(real_used):
-        out.append(f"used-bytes counter says {used}, sizes sum to {real_used}")
-    return out
+    return [Finding(f"inode {r[0]} has links but no entry (unreachable)", (r[0], r[1]))
+            for r in rows]
 
 
-def _chunk_nrefs(tx: Tx) -> list[str]:
+def lost_found(ctx: CheckContext) -> int:
+    """The inode of ``/lost+found``, made (mode 0700) when missing."""
+    from shinglefs.meta.errors import FsError
+
+    try:
+        return ctx.meta.lookup(ROOT_INO, LOST_FOUND).ino
+    except FsError:
+        return ctx.meta.mkdir(ROOT_INO, LOST_FOUND, 0o700).ino
+
+
+def link_into_lost_found(tx: Tx, home: int, ino: int, mode: int, name: bytes) -> None:
+    """Give ``ino`` an entry ``name`` in ``home`` (a directory also its parent)."""
+    is_dir = DIR_LO <= mode < DIR_HI
+    now = time.time_ns()
+    cookie = tx.one(S.TAKE_COOKIE, (home,))[0]
+    tx.run(S.INS_DENTRY, (home, name, ino, cookie))
+    tx.run(S.TOUCH_DIR, (now, now, 1 if is_dir else 0, home))
+    if is_dir:
+        tx.run(S.SET_PARENT, (home, now, ino))
+
+
+def _adopt(ctx: CheckContext, found: list[Finding]) -> None:
+    home = lost_found(ctx)
+
+    def txn(tx: Tx) -> None:
+        for f in found:
+            ino, mode = f.key
+            link_into_lost_found(tx, home, ino, mode, f"#{ino}".encode())
+
+    ctx.run(txn)
+    ctx.log.extend(f"linked unreachable inode {f.key[0]} as /lost+found/#{f.key[0]}"
+                   for f in found)
+
+
+def _orphans(tx: Tx, ctx: CheckContext) -> list[Finding]:
+    rows = tx.all(
+        "SELECT i.ino, i.size FROM inodes i WHERE i.ino <> ? AND i.nlink = 0 "
+        "AND NOT EXISTS (SELECT 1 FROM open_files o WHERE o.ino = i.ino)",
+        (ROOT_INO,),
+    )
+    return [Finding(f"inode {r[0]} has no links and is open nowhere (leaked)", (r[0], r[1]))
+            for r in rows]
+
+
+def deref_slices(tx: Tx, counts: dict[int, int]) -> None:
+    """Drop ``counts`` references per slice; a slice at zero is queued for deletion."""
+    now = time.time_ns()
+    for sid, n in sorted(counts.items()):
+        row = tx.one(S.DEREF_SLICE, (n, sid))
+        if row is not None and row[0] <= 0:
+            tx.run(S.DOOM_SLICE, (sid,))
+            tx.run(S.QUEUE_DELETION, (sid, now))
+
+
+def _free_orphans(ctx: CheckContext, found: list[Finding]) -> None:
+    def txn(tx: Tx) -> None:
+        for f in found:
+            ino, size = f.key
+            counts: dict[int, int] = {}
+            for (sid,) in tx.all(S.SEL_REF_SLICES_OF, (ino,)):
+                counts[sid] = counts.get(sid, 0) + 1
+            tx.run(S.DEL_REFS_OF, (ino,))
+            tx.run(S.DEL_CHUNKS_OF, (ino,))
+            deref_slices(tx, counts)
+            tx.run(S.DEL_XATTRS_OF, (ino,))
+            tx.run(S.DEL_INODE, (ino,))
+            tx.run(S.ADD_COUNTERS, (-size, -1, 0))
+
+    ctx.run(txn)
+    ctx.log.append(f"freed {len(found)} leaked inode(s)")
+
+
+def _file_nlink(tx: Tx, ctx: CheckContext) -> list[Finding]:
+    rows = tx.all(
+        "SELECT i.ino, i.nlink, (SELECT COUNT(*) FROM dentries d WHERE d.ino = i.ino) "
+        f"FROM inodes i WHERE NOT ({_is_dir_sql('i')})"
+    )
+    return [Finding(f"inode {r[0]} has nlink {r[1]} but {r[2]} entries", (r[0], r[2]),
+                    repairable=r[2] > 0) for r in rows if r[1] != r[2]]
+
+
+def _set_nlink(ctx: CheckContext, found: list[Finding]) -> None:
+    fixable = [f for f in found if f.repairable]
+    ctx.run(lambda tx: [tx.run("UPDATE inodes SET nlink = ? WHERE ino = ?", (f.key[1], f.key[0]))
+                        for f in fixable])
+
+
+def _dir_nlink(tx: Tx, ctx: CheckContext) -> list[Finding]:
+    rows = tx.all(
+        "SELECT p.ino, p.nlink, (SELECT COUNT(*) FROM dentries d JOIN inodes c ON c.ino = d.ino "
+        f"WHERE d.parent = p.ino AND {_is_dir_sql('c')}) "
+        f"FROM inodes p WHERE {_is_dir_sql('p')}"
+    )
+    return [Finding(f"directory {r[0]} has nlink {r[1]} but {r[2]} subdirectories",
+                    (r[0], 2 + r[2])) for r in rows if r[1] != 2 + r[2]]
+
+
+# ---- content map and slices -----------------------------------------------------------
+
+
+def _chunk_nrefs(tx: Tx, ctx: CheckContext) -> list[Finding]:
     rows = tx.all(
         "SELECT c.ino, c.chunk_index, c.nrefs, (SELECT COUNT(*) FROM chunk_refs r "
         "WHERE r.ino = c.ino AND r.chunk_index = c.chunk_index) FROM chunks c"
     )
-    out = [f"chunk {r[1]} of {r[0]} says {r[2]} refs, holds {r[3]}" for r in rows if r[2] != r[3]]
+    out = [Finding(f"chunk {r[1]} of {r[0]} says {r[2]} refs, holds {r[3]}", ("nrefs", *r[:2]))
+           for r in rows if r[2] != r[3]]
     rows = tx.all(
         "SELECT DISTINCT r.ino, r.chunk_index FROM chunk_refs r LEFT JOIN chunks c "
         "ON c.ino = r.ino AND c.chunk_index = r.chunk_index WHERE c.ino IS NULL"
     )
-    out += [f"refs of chunk {r[1]} of {r[0]} have no chunk row" for r in rows]
+    out += [Finding(f"refs of chunk {r[1]} of {r[0]} have no chunk row", ("row", *r))
+            for r in rows]
     rows = tx.all(
         "SELECT DISTINCT r.ino FROM chunk_refs r LEFT JOIN inodes i ON i.ino = r.ino "
         "WHERE i.ino IS NULL"
     )
-    out += [f"chunk refs of missing inode {r[0]}" for r in rows]
+    out += [Finding(f"chunk refs of missing inode {r[0]}", ("inode", r[0])) for r in rows]
     return out
 
 
-def _slice_refcounts(tx: Tx) -> list[str]:
+def _fix_chunks(ctx: CheckContext, found: list[Finding]) -> None:
+    count = ("SELECT COUNT(*) FROM chunk_refs WHERE ino = ? AND chunk_index = ?")
+
+    def txn(tx: Tx) -> None:
+        for f in found:
+            if f.key[0] == "inode":
+                counts: dict[int, int] = {}
+                for (sid,) in tx.all(S.SEL_REF_SLICES_OF, (f.key[1],)):
+                    counts[sid] = counts.get(sid, 0) + 1
+                tx.run(S.DEL_REFS_OF, (f.key[1],))
+                tx.run(S.DEL_CHUNKS_OF, (f.key[1],))
+                deref_slices(tx, counts)
+                continue
+            ino, ci = f.key[1:]
+            n = tx.one(count, (ino, ci))[0]
+            if f.key[0] == "row":
+                tx.run("INSERT INTO chunks (ino, chunk_index, version, nrefs) VALUES (?, ?, 1, ?)",
+                       (ino, ci, n))
+            else:
+                tx.run("UPDATE chunks SET nrefs = ?, version = version + 1 "
+                       "WHERE ino = ? AND chunk_index = ?", (n, ino, ci))
+
+    ctx.run(txn)
+
+
+def _slice_refcounts(tx: Tx, ctx: CheckContext) -> list[Finding]:
     rows = tx.all(
         "SELECT s.id, s.refcount, s.state, (SELECT COUNT(*) FROM chunk_refs r "
-        "WHERE r.slice_id = s.id) FROM slices s"
+        "WHERE r.slice_id = s.id), (SELECT COUNT(*) FROM deletions q WHERE q.slice_id = s.id) "
+        "FROM slices s"
     )
     out = []
-    for sid, refcount, state, real in rows:
+    for sid, refcount, state, real, queued in rows:
         if refcount != real:
-            out.append(f"slice {sid} has refcount {refcount} but {real} references")
+            out.append(Finding(f"slice {sid} has refcount {refcount} but {real} references",
+                               ("count", sid, real)))
         if state == "to_delete" and real:
-            out.append(f"slice {sid} is queued for deletion but still referenced")
+            out.append(Finding(f"slice {sid} is queued for deletion but still referenced",
+                               ("revive", sid)))
         if state == "committed" and not real:
-            out.append(f"slice {sid} is committed but unreferenced and not queued")
+            out.append(Finding(f"slice {sid} is committed but unreferenced and not queued",
+                               ("drop", sid)))
+        if state == "to_delete" and not queued:
+            out.append(Finding(f"slice {sid} is to_delete but not in the deletion queue",
+                               ("drop", sid)))
     rows = tx.all(
-        "SELECT s.id FROM slices s LEFT JOIN deletions q ON q.slice_id = s.id "
-        "WHERE s.state = 'to_delete' AND q.slice_id IS NULL"
+        "SELECT r.slice_id, COUNT(*), MAX(r.slice_offset + r.length) FROM chunk_refs r "
+        "LEFT JOIN slices s ON s.id = r.slice_id WHERE s.id IS NULL GROUP BY r.slice_id"
     )
-    out += [f"slice {r[0]} is to_delete but not in the deletion queue" for r in rows]
-    rows = tx.all(
-        "SELECT DISTINCT r.slice_id FROM chunk_refs r LEFT JOIN slices s ON s.id = r.slice_id "
-        "WHERE s.id IS NULL"
-    )
-    out += [f"chunk refs point at unknown slice {r[0]}" for r in rows]
+    out += [Finding(f"chunk refs point at unknown slice {r[0]}", ("register", *r)) for r in rows]
     return out
 
 
-def _open_files(tx: Tx) -> list[str]:
-    rows = tx.all(
-        "SELECT o.session, o.ino FROM open_files o LEFT JOIN sessions s ON s.id = o.session "
-        "WHERE s.id IS NULL"
-    )
-    return [f"inode {r[1]} is held open by unknown session {r[0]}" for r in rows]
+def _fix_refcounts(ctx: CheckContext, found: list[Finding]) -> None:
+    now = time.time_ns()
+
+    def txn(tx: Tx) -> None:
+        for f in found:
+            kind, sid = f.key[:2]
+            if kind == "count":
+                tx.run("UPDATE slices SET refcount = ? WHERE id = ?", (f.key[2], sid))
+            elif kind == "revive":
+                tx.run("UPDATE slices SET state = 'committed' WHERE id = ?", (sid,))
+                tx.run(S.DEL_DELETION, (sid,))
+            elif kind == "drop":  # unreferenced: the deletion queue removes its bytes
+                tx.run(S.DOOM_SLICE, (sid,))
+                tx.run(S.QUEUE_DELETION, (sid, now))
+            else:
+                tx.run(S.INS_SLICE, (sid, f.key[3], 0, "committed", f.key[2], now))
+
+    ctx.run(txn)
 
 
-PASSES: list[tuple[str, Callable[[Tx], list[str]]]] = [
-    ("file_nlink", _file_nlink),
-    ("dir_nlink", _dir_nlink),
-    ("dangling_entries", _dangling_entries),
-    ("entries_in_non_dirs", _entries_in_non_dirs),
-    ("orphans", _orphans),
-    ("dir_parents", _dir_parents),
-    ("counters", _counters),
-    ("chunk_nrefs", _chunk_nrefs),
-    ("slice_refcounts", _slice_refcounts),
-    ("open_files", _open_files),
+def _counters(tx: Tx, ctx: CheckContext) -> list[Finding]:
+    used, inodes = tx.one(S.SUM_COUNTERS)
+    real_inodes, real_used = tx.one("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM inodes")
+    out = []
+    if int(inodes) != int(real_inodes):
+        out.append(Finding(f"inode counter says {inodes}, table holds {real_inodes}"))
+    if int(used) != int(real_used):
+        out.append(Finding(f"used-bytes counter says {used}, sizes sum to {real_used}"))
+    return out
+
+
+def _fix_counters(ctx: CheckContext, found: list[Finding]) -> None:
+    def txn(tx: Tx) -> None:
+        real_inodes, real_used = tx.one("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM inodes")
+        tx.run("UPDATE counters SET used_bytes = 0, inodes = 0")
+        tx.run("UPDATE counters SET used_bytes = ?, inodes = ? WHERE shard = 0",
+               (int(real_used), int(real_inodes)))
+
+    ctx.run(txn)
+
+
+SESSION_PASSES = [
+    CheckPass("stale_sessions", _stale_sessions, _end_sessions),
+    CheckPass("open_files", _open_files, _drop_open_files),
 ]
+NAMESPACE_PASSES = [
+    CheckPass("dangling_entries", _dangling_entries, _drop_entries),
+    CheckPass("entries_in_non_dirs", _entries_in_non_dirs, _drop_entries),
+    CheckPass("dir_parents", _dir_parents, _fix_dir_parents),
+    CheckPass("unreachable", _unreachable, _adopt),
+    CheckPass("orphans", _orphans, _free_orphans),
+    CheckPass("file_nlink", _file_nlink, _set_nlink),
+    CheckPass("dir_nlink", _dir_nlink, _set_nlink),
+    CheckPass("chunk_nrefs", _chunk_nrefs, _fix_chunks),
+]
+SLICE_PASSES = [CheckPass("slice_refcounts", _slice_refcounts, _fix_refcounts)]
+COUNTER_PASSES = [CheckPass("counters", _counters, _fix_counters)]
+META_PASSES = SESSION_PASSES + NAMESPACE_PASSES + SLICE_PASSES + COUNTER_PASSES
 
 
-def check_consistency(store: SqlMetaStore) -> list[Problem]:
-    """Run every pass in one read snapshot; returns all problems (empty = consistent)."""
+def check_consistency(store: MetaStore) -> list[Problem]:
+    """Run every metadata pass in one read snapshot; returns all problems (empty = consistent)."""
+    from shinglefs.meta.dump import backend_of
+
+    backend = backend_of(store)
+    ctx = CheckContext(backend, store, chunk_size=0)
 
     def txn(tx: Tx) -> list[Problem]:
         problems: list[Problem] = []
-        for name, check in PASSES:
-            problems += [Problem(name, detail) for detail in check(tx)]
+        for one in META_PASSES:
+            problems += [Problem(one.name, f.detail) for f in one.find(tx, ctx)]
         return problems
 
-    result: Any = store._b.run(txn, "read")
-    return list(result)
+    result: list[Problem] = backend.run(txn, "read")
+    return result

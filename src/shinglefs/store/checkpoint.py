@@ -7,6 +7,7 @@ flash/conventional file system (``checkpoint_path``). It is laid out as::
                        4 KiB blocks of 1020 entries + a crc32c each
     slot 0             a checkpoint
     slot 1             a checkpoint
+    backup 0, backup 1 metadata backups (store/metabackup.py): 1/4 of the area
 
 A checkpoint is a 4 KiB header -- magic b"SHCK", version, checkpoint number,
 the log sequence number it covers, payload length, payload crc32c, header
@@ -42,6 +43,7 @@ VERSION = 1
 BLOCK = 4096
 _HEADER = struct.Struct("<4sIQQQII")  # magic, version, number, covered seq, payload len, crc, hcrc
 _GEN_PER_BLOCK = (BLOCK - 4) // 4
+BACKUP_SHARE = 4  # 1/BACKUP_SHARE of the area (after the generation table): two backup slots
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +115,7 @@ class CheckpointArea:
             self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             self.base = 0
             self.slot_size = 1 << 40  # a sparse file: no practical limit
+            self.backup_slot_size = 1 << 40
         else:
             zones = drive.conventional_zones if area_zones is None else area_zones
             conv = zones * drive.zone_size
@@ -123,7 +126,9 @@ class CheckpointArea:
                     hint="format a drive with conventional zones (a larger drive has more)",
                 )
             self.base = 0
-            self.slot_size = (conv - self.gen_bytes) // 2 // BLOCK * BLOCK
+            usable = conv - self.gen_bytes
+            self.backup_slot_size = usable // BACKUP_SHARE // 2 // BLOCK * BLOCK
+            self.slot_size = (usable - 2 * self.backup_slot_size) // 2 // BLOCK * BLOCK
         self.bytes_written = 0
 
     def close(self) -> None:
@@ -238,6 +243,24 @@ class CheckpointArea:
             if head is not None:
                 out.append((head[0], head[1]))
         return out
+
+    # -- metadata backup slots (their format is store/metabackup.py's) -------------------
+    def _backup_offset(self, slot: int) -> int:
+        return self.gen_bytes + 2 * self.slot_size + slot * self.backup_slot_size
+
+    def write_backup(self, slot: int, offset: int, parts: list[Any]) -> None:
+        """Write ``parts`` at ``offset`` of metadata backup slot ``slot`` (0/1). Not flushed."""
+        size = sum(memoryview(p).nbytes for p in parts)
+        if offset + size > self.backup_slot_size:
+            raise StoreFormatError(
+                f"metadata backup of {offset + size} bytes exceeds its "
+                f"{self.backup_slot_size}-byte slot", drive=self.drive.name,
+                hint="create the drive with more conventional zones")
+        self._write(self._backup_offset(slot) + offset, parts)
+
+    def read_backup(self, slot: int, offset: int, length: int) -> bytearray:
+        """``length`` bytes from ``offset`` of metadata backup slot ``slot``."""
+        return self._read(self._backup_offset(slot) + offset, length)
 
     def load_best(self) -> tuple[Checkpoint | None, list[str]]:
         """The valid checkpoint with the highest number, and notes on slots rejected."""

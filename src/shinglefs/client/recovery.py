@@ -1,0 +1,333 @@
+"""Recovery tools over a whole file system (metadata plus its drives).
+
+- ``fsck``: the passes of ``shinglefs.meta.fsck`` with the drives' slice
+  indexes as input; ``--repair`` refuses while a live session has the file
+  system open (``FileSystemInUse``) unless forced.
+- ``scrub``: ``shinglefs.store.scrub`` on every drive, damaged slices mapped
+  to file paths through the chunk map.
+- ``MetadataBackup``: a compressed dump of the metadata written to every
+  drive's backup slots (``shinglefs.store.metabackup``); the client's
+  maintenance thread calls ``maybe_write`` every pass, and it writes one
+  every ``BACKUP_INTERVAL_S`` (the first ``FIRST_BACKUP_S`` after opening).
+- ``load_from_drives``: rebuild a lost metadata database from the newest
+  valid backup on the drives.
+
+A session is live when its heartbeat is younger than the client's session
+timeout and, for a session of this host, its pid still runs.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shinglefs.client.config import ClientConfig
+from shinglefs.errors import ShingleError
+from shinglefs.meta.api import MetaStore, open_meta
+from shinglefs.meta.backend import Tx
+from shinglefs.meta.check import CheckContext, path_of
+from shinglefs.meta.dump import backend_of, dump_backend, load_backend
+from shinglefs.meta.fsck import FsckReport, run_fsck
+from shinglefs.server.node import StorageNode, drive_path
+from shinglefs.store.metabackup import (
+    BackupError,
+    BackupSlot,
+    newest_backup,
+    read_backup,
+    write_backup,
+)
+from shinglefs.store.scrub import ScrubState, scrub_drive
+from shinglefs.store.slice_store import SliceStore
+
+log = logging.getLogger(__name__)
+
+BACKUP_INTERVAL_S = 600.0
+FIRST_BACKUP_S = 30.0
+SCRUB_DIR_FOR_DEVICES = Path("/var/lib/shinglefs/scrub")
+
+
+class FileSystemInUse(ShingleError):
+    """``fsck --repair`` while a live session has the file system open."""
+
+    exit_code = 3
+
+
+class NoMetadataBackup(ShingleError):
+    """No drive holds a valid metadata backup."""
+
+    exit_code = 3
+
+
+def live_sessions(meta: MetaStore, timeout_s: float | None = None) -> frozenset[int]:
+    """The sessions that count as alive (see the module docstring)."""
+    timeout = ClientConfig().session_timeout if timeout_s is None else timeout_s
+    now = time.time_ns()
+    host = socket.gethostname()
+    alive = set()
+    for s in meta.list_sessions():
+        if now - s.heartbeat_ns > timeout * 1e9:
+            continue
+        if s.info.host == host and s.info.pid and not _pid_runs(s.info.pid):
+            continue
+        alive.add(s.id)
+    return frozenset(alive)
+
+
+def _pid_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _opened(meta_url: str) -> tuple[MetaStore, StorageNode]:
+    from shinglefs.client.filesystem import recorded_drives
+
+    meta = open_meta(meta_url)
+    try:
+        meta.format_info()
+        node = StorageNode.open(list(enumerate(recorded_drives(meta))))
+    except BaseException:
+        meta.close()
+        raise
+    return meta, node
+
+
+def slice_inventory(node: StorageNode) -> dict[int, dict[int, int]]:
+    """Per drive id: every slice it holds and its stored length."""
+    held: dict[int, dict[int, int]] = {}
+    for drive_id in node.drive_ids:
+        store = node.store(drive_id)
+        assert isinstance(store, SliceStore)
+        held[drive_id] = {sid: store.length(sid) for sid in store.slice_ids()}
+    return held
+
+
+def fsck(meta_url: str, *, repair: bool = False, force: bool = False,
+         progress: Callable[[str], None] | None = None) -> FsckReport:
+    """Check (and with ``repair`` fix) the file system at ``meta_url``.
+
+    Raises ``FileSystemInUse`` for ``repair`` while a live session exists and
+    ``force`` is off; ``DriveInUse`` while a local process holds the drives.
+    """
+    meta, node = _opened(meta_url)
+    try:
+        alive = live_sessions(meta)
+        if repair and alive and not force:
+            raise FileSystemInUse(
+                f"{len(alive)} live session(s) have {meta_url} open (ids "
+                f"{', '.join(map(str, sorted(alive)))})",
+                hint="unmount it first (`shinglefs umount`), or pass --force if those "
+                     "sessions are known dead")
+        ctx = CheckContext(backend_of(meta), meta, meta.format_info().chunk_size,
+                           live_sessions=frozenset() if force else alive,
+                           held=slice_inventory(node), drop_slice=node.delete)
+        report = run_fsck(ctx, repair=repair, progress=progress)
+        if repair:
+            node.flush()
+        return report
+    finally:
+        try:
+            node.close()
+        finally:
+            meta.close()
+
+
+@dataclass
+class ScrubResult:
+    """Per drive id its final scrub state; ``damaged_files`` maps a path to the
+    slices of it that failed; ``unreferenced`` are damaged slices no file uses."""
+
+    drives: dict[int, ScrubState] = field(default_factory=dict)
+    damaged_files: dict[str, list[str]] = field(default_factory=dict)
+    unreferenced: list[int] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finished for s in self.drives.values())
+
+
+def scrub_state_path(spec: str) -> Path:
+    """Where a drive's scrub position is kept: beside a drive file, or under
+    /var/lib/shinglefs/scrub for a block device."""
+    path = drive_path(spec)
+    if path.startswith("/dev/"):
+        base = SCRUB_DIR_FOR_DEVICES
+        base.mkdir(parents=True, exist_ok=True)
+        return base / (path.strip("/").replace("/", "_") + ".scrub")
+    return Path(path.rstrip("/") + ".scrub")
+
+
+def scrub(meta_url: str, *, rate_bytes: float | None = None,
+          progress: Callable[[int], None] | None = None,
+          stop: Callable[[], bool] | None = None) -> ScrubResult:
+    """Verify every slice on every drive; map damaged slices to file paths."""
+    from shinglefs.client.filesystem import recorded_drives
+
+    meta, node = _opened(meta_url)
+    result = ScrubResult()
+    try:
+        specs = recorded_drives(meta)
+        for drive_id in node.drive_ids:
+            store = node.store(drive_id)
+            assert isinstance(store, SliceStore)
+            result.drives[drive_id] = scrub_drive(
+                store, scrub_state_path(specs[drive_id]), rate_bytes=rate_bytes,
+                progress=progress, stop=stop)
+        damaged = {sid: why for s in result.drives.values() for sid, why in s.damaged.items()}
+        result.damaged_files, result.unreferenced = _files_of(meta, damaged)
+        return result
+    finally:
+        try:
+            node.close()
+        finally:
+            meta.close()
+
+
+def _files_of(meta: MetaStore, damaged: dict[int, str]) -> tuple[dict[str, list[str]], list[int]]:
+    """slice -> chunk map -> inode -> path, for the damaged slices."""
+    if not damaged:
+        return {}, []
+
+    def txn(tx: Tx) -> tuple[dict[str, list[str]], list[int]]:
+        files: dict[str, list[str]] = {}
+        orphans = []
+        for sid, why in sorted(damaged.items()):
+            inos = [r[0] for r in tx.all(
+                "SELECT DISTINCT ino FROM chunk_refs WHERE slice_id = ?", (sid,))]
+            if not inos:
+                orphans.append(sid)
+            for ino in inos:
+                files.setdefault(path_of(tx, ino), []).append(f"slice {sid:#x}: {why}")
+        return files, orphans
+
+    result: tuple[dict[str, list[str]], list[int]] = backend_of(meta).run(txn, "read")
+    return result
+
+
+# ---- metadata backups on the drives --------------------------------------------------------
+
+
+class MetadataBackup:
+    """Writes a compressed metadata dump to every drive's backup slots, periodically.
+
+    ``maybe_write`` is cheap when no backup is due; a failure is logged and
+    retried at the next interval (a backup never stops the caller's work).
+    """
+
+    def __init__(self, meta: MetaStore, node: StorageNode, *,
+                 interval_s: float = BACKUP_INTERVAL_S, first_s: float = FIRST_BACKUP_S) -> None:
+        self.meta = meta
+        self.node = node
+        self.interval_s = interval_s
+        self.next_due = time.monotonic() + first_s
+        self.written = 0
+
+    def maybe_write(self) -> None:
+        if not self.interval_s or time.monotonic() < self.next_due:
+            return
+        self.next_due = time.monotonic() + self.interval_s
+        try:
+            self.write()
+        except (ShingleError, OSError):
+            log.exception("metadata backup to the drives failed; retrying in %.0f s",
+                          self.interval_s)
+
+    def _logs(self) -> list[SliceStore]:
+        stores = [self.node.store(d) for d in self.node.drive_ids]
+        return [s for s in stores if isinstance(s, SliceStore)]
+
+    def write(self) -> list[BackupSlot]:
+        """Dump the metadata (one consistent snapshot), compress it and write it to
+        every drive. Returns the slots written; raises ``BackupError`` if none took it."""
+        stores = self._logs()
+        label = self.meta.format_info().uuid
+        number = 1 + max((b.number for _, b in newest_backup(s.slice_log for s in stores)),
+                         default=0)
+        written: list[BackupSlot] = []
+        with tempfile.TemporaryFile() as plain, tempfile.TemporaryFile() as packed:
+            dump_backend(backend_of(self.meta), plain)
+            plain.seek(0)
+            with gzip.GzipFile(fileobj=packed, mode="wb", compresslevel=6) as gz:
+                shutil.copyfileobj(plain, gz, 1 << 20)
+            for store in stores:
+                try:
+                    written.append(write_backup(store.slice_log, packed, number=number,
+                                                created_ns=time.time_ns(), label=label))
+                except BackupError as exc:
+                    log.warning("metadata backup not written: %s", exc)
+        if not written:
+            raise BackupError("no drive could take the metadata backup", drive="(all)")
+        self.written += 1
+        log.info("metadata backup %d written to %d drive(s), %d bytes", number, len(written),
+                 written[0].length)
+        return written
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedBackup:
+    """What ``load_from_drives`` restored: the backup and the rows per table."""
+
+    backup: BackupSlot
+    rows: dict[str, int]
+    next_slice_id: int
+
+
+def load_from_drives(drive_specs: list[str], meta_url: str) -> LoadedBackup:
+    """Rebuild the metadata at ``meta_url`` (an empty database) from the newest valid
+    backup on the drives; its slice id counter is raised past every slice the
+    drives hold. Raises ``NoMetadataBackup`` when no drive holds a valid one.
+    """
+    node = StorageNode.open(list(enumerate(drive_specs)))
+    try:
+        stores = [node.store(d) for d in node.drive_ids]
+        logs = [s.slice_log for s in stores if isinstance(s, SliceStore)]
+        with tempfile.TemporaryFile() as packed:
+            chosen = None
+            for slice_log, slot in newest_backup(logs):
+                packed.seek(0)
+                packed.truncate()
+                try:
+                    read_backup(slice_log, slot, packed)
+                except BackupError as exc:
+                    log.warning("skipping a damaged backup: %s", exc)
+                    continue
+                chosen = slot
+                break
+            if chosen is None:
+                raise NoMetadataBackup(
+                    f"none of the {len(drive_specs)} drive(s) holds a valid metadata backup",
+                    hint="pass every drive of the file system, or load a `shinglefs dump` file")
+            packed.seek(0)
+            meta = open_meta(meta_url)
+            try:
+                with gzip.GzipFile(fileobj=packed, mode="rb") as source:
+                    rows = load_backend(source, backend_of(meta))  # type: ignore[arg-type]
+                top = max((max(d, default=0) for d in slice_inventory(node).values()), default=0)
+                next_id = _raise_slice_ids(meta, top + 1)
+            finally:
+                meta.close()
+        return LoadedBackup(chosen, rows, next_id)
+    finally:
+        node.close()
+
+
+def _raise_slice_ids(meta: MetaStore, at_least: int) -> int:
+    def txn(tx: Tx) -> int:
+        tx.run("UPDATE ids SET next_id = ? WHERE name = 'slice' AND next_id < ?",
+               (at_least, at_least))
+        return int(tx.one("SELECT next_id FROM ids WHERE name = 'slice'")[0])
+
+    result: int = backend_of(meta).run(txn, "write")
+    return result
