@@ -54,6 +54,7 @@ from shinglefs.client.reader import (
     assemble,
     prefetch_pieces,
 )
+from shinglefs.client.recovery import MetadataBackup
 from shinglefs.client.writer import FileWriter, WriteBudget
 from shinglefs.meta.api import (
     ROOT_CTX,
@@ -251,6 +252,7 @@ class VFS:
         self.commits = OrderedCommits(self.meta, self.node.flush)
         self.deleted_slices = 0
         self.compactions = 0
+        self.meta_backup = MetadataBackup(meta, node)  # to the drives, every interval
         self._maintenance = threading.Thread(
             target=self._maintenance_loop, name="shinglefs-maintenance", daemon=True
         )
@@ -961,6 +963,7 @@ class VFS:
                     # Sessions of crashed clients release their unlinked-open files.
                     self.meta.expire_sessions(self.config.session_timeout)
                     last_heartbeat = time.monotonic()
+                self.meta_backup.maybe_write()
             except Exception:
                 if self._stop.is_set():
                     return
