@@ -55,7 +55,8 @@ class ShortSlice(ClientError):
     def __init__(self, slice_id: int, offset: int, wanted: int, got: int) -> None:
         super().__init__(
             f"slice {slice_id:#x} returned {got} of {wanted} bytes at offset {offset}",
-            hint="the slice was truncated by a crash before it was made durable; run fsck",
+            hint="bytes were lost before they were made durable; unmount and run "
+            "`shinglefs fsck --repair META_URL` (it truncates the file to what is readable)",
         )
         self.slice_id = slice_id
 

@@ -61,7 +61,7 @@ class ChecksumMismatch(StoreError):
                  slice_id: int | None = None) -> None:
         what = f" (slice {slice_id:#x})" if slice_id is not None else ""
         super().__init__(f"checksum mismatch in zone {zone} at byte {offset}{what}: {detail}",
-                         drive=drive, hint="read another replica; run a scrub of this drive")
+                         drive=drive, hint="`shinglefs scrub META_URL` lists every damaged file")
         self.zone = zone
         self.offset = offset
         self.slice_id = slice_id
