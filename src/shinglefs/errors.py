@@ -34,3 +34,12 @@ class UsageError(ShingleError):
 
     errno = _errno.EINVAL
     exit_code = 2
+
+
+class PathError(ShingleError):
+    """A path the command must create or write cannot be used: its directory is
+    missing or not writable, or a file is already there that the command would
+    overwrite. Nothing was created or changed."""
+
+    errno = _errno.EACCES
+    exit_code = 20

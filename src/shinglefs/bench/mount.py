@@ -10,7 +10,18 @@ Same operations, same run, medians of ``rounds`` repetitions:
   extent cache is empty too;
 - 10,000 (quick: 2,000) files of 4 KiB created, written and closed;
 - a ``torch.utils.data.DataLoader`` with 2 workers reading fixed-length
-  samples (seek + read) of uint16 token shards, cold as above.
+  samples (seek + read) of uint16 token shards, cold as above;
+- the daemon's memory (``daemon_rss_*``, once, after the rounds): 20,000
+  (quick: 4,000) files of 4 KiB and one 2 GiB (quick: 512 MiB) file are
+  written, the file system is remounted (a fresh daemon, caches empty), and
+  every small file is read (open, read, close), then the big file streamed
+  in 1 MiB reads. ``daemon_rss_peak_mib`` is the peak resident set of the
+  daemon process over that pass (``VmHWM`` of /proc/PID/status, the
+  kernel's own high-water mark, so no sample can miss it);
+  ``daemon_rss_start_mib`` its resident set when the pass began. Target:
+  ``daemon_rss_peak_mib`` <= 768 (CEILINGS): the read cache's bound
+  (ClientConfig.read_cache_bytes, 256 MiB) plus a fixed overhead, whatever
+  the number of files read.
 
 The mount is a real ``shinglefs mount --foreground`` child process over SQLite
 metadata and emulated SMR drives in ``workdir`` (see fuse/harness.py).
@@ -56,6 +67,8 @@ BLOCK = 1 * MiB
 SEQ_LEN = 4096  # tokens a sample (uint16: 8 KiB)
 
 TARGETS = {"write_ratio": 0.8, "read_ratio": 0.8, "loader_ratio": 0.8, "small_files_per_s": 2000.0}
+# Upper bounds: a field meets its target when it is at most this.
+CEILINGS = {"daemon_rss_peak_mib": 768.0}
 # The FUSE floor's figure that each target is checked against (the loader is
 # not run on the floor).
 FLOOR_FIELDS = {"write_ratio": "floor_write_ratio", "read_ratio": "floor_read_ratio",
@@ -158,6 +171,51 @@ def _loader(paths: list[str]) -> float:
     return samples / elapsed
 
 
+def daemon_memory(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of a process in MiB: its resident set now and at its peak."""
+    fields = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                fields[key] = int(value.split()[0]) / 1024  # kB
+    return fields["VmRSS"], fields["VmHWM"]
+
+
+def _memory_pass(fs: MountedFileSystem, small: int, size: int) -> dict[str, Any]:
+    """Peak RSS of a fresh daemon reading ``small`` 4 KiB files, then streaming
+    a ``size``-byte file (both written first, through the mount)."""
+    root = fs.mountpoint / "rss"
+    (root / "small").mkdir(parents=True)
+    payload = b"r" * 4096
+    for i in range(small):
+        (root / "small" / f"f{i:06d}").write_bytes(payload)
+    _sequential_write(root / "stream", size)
+    fs.stop()
+    fs.start()
+    drop_caches()
+    assert fs.process is not None
+    pid = fs.process.pid
+    start_rss, _ = daemon_memory(pid)
+    started = time.perf_counter()
+    for i in range(small):
+        with open(root / "small" / f"f{i:06d}", "rb", buffering=0) as f:
+            if f.read() != payload:
+                raise RuntimeError(f"small file {i} read back wrong")
+    small_s = time.perf_counter() - started
+    stream = _sequential_read(root / "stream")
+    _, peak = daemon_memory(pid)
+    shutil.rmtree(root)
+    return {
+        "daemon_rss_start_mib": round(start_rss, 1),
+        "daemon_rss_peak_mib": round(peak, 1),
+        "daemon_rss_small_files": small,
+        "daemon_rss_small_files_per_s": round(small / small_s, 1),
+        "daemon_rss_stream_bytes": size,
+        "daemon_rss_stream_mib_s": round(stream, 1),
+    }
+
+
 def run(quick: bool, workdir: Path, rounds: int | None = None, **_: Any) -> dict[str, Any]:
     """Measure the mount and the local baseline; returns medians and ratios."""
     size = 256 * MiB if quick else 2 * GiB
@@ -173,7 +231,7 @@ def run(quick: bool, workdir: Path, rounds: int | None = None, **_: Any) -> dict
         data,
         workdir / "mnt",
         drives=default_drives(
-            data, smr_drives=2, smr_bytes=max(16 * GiB, 4 * size), conventional_bytes=1 * GiB
+            data, smr_drives=2, smr_bytes=max(16 * GiB, 4 * size), conventional_bytes=2 * GiB
         ),
     )
     fs.format()
@@ -221,6 +279,7 @@ def run(quick: bool, workdir: Path, rounds: int | None = None, **_: Any) -> dict
                 figures[name + "loader"].append(_loader(paths))
             for _name, root in measured:
                 shutil.rmtree(root / f"small{r}")
+        memory = _memory_pass(fs, 4_000 if quick else 20_000, 512 * MiB if quick else 2 * GiB)
     finally:
         try:
             floor.stop()
@@ -260,7 +319,9 @@ def run(quick: bool, workdir: Path, rounds: int | None = None, **_: Any) -> dict
         "rounds": rounds,
         "cold_reads": cold,
         "samples": {k: [round(x, 1) for x in v] for k, v in figures.items()},
+        **memory,
     }
     result["targets_met"] = {k: result[k] >= v for k, v in TARGETS.items()}
+    result["targets_met"].update({k: result[k] <= v for k, v in CEILINGS.items()})
     result["floor_targets_met"] = {k: result[f] >= TARGETS[k] for k, f in FLOOR_FIELDS.items()}
     return result

@@ -4,19 +4,223 @@ The drives of a file system are recorded in its metadata at format time
 (meta's drives table, ``MetaStore.set_drives``), so ``open_filesystem(meta_url)``
 needs nothing else. A drive's id is its position in that list; slice replicas
 in meta name it as ``("local", "<id>")``.
+
+Where a drive is: a drive that lives in the directory of a SQLite metadata
+file (or below it) is recorded with a path relative to that directory, so a
+copied data directory opens its own copies and a moved one still mounts.
+Other drives keep their absolute path. Relative paths given to ``format``
+are relative to the working directory.
+
+Which drive it is: ``format`` writes into each drive's own header the file
+system's uuid and a fresh drive uuid (``zoned.drivespec.write_identity``) and
+records the drive uuid in meta. ``open_filesystem`` reads every header before
+opening anything and refuses, with ``DriveIdentityError``, a drive of another
+file system or another position. A drive recorded before identities existed
+(uuid NULL) is given one at its first open, under the node's drive locks.
+A zoned block device has no header of ours yet and is known by path alone.
+
+What ``format`` checks before creating anything: every spec parses, no drive
+is named twice, each drive file's directory exists and is writable and no
+file is there yet (``PathError``), and each drive is large enough for a slice
+store (``DriveTooSmall``). So a refused format leaves no file behind.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import stat
 import uuid as _uuid
+from pathlib import Path
+from urllib.parse import urlsplit
 
 from shinglefs.client.config import ClientConfig
 from shinglefs.client.errors import NotAFileSystem
 from shinglefs.client.groups import GroupPolicy
 from shinglefs.client.vfs import VFS
-from shinglefs.meta.api import CHUNK_SIZE, MetaStore, open_meta
+from shinglefs.errors import PathError, UsageError
+from shinglefs.meta.api import CHUNK_SIZE, DriveRecord, FormatInfo, MetaStore, open_meta
+from shinglefs.meta.backend import SQLITE_SCHEMES
 from shinglefs.meta.errors import AlreadyFormatted, NotFormatted
 from shinglefs.server.node import StorageNode
+from shinglefs.store.log import check_drive_size
+from shinglefs.zoned.drivespec import (
+    DriveIdentityError,
+    DriveSpec,
+    DriveSpecError,
+    header_path,
+    open_drive,
+    parse_drive_spec,
+    read_identity,
+    write_identity,
+)
+from shinglefs.zoned.errors import DriveFormatError
+from shinglefs.zoned.model import DEFAULT_ZONE_SIZE
+from shinglefs.zoned.zonetable import DriveIdentity
+
+log = logging.getLogger(__name__)
+
+
+# -- where the metadata and the drives are ---------------------------------------------
+
+
+def sqlite_file(meta_url: str) -> Path | None:
+    """The database file of a ``sqlite3:///PATH`` URL; None for any other backend."""
+    parts = urlsplit(meta_url)
+    if parts.scheme.lower() not in SQLITE_SCHEMES or not parts.path:
+        return None
+    return Path(parts.path)
+
+
+def absolute_meta_url(meta_url: str) -> str:
+    """``meta_url`` with a relative SQLite path made absolute against the working
+    directory: ``sqlite:data/meta.db`` and ``sqlite://data/meta.db`` become
+    ``sqlite:///<cwd>/data/meta.db`` (query kept). Other URLs come back unchanged."""
+    parts = urlsplit(meta_url)
+    if parts.scheme.lower() not in SQLITE_SCHEMES:
+        return meta_url
+    if parts.netloc:
+        relative = f"{parts.netloc}{parts.path}"
+    elif parts.path and not parts.path.startswith("/"):
+        relative = parts.path
+    else:
+        return meta_url
+    absolute = os.path.abspath(os.path.expanduser(relative))
+    return f"{parts.scheme}://{absolute}" + (f"?{parts.query}" if parts.query else "")
+
+
+def _drive_base(where: str) -> Path | None:
+    """The directory relative drive paths hang from: the SQLite file's, else none."""
+    path = sqlite_file(where)
+    return None if path is None else Path(os.path.realpath(path)).parent
+
+
+def require_metadata_file(meta_url: str) -> None:
+    """Raise NotFormatted when ``meta_url`` names a SQLite file that does not exist
+    (opening it would create an empty database)."""
+    path = sqlite_file(meta_url)
+    if path is not None and path.is_absolute() and not path.exists():
+        raise NotFormatted(
+            f"no metadata database at {path}: the file does not exist",
+            hint="check the path; `shinglefs format URL --drive ...` or "
+            "`shinglefs up DATA_DIR MOUNTPOINT` creates one",
+        )
+
+
+def _recorded_spec(spec: DriveSpec, base: Path | None) -> str:
+    """The spec as recorded: relative to ``base`` when the drive lives under it."""
+    path = Path(os.path.realpath(spec.path))
+    if base is not None and path.is_relative_to(base):
+        return str(DriveSpec(spec.kind, str(path.relative_to(base)), spec.size))
+    return str(spec)
+
+
+def _opened_spec(record: DriveRecord, base: Path | None) -> DriveSpec:
+    """Where a recorded drive is now (absolute).
+
+    A drive recorded before identities existed has an absolute path; when a
+    drive of that name lies beside the metadata file in another directory,
+    this is a copied or moved data directory and the drive beside it is meant.
+    """
+    spec = parse_drive_spec(record.spec)
+    path = spec.path
+    if not os.path.isabs(path):
+        if base is None:
+            raise NotAFileSystem(f"drive {record.spec!r} is recorded with a relative path, "
+                                 "but the metadata is not a SQLite file",
+                                 hint="record the drives with absolute paths")
+        path = str(base / path)
+    elif record.uuid is None and base is not None and Path(path).parent != base:
+        beside = base / Path(path).name
+        beside_spec = DriveSpec(spec.kind, str(beside), spec.size)
+        marker = header_path(beside_spec)
+        if marker is not None and os.path.exists(marker):
+            log.warning("drive %s is recorded at %s; using the copy beside the metadata, %s",
+                        Path(path).name, path, beside)
+            path = str(beside)
+    return DriveSpec(spec.kind, path, spec.size)
+
+
+def recorded_drives(meta: MetaStore) -> list[str]:
+    """The drive specs recorded at format time (position = drive id), with
+    absolute paths as they are now (see the module docstring)."""
+    base = _drive_base(meta.url_where)
+    return [str(_opened_spec(r, base)) for r in _records(meta)]
+
+
+def _records(meta: MetaStore) -> list[DriveRecord]:
+    records = meta.drive_records()
+    if not records:
+        raise NotAFileSystem(
+            "the metadata names no drives", hint="format it with `shinglefs format`"
+        )
+    return records
+
+
+# -- format ------------------------------------------------------------------------------
+
+
+def _absolute(spec: str) -> DriveSpec:
+    s = parse_drive_spec(spec)
+    return DriveSpec(s.kind, os.path.abspath(s.path), s.size)
+
+
+def _data_file(spec: DriveSpec) -> str:
+    if spec.kind == "conventional" and os.path.isdir(spec.path):
+        from shinglefs.zoned.conventional import DIRECTORY_DATA_FILE
+
+        return os.path.join(spec.path, DIRECTORY_DATA_FILE)
+    return spec.path
+
+
+def _check_new_drive_path(spec: DriveSpec) -> None:
+    """The drive file can be created: its directory exists and is writable, and
+    neither it nor its zone table exists (a block device for ``emulated`` may)."""
+    data = _data_file(spec)
+    parent = os.path.dirname(data)
+    if not os.path.isdir(parent):
+        raise PathError(f"directory {parent} of drive {data} does not exist",
+                        hint=f"create it first (mkdir -p {parent}) or choose another path")
+    if not os.access(parent, os.W_OK):
+        raise PathError(f"cannot create drive {data}: directory {parent} is not writable",
+                        hint="choose a directory you can write to")
+    is_device = os.path.exists(data) and stat.S_ISBLK(os.stat(data).st_mode)
+    for existing in ([] if is_device else [data]) + [data + ".zones"]:
+        if os.path.lexists(existing):
+            raise PathError(f"{existing} already exists; format never overwrites a drive",
+                            hint="choose a new path for the drive; to use the file system "
+                            "already on it, mount its metadata URL")
+
+
+def _check_new_drives(specs: list[DriveSpec], zone_size: int) -> None:
+    """Everything ``format`` can check before it creates a file (module docstring)."""
+    seen: set[str] = set()
+    for spec in specs:
+        real = os.path.realpath(spec.path)
+        if real in seen:
+            raise UsageError(f"drive {spec.path} is given twice", hint="name each drive once")
+        seen.add(real)
+        if spec.kind == "linux":
+            drive = open_drive(spec)
+            try:
+                check_drive_size(spec.path, zone_size=drive.zone_size, zone_count=drive.zone_count,
+                                 conventional_zones=drive.conventional_zones)
+            finally:
+                drive.close_drive()
+            continue
+        if spec.size is None:
+            raise DriveSpecError(f"creating {spec.kind} drive {spec.path} needs a size",
+                                 hint=f"append one: {spec.kind}:{spec.path}:16G")
+        _check_new_drive_path(spec)
+        zone_count = spec.size // zone_size
+        if spec.kind == "emulated":
+            from shinglefs.zoned.emulated import default_conventional_zones
+
+            conventional = default_conventional_zones(zone_count)
+        else:
+            conventional = zone_count
+        check_drive_size(spec.path, zone_size=zone_size, zone_count=zone_count,
+                         conventional_zones=conventional)
 
 
 def format_filesystem(
@@ -32,15 +236,18 @@ def format_filesystem(
     ``chunk_size`` (default 64 MiB) is the file-offset unit of the chunk map;
     a slice never crosses a chunk. Smaller values are for tests only.
     ``zone_size`` applies to emulated drives created here (default 256 MiB).
+    Relative drive paths are relative to the working directory.
 
     Refuses (``AlreadyFormatted``) before touching any drive when the metadata
-    already holds a file system. Raises ``DriveInUse`` if a drive is locked by
-    a running process, ``UsageError`` for an empty drive list.
+    already holds a file system, and before creating any file when a drive
+    cannot be made (``PathError``, ``DriveTooSmall``, ``DriveSpecError``; see
+    the module docstring). Raises ``DriveInUse`` if a drive is locked by a
+    running process, ``UsageError`` for an empty drive list.
     """
-    from shinglefs.errors import UsageError
-
     if not drives:
         raise UsageError("format needs at least one drive", hint="e.g. emulated:/data/d0.img:64G")
+    specs = [_absolute(d) for d in drives]
+    _check_new_drives(specs, zone_size or DEFAULT_ZONE_SIZE)
     meta = open_meta(meta_url)
     try:
         try:
@@ -50,28 +257,93 @@ def format_filesystem(
         else:
             raise AlreadyFormatted(
                 f"{meta_url} already holds file system {info.name!r} ({info.uuid})",
-                hint="use a fresh metadata database, or open the existing file system",
+                hint="format a new metadata URL, or mount the file system already there",
             )
-        node = StorageNode.open(list(enumerate(drives)), create=True, zone_size=zone_size)
+        node = StorageNode.open([(i, str(s)) for i, s in enumerate(specs)], create=True,
+                                zone_size=zone_size)
         try:
             capacity = node.stats().capacity_bytes
         finally:
             node.close()
-        meta.format(name, str(_uuid.uuid4()), chunk_size=chunk_size, capacity_bytes=capacity)
+        fs_uuid = str(_uuid.uuid4())
+        uuids: list[str | None] = []
+        for spec in specs:
+            drive_uuid = str(_uuid.uuid4())
+            uuids.append(drive_uuid if write_identity(spec, DriveIdentity(fs_uuid, drive_uuid))
+                         else None)
+        meta.format(name, fs_uuid, chunk_size=chunk_size, capacity_bytes=capacity)
         meta.set_capacity(capacity)
-        meta.set_drives(list(drives))
+        base = _drive_base(meta_url)
+        meta.set_drives([_recorded_spec(s, base) for s in specs], uuids)
     finally:
         meta.close()
 
 
-def recorded_drives(meta: MetaStore) -> list[str]:
-    """The drive specs recorded at format time (position = drive id)."""
-    drives = meta.drives()
-    if not drives:
-        raise NotAFileSystem(
-            "the metadata names no drives", hint="format it with `shinglefs format`"
-        )
-    return drives
+# -- open --------------------------------------------------------------------------------
+
+
+def _identity_of(i: int, spec: DriveSpec, info: FormatInfo) -> DriveIdentity | None:
+    """The identity in drive ``i``'s header; DriveIdentityError when it is not there."""
+    try:
+        return read_identity(spec)
+    except DriveFormatError as exc:
+        raise DriveIdentityError(
+            f"drive {i} of file system {info.name!r} is not at {spec.path} ({exc})",
+            hint="if the drive files were moved, put them back, or keep them in the "
+            "metadata file's directory; nothing was opened",
+        ) from None
+
+
+def _check_identities(info: FormatInfo, records: list[DriveRecord],
+                      specs: list[DriveSpec]) -> list[DriveIdentity | None]:
+    """Read every drive's header and compare it with the metadata (nothing is opened)."""
+    found: list[DriveIdentity | None] = []
+    for i, (record, spec) in enumerate(zip(records, specs, strict=True)):
+        ident = _identity_of(i, spec, info)
+        found.append(ident)
+        if ident is None:
+            if record.uuid is not None and header_path(spec) is not None:
+                raise DriveIdentityError(
+                    f"{spec.path} carries no drive identity; drive {i} of file system "
+                    f"{info.name!r} was formatted with one",
+                    hint="the file there is not that drive: put the drive formatted for this "
+                    "file system back at this path; nothing was opened",
+                )
+            continue
+        if ident.filesystem != info.uuid:
+            raise DriveIdentityError(
+                f"{spec.path} belongs to another file system ({ident.filesystem}), not to "
+                f"{info.name!r} ({info.uuid})",
+                hint="put this file system's own drive back at this path; nothing was opened",
+            )
+        if record.uuid is not None and ident.drive != record.uuid:
+            other = [j for j, r in enumerate(records) if r.uuid == ident.drive]
+            which = f"drive {other[0]}" if other else "a drive no longer recorded"
+            raise DriveIdentityError(
+                f"{spec.path} is {which} of file system {info.name!r}, not drive {i}",
+                hint="the drive files were swapped or renamed: give each back its own path; "
+                "nothing was opened",
+            )
+    return found
+
+
+def _adopt_unidentified(meta: MetaStore, info: FormatInfo, records: list[DriveRecord],
+                        specs: list[DriveSpec], found: list[DriveIdentity | None]) -> None:
+    """Give each drive recorded before identities existed its identity, and record
+    every drive as it is now (relative paths beside the metadata)."""
+    if all(r.uuid is not None for r in records):
+        return
+    uuids: list[str | None] = []
+    for record, spec, ident in zip(records, specs, found, strict=True):
+        if record.uuid is not None:
+            uuids.append(record.uuid)
+            continue
+        drive_uuid = ident.drive if ident is not None else str(_uuid.uuid4())
+        written = ident is not None or write_identity(spec, DriveIdentity(info.uuid, drive_uuid))
+        uuids.append(drive_uuid if written else None)
+    base = _drive_base(meta.url_where)
+    meta.set_drives([_recorded_spec(s, base) for s in specs], uuids)
+    log.info("recorded the identities of %d drive(s) of %s", len(specs), info.name)
 
 
 def open_filesystem(
@@ -85,16 +357,24 @@ def open_filesystem(
 
     ``groups`` replaces the default lifetime-group rule (docs/client.md).
     Raises ``MetaURLError``/``MetaUnavailable`` (bad or unreachable URL),
-    ``NotFormatted``, ``NotAFileSystem`` (no drive list), ``DriveInUse`` (a
-    drive's lock is held by another process, named by pid), and the drives'
-    own errors; nothing stays open on failure.
+    ``NotFormatted`` (also for a SQLite file that does not exist: nothing is
+    created), ``NotAFileSystem`` (no drive list), ``DriveIdentityError`` (a
+    drive missing, of another file system or swapped; checked before any
+    drive is opened), ``DriveInUse`` (a drive's lock is held by another
+    process, named by pid), and the drives' own errors; nothing stays open on
+    failure.
     """
+    require_metadata_file(meta_url)
     meta = open_meta(meta_url)
     try:
-        meta.format_info()
-        drives = recorded_drives(meta)
-        node = StorageNode.open(list(enumerate(drives)))
+        info = meta.format_info()
+        records = _records(meta)
+        base = _drive_base(meta.url_where)
+        specs = [_opened_spec(r, base) for r in records]
+        found = _check_identities(info, records, specs)
+        node = StorageNode.open([(i, str(s)) for i, s in enumerate(specs)])
         try:
+            _adopt_unidentified(meta, info, records, specs, found)
             return VFS(meta, node, config, mountpoint=mountpoint, groups=groups)
         except BaseException:
             node.close()

@@ -32,7 +32,7 @@ def shinglefs_command() -> list[str]:
 
 
 def default_drives(data_dir: Path, *, smr_drives: int = 2, smr_bytes: int = 8 * GiB,
-                   conventional_bytes: int = 1 * GiB) -> list[str]:
+                   conventional_bytes: int = 2 * GiB) -> list[str]:
     """Drive specs for a test file system: sparse files, so their size costs nothing."""
     specs = [f"emulated:{data_dir / f'smr{i}.img'}:{smr_bytes}" for i in range(smr_drives)]
     if conventional_bytes:

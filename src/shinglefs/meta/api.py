@@ -262,6 +262,17 @@ class StatFs:
 
 
 @dataclass(frozen=True, slots=True)
+class DriveRecord:
+    """One drive of the file system as the metadata records it: its spec (a
+    relative PATH is relative to the metadata file's directory) and the drive
+    uuid written in its header at format time (None for a drive recorded
+    before drive identities existed)."""
+
+    spec: str
+    uuid: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class FormatInfo:
     """The format record of a file system (one row, written by ``format``)."""
 
@@ -337,6 +348,10 @@ class MetaStore(ABC):
 
     durability: str
     """One line stating what a committed transaction survives (backend setting)."""
+    url_where: str
+    """Where the metadata lives, without credentials (``sqlite3:///abs/meta.db``,
+    ``postgresql://host:port/db``); relative drive paths are relative to a
+    SQLite file's directory."""
 
     # ---- format and life cycle -------------------------------------------------
 
@@ -368,14 +383,20 @@ class MetaStore(ABC):
         """Close every connection of this store; further calls fail."""
 
     @abstractmethod
-    def set_drives(self, specs: Sequence[str]) -> None:
-        """Record the file system's drives (``KIND:PATH[:SIZE]`` specs); a drive's
-        id is its position. Replaces any earlier list. EINVAL for an empty spec."""
+    def set_drives(self, specs: Sequence[str], uuids: Sequence[str | None] | None = None) -> None:
+        """Record the file system's drives (``KIND:PATH[:SIZE]`` specs) and the
+        uuid each carries in its header (None: not known, a drive recorded
+        before identities existed); a drive's id is its position. Replaces any
+        earlier list. EINVAL for an empty spec or a uuid list of another length."""
 
     @abstractmethod
     def drives(self) -> list[str]:
         """The drive specs recorded by ``set_drives`` (position = drive id; empty
         when none were recorded)."""
+
+    @abstractmethod
+    def drive_records(self) -> list[DriveRecord]:
+        """The drives recorded by ``set_drives``, spec and uuid, by drive id."""
 
     @abstractmethod
     def sync(self) -> None:
@@ -414,19 +435,31 @@ class MetaStore(ABC):
         atime_ns: int | None = None,
         mtime_ns: int | None = None,
         ctx: Ctx = ROOT_CTX,
+        open_for_write: bool = False,
+        checked: bool = False,
     ) -> InodeAttr:
         """Change attributes in one transaction; None leaves a field alone.
 
         ``mode``: permission bits only (the type bits are kept); owner or root,
         else EPERM; a non-root caller outside the file's group loses S_ISGID.
-        ``uid``/``gid``: root, or the owner giving the file to one of its own
-        groups, else EPERM; clears S_ISUID (and S_ISGID if group-executable) on
-        non-directories. Times: ``UTIME_NOW`` = now, ``UTIME_OMIT`` (or None) =
-        leave; both-now needs ownership or write permission (EACCES), an
-        explicit time needs ownership (EPERM). ``size``: truncate (see
-        ``truncate``); needs write permission (EACCES), EISDIR on directories,
-        EINVAL on other non-files or negative sizes. ctime is set to now when
-        anything changes. Returns the new attributes.
+        ``uid``/``gid`` (-1 = keep): root, or the owner giving the file to one
+        of its own groups, else EPERM; any chown of a non-directory clears
+        S_ISUID (and S_ISGID if group-executable), root's too. Times:
+        ``UTIME_NOW`` = now, ``UTIME_OMIT`` (or None) = leave; both now needs
+        ownership or write permission (EACCES), anything else (an explicit
+        time, or now for one of them) needs ownership (EPERM). ``size``:
+        truncate (see ``truncate``); needs write permission (EACCES) unless
+        ``open_for_write`` (the caller holds a descriptor opened for writing:
+        ftruncate), EISDIR on directories, EINVAL on other non-files or
+        negative sizes. ctime is set to now when anything changes. Returns the
+        new attributes.
+
+        ``checked``: the caller's right to this change was already checked by
+        Linux's rules (the kernel of a ``default_permissions`` mount), so no
+        EPERM/EACCES is raised here. The kernel sends changes a caller could
+        not make by itself: the mode change clearing S_ISUID/S_ISGID when a
+        non-owner writes or truncates, and "now" times that pyfuse3 hands over
+        as explicit times. Types, sizes and the S_IS* clearing still apply.
         """
 
     @abstractmethod
@@ -784,6 +817,7 @@ __all__ = [
     "Ctx",
     "DirEntry",
     "DirPolicy",
+    "DriveRecord",
     "FormatInfo",
     "InodeAttr",
     "MetaStore",

@@ -48,6 +48,7 @@ from shinglefs.meta.api import (
     Ctx,
     DirEntry,
     DirPolicy,
+    DriveRecord,
     FormatInfo,
     InodeAttr,
     MetaStore,
@@ -99,6 +100,49 @@ def permits(mode: int, uid: int, gid: int, ctx: Ctx, mask: int) -> bool:
     else:
         bits = mode & 7
     return bits & mask == mask
+
+
+def check_setattr_rights(
+    a: InodeAttr,
+    ctx: Ctx,
+    *,
+    owner: tuple[int, int] | None,
+    mode: int | None,
+    times: tuple[int | None, int | None],
+    size: int | None,
+    open_for_write: bool,
+) -> None:
+    """Linux's rules for who may make a ``setattr`` change (setattr_prepare,
+    utimensat, truncate/ftruncate); raises EPERM or EACCES, changes nothing.
+
+    ``owner``: the (uid, gid) a chown asks for; ``times``: atime/mtime in ns,
+    ``UTIME_NOW`` or None (leave); ``open_for_write``: the size changes through
+    a descriptor opened for writing, which grants it (ftruncate).
+    """
+    is_owner = ctx.uid == 0 or ctx.uid == a.uid
+    if owner is not None and ctx.uid != 0:
+        if ctx.uid != a.uid or owner[0] != a.uid:
+            raise FsError(E.EPERM, f"only root may change the owner of inode {a.ino}", ino=a.ino)
+        if owner[1] != a.gid and not ctx.in_group(owner[1]):
+            raise FsError(E.EPERM, f"caller is not in group {owner[1]}", ino=a.ino)
+    if mode is not None and not is_owner:
+        raise FsError(E.EPERM, f"only the owner may chmod inode {a.ino}", ino=a.ino)
+    if times != (None, None) and not is_owner:
+        # Only "both now" (utimensat with NULL or two UTIME_NOW) is open to writers.
+        if times != (UTIME_NOW, UTIME_NOW):
+            raise FsError(E.EPERM, f"only the owner may set times of inode {a.ino}", ino=a.ino)
+        if not permits(a.mode, a.uid, a.gid, ctx, W_OK):
+            raise FsError(E.EACCES, f"no write permission on inode {a.ino}", ino=a.ino)
+    if size is not None and not open_for_write and not permits(a.mode, a.uid, a.gid, ctx, W_OK):
+        raise FsError(E.EACCES, f"no write permission on inode {a.ino}", ino=a.ino)
+
+
+def _check_resizable(a: InodeAttr) -> None:
+    """EISDIR for a directory, EINVAL for anything else that is not a regular file."""
+    if a.is_dir:
+        raise FsError(E.EISDIR, f"inode {a.ino} is a directory", ino=a.ino)
+    if not a.is_file:
+        raise FsError(E.EINVAL, f"inode {a.ino} is not a regular file", ino=a.ino)
 
 
 def _check_name(name: bytes) -> None:
@@ -157,9 +201,9 @@ class SqlMetaStore(MetaStore):
             info = self.format_info()
         except NotFormatted:
             return
-        if info.schema_version == 1:
+        if info.schema_version in (1, 2):
             try:
-                self._migrate_v1()
+                self._migrate_v1() if info.schema_version == 1 else self._migrate_v2()
             except BaseException:
                 backend.close()
                 raise
@@ -406,26 +450,44 @@ class SqlMetaStore(MetaStore):
                     )
                 tx.run(S.DEL_DRIVES)
                 for i, spec in enumerate(specs):
-                    tx.run(S.INS_DRIVE, (i, spec))
+                    tx.run(S.INS_DRIVE, (i, spec, None))
                 tx.run(S.DEL_XATTR, (ROOT_INO, S.V1_DRIVES_XATTR))
             tx.run(S.SET_SCHEMA_VERSION, (S.SCHEMA_VERSION,))
 
         self._run(txn)
 
-    def set_drives(self, specs: Sequence[str]) -> None:
+    def _migrate_v2(self) -> None:
+        """Version 2 -> 3: ``drives`` gains the ``uuid`` column (NULL: identity not yet known)."""
+
+        def txn(tx: Tx) -> None:
+            row = tx.one(S.SEL_FORMAT)
+            if row is None or row[4] != 2:
+                return  # migrated concurrently
+            tx.run(S.ADD_DRIVES_UUID)
+            tx.run(S.SET_SCHEMA_VERSION, (S.SCHEMA_VERSION,))
+
+        self._run(txn)
+
+    def set_drives(self, specs: Sequence[str], uuids: Sequence[str | None] | None = None) -> None:
         self._require_formatted()
         if not all(isinstance(d, str) and d for d in specs):
             raise FsError(E.EINVAL, f"drive specs must be non-empty strings: {list(specs)!r}")
+        ids = list(uuids) if uuids is not None else [None] * len(specs)
+        if len(ids) != len(specs):
+            raise FsError(E.EINVAL, f"{len(specs)} drive specs but {len(ids)} uuids")
 
         def txn(tx: Tx) -> None:
             tx.run(S.DEL_DRIVES)
-            for i, spec in enumerate(specs):
-                tx.run(S.INS_DRIVE, (i, spec))
+            for i, (spec, uuid) in enumerate(zip(specs, ids, strict=True)):
+                tx.run(S.INS_DRIVE, (i, spec, uuid))
 
         self._run(txn)
 
     def drives(self) -> list[str]:
-        return [r[0] for r in self._run(lambda tx: tx.all(S.SEL_DRIVES), "read")]
+        return [r.spec for r in self.drive_records()]
+
+    def drive_records(self) -> list[DriveRecord]:
+        return [DriveRecord(r[0], r[1]) for r in self._run(lambda tx: tx.all(S.SEL_DRIVES), "read")]
 
     def format_info(self) -> FormatInfo:
         row = self._run(lambda tx: tx.one(S.SEL_FORMAT), "single")
@@ -485,6 +547,8 @@ class SqlMetaStore(MetaStore):
         atime_ns: int | None = None,
         mtime_ns: int | None = None,
         ctx: Ctx = ROOT_CTX,
+        open_for_write: bool = False,
+        checked: bool = False,
     ) -> InodeAttr:
         if atime_ns == UTIME_OMIT:
             atime_ns = None
@@ -492,6 +556,7 @@ class SqlMetaStore(MetaStore):
             mtime_ns = None
         if size is not None and size < 0:
             raise FsError(E.EINVAL, f"negative size {size}", ino=ino)
+        chown = uid is not None or gid is not None
 
         def txn(tx: Tx) -> InodeAttr:
             now = _now()
@@ -501,44 +566,29 @@ class SqlMetaStore(MetaStore):
             a = _attr(row)
             new_mode, new_uid, new_gid = a.mode, a.uid, a.gid
             new_size, new_atime, new_mtime = a.size, a.atime_ns, a.mtime_ns
-            owner = ctx.uid == 0 or ctx.uid == a.uid
-            if uid is not None or gid is not None:
-                want_uid = a.uid if uid is None or uid == -1 else uid
-                want_gid = a.gid if gid is None or gid == -1 else gid
-                if ctx.uid != 0:
-                    if ctx.uid != a.uid or want_uid != a.uid:
-                        raise FsError(
-                            E.EPERM, f"only root may change the owner of inode {ino}", ino=ino
-                        )
-                    if want_gid != a.gid and not ctx.in_group(want_gid):
-                        raise FsError(E.EPERM, f"caller is not in group {want_gid}", ino=ino)
-                if (want_uid, want_gid) != (a.uid, a.gid) and not a.is_dir:
-                    new_mode &= ~stat.S_ISUID
-                    if new_mode & stat.S_IXGRP:
-                        new_mode &= ~stat.S_ISGID
-                new_uid, new_gid = want_uid, want_gid
+            if chown:
+                new_uid = a.uid if uid is None or uid == -1 else uid
+                new_gid = a.gid if gid is None or gid == -1 else gid
+            if not checked:
+                check_setattr_rights(
+                    a, ctx, owner=(new_uid, new_gid) if chown else None, mode=mode,
+                    times=(atime_ns, mtime_ns), size=size, open_for_write=open_for_write)
+            if chown and not a.is_dir:
+                # Linux clears these on any chown of a file, root's included.
+                new_mode &= ~stat.S_ISUID
+                if new_mode & stat.S_IXGRP:
+                    new_mode &= ~stat.S_ISGID
             if mode is not None:
-                if not owner:
-                    raise FsError(E.EPERM, f"only the owner may chmod inode {ino}", ino=ino)
                 perm = mode & 0o7777
                 if ctx.uid != 0 and not a.is_dir and not ctx.in_group(new_gid):
                     perm &= ~stat.S_ISGID
                 new_mode = stat.S_IFMT(a.mode) | perm
-            if atime_ns is not None or mtime_ns is not None:
-                only_now = atime_ns in (None, UTIME_NOW) and mtime_ns in (None, UTIME_NOW)
-                if not owner:
-                    if not only_now:
-                        raise FsError(
-                            E.EPERM, f"only the owner may set times of inode {ino}", ino=ino
-                        )
-                    if not permits(a.mode, a.uid, a.gid, ctx, W_OK):
-                        raise FsError(E.EACCES, f"no write permission on inode {ino}", ino=ino)
-                if atime_ns is not None:
-                    new_atime = now if atime_ns == UTIME_NOW else atime_ns
-                if mtime_ns is not None:
-                    new_mtime = now if mtime_ns == UTIME_NOW else mtime_ns
+            if atime_ns is not None:
+                new_atime = now if atime_ns == UTIME_NOW else atime_ns
+            if mtime_ns is not None:
+                new_mtime = now if mtime_ns == UTIME_NOW else mtime_ns
             if size is not None:
-                self._check_truncatable(a, ctx)
+                _check_resizable(a)
                 if size != a.size:
                     self._truncate_in(tx, a, size, now)
                     if mtime_ns is None:
@@ -554,14 +604,6 @@ class SqlMetaStore(MetaStore):
             )  # fmt: skip
 
         return self._run(txn)
-
-    def _check_truncatable(self, a: InodeAttr, ctx: Ctx) -> None:
-        if a.is_dir:
-            raise FsError(E.EISDIR, f"inode {a.ino} is a directory", ino=a.ino)
-        if not a.is_file:
-            raise FsError(E.EINVAL, f"inode {a.ino} is not a regular file", ino=a.ino)
-        if not permits(a.mode, a.uid, a.gid, ctx, W_OK):
-            raise FsError(E.EACCES, f"no write permission on inode {a.ino}", ino=a.ino)
 
     def mknod(
         self, parent: int, name: bytes, mode: int, rdev: int = 0, ctx: Ctx = ROOT_CTX

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Version 1 kept the drive list as the root xattr below; opening a version-1
 # database migrates it into the drives table (engine.SqlMetaStore).
+# Version 2 had no drives.uuid column (the drive identity written in each
+# drive's header); opening a version-2 database adds it, NULL for every drive.
 V1_DRIVES_XATTR = b"trusted.shinglefs.drives"
 
 # Inode columns in the order InodeAttr takes them.
@@ -140,8 +142,10 @@ DDL = [
 ]
 DRIVES_DDL = """CREATE TABLE IF NOT EXISTS drives (
     id INTEGER PRIMARY KEY,
-    spec TEXT NOT NULL
+    spec TEXT NOT NULL,
+    uuid TEXT
 )"""
+ADD_DRIVES_UUID = "ALTER TABLE drives ADD COLUMN uuid TEXT"
 DDL.append(DRIVES_DDL)
 
 TABLES = [
@@ -205,8 +209,8 @@ INS_FORMAT = (
     "INSERT INTO format (id, name, uuid, chunk_size, block_size, schema_version, secret, "
     "created_ns, capacity_bytes) VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-SEL_DRIVES = "SELECT spec FROM drives ORDER BY id"
-INS_DRIVE = "INSERT INTO drives (id, spec) VALUES (?, ?)"
+SEL_DRIVES = "SELECT spec, uuid FROM drives ORDER BY id"
+INS_DRIVE = "INSERT INTO drives (id, spec, uuid) VALUES (?, ?, ?)"
 DEL_DRIVES = "DELETE FROM drives"
 SET_SCHEMA_VERSION = "UPDATE format SET schema_version = ? WHERE id = 1"
 SET_CAPACITY = "UPDATE format SET capacity_bytes = ? WHERE id = 1"

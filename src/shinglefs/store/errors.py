@@ -107,5 +107,13 @@ class StoreFormatError(StoreError):
     exit_code = 3
 
 
+class DriveTooSmall(StoreError):
+    """``format`` was given a drive with too few zones for a useful slice store
+    (checked before anything is created)."""
+
+    errno = _errno.ENOSPC
+    exit_code = 19
+
+
 class StoreClosed(StoreError):
     """The store was closed; reopen it to continue."""

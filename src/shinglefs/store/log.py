@@ -30,6 +30,7 @@ import numpy as np
 from shinglefs.store.checkpoint import CheckpointArea, encode_checkpoint
 from shinglefs.store.errors import (
     ChecksumMismatch,
+    DriveTooSmall,
     SliceNotFound,
     StoreFormatError,
     StoreFull,
@@ -127,8 +128,7 @@ class SliceLog:
         # A flash/CMR drive (every zone conventional): the store keeps the write
         # pointers itself, in the first 1 % of zones goes the checkpoint area.
         self.wp_emulated = drive.conventional_zones >= drive.zone_count
-        self.first_seq_zone = (max(1, self.nz // 100) if self.wp_emulated
-                               else drive.conventional_zones)
+        self.first_seq_zone = checkpoint_zones(self.nz, drive.conventional_zones)
         self.seq_zones = self.nz - self.first_seq_zone
         self.io_lock = threading.RLock()
         self._cv = threading.Condition(threading.Lock())
@@ -1145,6 +1145,53 @@ class SliceLog:
             finally:
                 self.closed = True
                 self.area.close()
+
+
+MIN_GROUP_ZONES = 3
+"""Lifetime groups a drive must be able to give a zone of their own at once ("a few")."""
+
+
+def checkpoint_zones(zone_count: int, conventional_zones: int) -> int:
+    """Zones before the first data zone: the drive's conventional zones (index
+    checkpoints live there), or 1 % (at least one) of an all-conventional drive."""
+    if conventional_zones >= zone_count:
+        return max(1, zone_count // 100)
+    return conventional_zones
+
+
+def sequential_zones_needed(config: StoreConfig | None = None) -> int:
+    """The fewest data zones a slice log is useful with: the GC reserve (free
+    zones only GC and tombstones may take, see ``SliceLog._allocate``) plus one
+    zone each for ``MIN_GROUP_ZONES`` lifetime groups."""
+    cfg = config or StoreConfig()
+    return max(2, cfg.gc_reserve_zones) + MIN_GROUP_ZONES
+
+
+def check_drive_size(drive: str, *, zone_size: int, zone_count: int, conventional_zones: int,
+                     config: StoreConfig | None = None) -> None:
+    """Raise ``DriveTooSmall`` unless a drive of this geometry makes a useful slice store.
+
+    It needs a conventional zone for index checkpoints and
+    ``sequential_zones_needed`` data zones after them. Only looks at numbers:
+    call it before creating anything.
+    """
+    reserve = max(2, (config or StoreConfig()).gc_reserve_zones)
+    needed = sequential_zones_needed(config)
+    ckpt = checkpoint_zones(zone_count, conventional_zones)
+    data = zone_count - ckpt
+    if ckpt >= 1 and data >= needed:
+        return
+    zone_mib = zone_size / 2**20
+    least = (needed + 1) * zone_size
+    raise DriveTooSmall(
+        f"{zone_count} zone(s) of {zone_mib:g} MiB leave {max(data, 0)} data zone(s) after "
+        f"{ckpt} for index checkpoints; a slice store needs at least {needed} ({reserve} "
+        f"reserved for GC and tombstones, {MIN_GROUP_ZONES} for lifetime groups) and one "
+        f"zone for checkpoints",
+        drive=drive,
+        hint=f"give the drive at least {needed + 1} zones ({least // 2**20} MiB with "
+        f"{zone_mib:g} MiB zones)",
+    )
 
 
 def _area_zones(drive: ZonedDrive) -> int:

@@ -16,15 +16,26 @@ SIZE is a byte count with an optional binary suffix: ``4096``, ``512M``,
 
 Bad input raises ``DriveSpecError`` (a ``UsageError``: errno EINVAL, CLI exit
 code 2) with a hint showing the expected form; nothing is created.
+
+Identity: emulated and conventional drives carry a ``DriveIdentity`` (file
+system uuid + drive uuid) in their own header, the zone table
+(``read_identity``/``write_identity``); ``shinglefs format`` writes it and
+opening a file system checks it against the metadata, raising
+``DriveIdentityError`` (CLI exit code 18) for a drive of another file system
+or another position. A zoned block device has no header of ours yet: it reads
+as carrying no identity and is known by its path alone.
 """
 
 from __future__ import annotations
 
+import errno as _errno
+import os
 import re
 from dataclasses import dataclass
 
-from shinglefs.errors import UsageError
+from shinglefs.errors import ShingleError, UsageError
 from shinglefs.zoned.model import DEFAULT_ZONE_SIZE, ZonedDrive
+from shinglefs.zoned.zonetable import DriveIdentity, ZoneTable
 
 KINDS = {
     "smr": "emulated",
@@ -43,6 +54,15 @@ _SIZE = re.compile(r"^(\d+)\s*([KMGTP]?)(?:I?B)?$", re.IGNORECASE)
 
 class DriveSpecError(UsageError):
     """A drive spec that cannot be parsed or does not fit the drive it names."""
+
+
+class DriveIdentityError(ShingleError):
+    """The drive at a recorded path is not the drive the metadata recorded there:
+    it belongs to another file system, is another drive of this one, or carries
+    no identity where one was written. Nothing was opened or written."""
+
+    errno = _errno.EMEDIUMTYPE
+    exit_code = 18
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,3 +182,37 @@ def create_drive(
     from shinglefs.zoned.conventional import ConventionalDrive
 
     return ConventionalDrive.create(s.path, size=s.size, zone_size=zone_size)
+
+
+def header_path(spec: str | DriveSpec) -> str | None:
+    """The file holding the drive's header (its zone table), None for a zoned block device."""
+    s = _as_spec(spec)
+    if s.kind == "linux":
+        return None
+    if s.kind == "conventional":
+        from shinglefs.zoned.conventional import DIRECTORY_DATA_FILE
+
+        data = os.path.join(s.path, DIRECTORY_DATA_FILE) if os.path.isdir(s.path) else s.path
+        return data + ".zones"
+    return s.path + ".zones"
+
+
+def read_identity(spec: str | DriveSpec) -> DriveIdentity | None:
+    """The identity in the drive's header; None when it has none (or no header of ours).
+
+    Only reads, without opening the drive: safe on a drive another process
+    uses. Raises DriveFormatError when the header is missing or torn.
+    """
+    path = header_path(spec)
+    if path is None:
+        return None
+    return ZoneTable.read_identity(path, drive=_as_spec(spec).path)
+
+
+def write_identity(spec: str | DriveSpec, identity: DriveIdentity) -> bool:
+    """Durably write ``identity`` into the drive's header; False for a drive without one."""
+    path = header_path(spec)
+    if path is None:
+        return False
+    ZoneTable.write_identity(path, identity, drive=_as_spec(spec).path)
+    return True

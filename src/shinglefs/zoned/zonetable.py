@@ -2,7 +2,8 @@
 
 A small fixed-size sidecar file (``<data path>.zones``) laid out as::
 
-    header   4 KiB   magic "SHGLZTBL", version, geometry, crc32c of the fields
+    header   4 KiB   magic "SHGLZTBL", version, geometry, crc32c of the fields;
+                     at byte 512 the drive's identity block (see below)
     slot A   n KiB   generation u64, crc32c u32, zone count u32, one u64 per zone
     slot B   n KiB   same
 
@@ -15,12 +16,20 @@ Updates alternate between the two slots, each written in place and followed
 by ``fdatasync``; a slot is valid when its crc32c matches, and the valid slot
 with the highest generation wins. A torn slot write therefore leaves the
 previous table intact: updates are atomic without a rename.
+
+The identity block (byte 512 of the header, inside one 512-byte sector so a
+torn write cannot mix two identities) names the file system the drive belongs
+to and the drive itself: magic "SHGLDRID", the file system's uuid, the
+drive's uuid (16 bytes each) and a crc32c. ``format`` writes it once; a table
+without one (created before identities existed, or never formatted) reads as
+``None``. Older builds ignore the block, so adding it changes no version.
 """
 
 from __future__ import annotations
 
 import os
 import struct
+import uuid as _uuid
 from array import array
 from dataclasses import dataclass
 
@@ -38,6 +47,34 @@ _CRC = struct.Struct("<I")
 _SLOT_HEADER = struct.Struct("<QII")  # generation, crc32c, zone count
 _WP_MASK = (1 << 56) - 1
 _STORED_CONDITIONS = (ZoneCondition.READ_ONLY, ZoneCondition.OFFLINE)
+IDENTITY_MAGIC = b"SHGLDRID"
+IDENTITY_OFFSET = 512
+_IDENTITY = struct.Struct("<8s16s16s")  # magic, file system uuid, drive uuid; then crc32c
+
+
+@dataclass(frozen=True, slots=True)
+class DriveIdentity:
+    """Which file system a drive belongs to, and which of its drives it is (uuid strings)."""
+
+    filesystem: str
+    drive: str
+
+    def encode(self) -> bytes:
+        fields = _IDENTITY.pack(IDENTITY_MAGIC, _uuid.UUID(self.filesystem).bytes,
+                                _uuid.UUID(self.drive).bytes)
+        return fields + _CRC.pack(crc32c.crc32c(fields))
+
+    @classmethod
+    def decode(cls, raw: bytes) -> DriveIdentity | None:
+        """The identity in ``raw``, or None when there is none; raises ValueError if torn."""
+        if len(raw) < _IDENTITY.size + 4 or raw[:8] != IDENTITY_MAGIC:
+            return None
+        fields = raw[: _IDENTITY.size]
+        (crc,) = _CRC.unpack_from(raw, _IDENTITY.size)
+        if crc32c.crc32c(fields) != crc:
+            raise ValueError("identity block fails its checksum")
+        _magic, fs, drive = _IDENTITY.unpack(fields)
+        return cls(str(_uuid.UUID(bytes=fs)), str(_uuid.UUID(bytes=drive)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +152,7 @@ class ZoneTable:
         except FileNotFoundError:
             raise DriveFormatError(
                 f"zone table {path} not found", drive=drive,
-                hint="create the drive first (shinglefs format / EmulatedZonedDrive.create)",
+                hint="check the drive path; a drive is made by `shinglefs format`",
             ) from None
         try:
             header = os.pread(fd, HEADER_SIZE, 0)
@@ -162,6 +199,43 @@ class ZoneTable:
             code = int(e) >> 56
             conds.append(ZoneCondition(code) if code in _STORED_CONDITIONS else None)
         return cls(path, fd, geometry, generation, drive), wps, conds
+
+    # -- identity ------------------------------------------------------------------------
+    @staticmethod
+    def read_identity(path: str, drive: str) -> DriveIdentity | None:
+        """The identity block of the table at ``path`` (None when it has none).
+
+        Reads only; safe while another process has the drive open. Raises
+        DriveFormatError when the table is missing or its identity block is torn.
+        """
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise DriveFormatError(f"zone table {path} not found", drive=drive,
+                                   hint="check the drive path; a drive is made by `shinglefs "
+                                   "format`") from None
+        try:
+            raw = os.pread(fd, _IDENTITY.size + 4, IDENTITY_OFFSET)
+        finally:
+            os.close(fd)
+        try:
+            return DriveIdentity.decode(raw)
+        except ValueError:
+            raise DriveFormatError(f"zone table {path}: the drive identity fails its checksum",
+                                   drive=drive) from None
+
+    @staticmethod
+    def write_identity(path: str, identity: DriveIdentity, drive: str) -> None:
+        """Durably write ``identity`` into the table at ``path`` (replacing any earlier one)."""
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            raise DriveFormatError(f"zone table {path} not found", drive=drive) from None
+        try:
+            os.pwrite(fd, identity.encode(), IDENTITY_OFFSET)
+            fdatasync(fd)
+        finally:
+            os.close(fd)
 
     # -- updates -------------------------------------------------------------------------
     @staticmethod
