@@ -16,6 +16,11 @@ What it does, printing each step and its figures:
 
 It needs /dev/fuse (the point is to show unchanged tools on a mount); without
 it the command stops with a one-line error and a hint.
+
+What it may delete: only what an earlier ``shinglefs demo`` made. DATA_DIR is
+marked as the demo's (``DEMO_MARKER``) when the demo creates it or finds it
+empty; ``--fresh`` then starts over inside it. A DATA_DIR that holds anything
+else is refused (``PathError``) and left as it is.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from pathlib import Path
 
 import typer
 
-from shinglefs.errors import ShingleError
+from shinglefs.errors import PathError, ShingleError
 
 CORPUS_SHARDS = 8
 SHARD_TOKENS = 4 * 1024 * 1024  # 8 MiB of uint16 tokens per shard
@@ -37,6 +42,7 @@ SEQ_LEN = 512
 TRAIN_STEPS = 30
 CHECKPOINT_EVERY = 10
 KEEP_LAST = 2
+DEMO_MARKER = ".shinglefs-demo"
 
 
 def _shinglefs(*args: str) -> subprocess.CompletedProcess[str]:
@@ -171,6 +177,36 @@ def run_job(root: Path) -> None:
     _say("verified", f"{newest.name}/model.pt loads back identical (plain and mmap=True)")
 
 
+def claim_data_dir(data_dir: Path, *, fresh: bool) -> None:
+    """Make ``data_dir`` the demo's: create it, or take it when empty or already the
+    demo's (``fresh``: unmount and delete what an earlier demo made in it).
+    Raises PathError for a file, or a directory holding anything else."""
+    if data_dir.exists() and not data_dir.is_dir():
+        raise PathError(f"{data_dir} is not a directory", hint="choose a new --data-dir")
+    # An earlier demo's directory holds only what the demo makes (releases before
+    # the marker did not write it).
+    ours = (data_dir / DEMO_MARKER).exists() or (
+        data_dir.is_dir() and {p.name for p in data_dir.iterdir()} <= {"fs", "mnt"})
+    if data_dir.is_dir() and any(data_dir.iterdir()) and not ours:
+        raise PathError(
+            f"{data_dir} is not empty and was not made by `shinglefs demo`; left as it is",
+            hint="choose a new or empty --data-dir",
+        )
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        (data_dir / DEMO_MARKER).touch()
+    except OSError as exc:
+        raise PathError(f"cannot use {data_dir}: {exc.strerror}",
+                        hint="choose a --data-dir you can write to") from None
+    if fresh and (data_dir / "fs").exists():
+        from shinglefs.fuse.mount import mount_entry
+
+        entry = mount_entry(data_dir / "mnt")
+        if entry is not None and entry["fstype"] == "fuse.shinglefs":
+            subprocess.run(["fusermount3", "-uz", str(data_dir / "mnt")], capture_output=True)
+        shutil.rmtree(data_dir / "fs")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
@@ -179,10 +215,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the main job on the embedded default and print what happened."""
         data_dir = data_dir.resolve()
-        if fresh and data_dir.exists():
-            subprocess.run(["fusermount3", "-uz", str(data_dir / "mnt")], capture_output=True)
-            shutil.rmtree(data_dir)
-        data_dir.mkdir(parents=True, exist_ok=True)
+        claim_data_dir(data_dir, fresh=fresh)
         mnt = data_dir / "mnt"
         mnt.mkdir(exist_ok=True)
         if not os.path.exists("/dev/fuse"):

@@ -4,6 +4,12 @@ Every failure is a typed ``ShingleError`` (one line + hint + exit code, printed
 by the boundary in ``cli.main``); the exit codes are listed in docs/cli.md.
 The format/open logic lives in ``shinglefs.client.filesystem``; mounting in
 ``shinglefs.fuse.mount``.
+
+Safety rules every command here keeps: every path argument (and a relative
+path in a SQLite URL) is made absolute against the working directory before
+anything forks; ``umount`` and ``status`` act only on ``fuse.shinglefs``
+mounts; ``-o`` takes only the options in ``MOUNT_OPTIONS``; nothing is
+deleted, and a file is created only where the command says it creates one.
 """
 
 from __future__ import annotations
@@ -16,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from shinglefs.errors import UsageError
-from shinglefs.fuse.errors import MountFailedError, NoSpaceError, NotMountedError
+from shinglefs.errors import PathError, UsageError
+from shinglefs.fuse.errors import MountError, MountFailedError, NoSpaceError, NotMountedError
 
 if TYPE_CHECKING:
     from shinglefs.client.vfs import VFS
@@ -32,10 +38,61 @@ UP_MAX_DRIVE_BYTES = 64 * GiB
 UP_FREE_FRACTION = 0.25
 UP_ZONE_BYTES = 256 * MiB
 UP_CONVENTIONAL_BYTES = 4 * GiB
-UP_MIN_DRIVE_BYTES = 4 * UP_ZONE_BYTES
+# The smallest drive format accepts (store.log.check_drive_size): the data zones
+# a slice store needs plus one zone for index checkpoints.
+UP_MIN_DRIVE_BYTES = 6 * UP_ZONE_BYTES
 SMR_KIND = "emulated"
 CONVENTIONAL_KIND = "conventional"
 STATUS_XATTR = "user.shinglefs.status"
+SHINGLEFS_FSTYPE = "fuse.shinglefs"
+
+# The -o options a mount takes: libfuse's generic mount options that make sense
+# for us, and our own writeback_cache (docs/mount.md). Anything else is refused
+# before mounting (libfuse would only say "fuse_session_new() failed").
+MOUNT_OPTIONS = frozenset({
+    "ro", "rw", "allow_other", "allow_root", "auto_unmount", "default_permissions",
+    "nosuid", "suid", "nodev", "dev", "noexec", "exec",
+    "noatime", "atime", "relatime", "norelatime", "strictatime", "nodiratime", "diratime",
+    "sync", "async", "dirsync", "writeback_cache",
+})
+MOUNT_VALUE_OPTIONS = frozenset({"fsname", "max_read"})
+
+
+class NotShingleMountError(MountError):
+    """``umount``/``status`` of a mount point that holds another file system:
+    refused without touching it."""
+
+    exit_code = 17
+
+    def __init__(self, mountpoint: str, fstype: str) -> None:
+        super().__init__(
+            f"{mountpoint} is a {fstype} mount, not ShingleFS; left alone",
+            hint="pass a ShingleFS mount point (`shinglefs status` lists them)",
+        )
+        self.mountpoint = mountpoint
+
+
+def check_mount_options(options: list[str]) -> list[str]:
+    """The ``-o`` values split into single options; UsageError for one we do not take."""
+    from shinglefs.fuse.mount import split_options
+
+    single = split_options(options)
+    for opt in single:
+        key, has_value, value = opt.partition("=")
+        known = (key in MOUNT_VALUE_OPTIONS and has_value and value) or (
+            not has_value and key in MOUNT_OPTIONS)
+        if not known:
+            raise UsageError(
+                f"unknown mount option {opt!r}",
+                hint=f"-o takes {', '.join(sorted(MOUNT_OPTIONS))}, "
+                f"{', '.join(k + '=VALUE' for k in sorted(MOUNT_VALUE_OPTIONS))}",
+            )
+    return single
+
+
+def absolute(path: Path) -> Path:
+    """``path`` made absolute against the working directory (symlinks kept)."""
+    return Path(os.path.abspath(os.path.expanduser(path)))
 
 
 # -- status -----------------------------------------------------------------------------
@@ -88,9 +145,8 @@ def _status_of_mount(mountpoint: str) -> dict[str, Any]:
     entry = mount_entry(mountpoint)
     if entry is None:
         raise NotMountedError(mountpoint)
-    if entry["fstype"] != "fuse.shinglefs":
-        raise UsageError(f"{mountpoint} is a {entry['fstype']} mount, not ShingleFS",
-                         hint="pass a ShingleFS mount point or a metadata URL")
+    if entry["fstype"] != SHINGLEFS_FSTYPE:
+        raise NotShingleMountError(mountpoint, entry["fstype"])
     try:
         raw = os.getxattr(mountpoint, STATUS_XATTR)
     except OSError as exc:
@@ -101,8 +157,9 @@ def _status_of_mount(mountpoint: str) -> dict[str, Any]:
 
 
 def _status_of_url(meta_url: str) -> dict[str, Any]:
-    from shinglefs.client.filesystem import open_filesystem
+    from shinglefs.client.filesystem import absolute_meta_url, open_filesystem
 
+    meta_url = absolute_meta_url(meta_url)
     vfs = open_filesystem(meta_url)
     try:
         return collect_status(vfs, meta_url=meta_url)
@@ -116,7 +173,7 @@ def _shinglefs_mounts() -> list[str]:
         for line in info:
             fields = line.split()
             sep = fields.index("-")
-            if fields[sep + 1] == "fuse.shinglefs":
+            if fields[sep + 1] == SHINGLEFS_FSTYPE:
                 from shinglefs.fuse.mount import _unescape_mountinfo
 
                 mounts.append(_unescape_mountinfo(fields[4]))
@@ -187,6 +244,26 @@ def meta_url_of(data_dir: Path) -> str:
     return f"sqlite:///{data_dir.resolve() / 'meta.db'}"
 
 
+def _prepare_data_dir(data_dir: Path) -> None:
+    """Create ``data_dir`` if need be; PathError when it cannot be used."""
+    if data_dir.exists() and not data_dir.is_dir():
+        raise PathError(f"{data_dir} is not a directory", hint="choose a directory for DATA_DIR")
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PathError(f"cannot create {data_dir}: {exc.strerror}",
+                        hint="choose a DATA_DIR in a directory you can write to") from None
+    if not os.access(data_dir, os.W_OK | os.X_OK):
+        raise PathError(f"{data_dir} is not writable",
+                        hint="choose a DATA_DIR you can write to, or fix its permissions")
+
+
+def _is_url(target: str) -> bool:
+    from shinglefs.meta.backend import PG_SCHEMES, SQLITE_SCHEMES
+
+    return "://" in target or target.split(":", 1)[0].lower() in SQLITE_SCHEMES + PG_SCHEMES
+
+
 # -- commands ---------------------------------------------------------------------------
 
 
@@ -194,9 +271,26 @@ def _mount(meta_url: str, mountpoint: Path, *, foreground: bool, allow_other: bo
            options: list[str], log_file: Path | None = None,
            format_first: tuple[list[str], str] | None = None) -> None:
     """Mount ``meta_url``; ``format_first=(drives, name)`` formats it first, in the
-    process that then opens it (SQLite state must not cross the background fork)."""
-    from shinglefs.client.filesystem import format_filesystem, open_filesystem
+    process that then opens it (SQLite state must not cross the background fork).
+
+    Paths are made absolute here, before the background daemon forks and leaves
+    the working directory; ``-o`` options and a missing SQLite file are refused
+    before anything is started.
+    """
+    from shinglefs.client.filesystem import (
+        absolute_meta_url,
+        format_filesystem,
+        open_filesystem,
+        require_metadata_file,
+    )
     from shinglefs.fuse.mount import mount
+
+    meta_url = absolute_meta_url(meta_url)
+    mountpoint = absolute(mountpoint)
+    log_file = absolute(log_file) if log_file is not None else None
+    options = check_mount_options(options)
+    if format_first is None:
+        require_metadata_file(meta_url)
 
     def open_vfs() -> VFS:
         if format_first is not None:
@@ -218,8 +312,9 @@ def register(app: typer.Typer) -> None:
         name: str = typer.Option("shinglefs", "--name", help="file system name"),
     ) -> None:
         """Create a file system: the metadata format record and a slice store on each drive."""
-        from shinglefs.client.filesystem import format_filesystem
+        from shinglefs.client.filesystem import absolute_meta_url, format_filesystem
 
+        meta_url = absolute_meta_url(meta_url)
         format_filesystem(meta_url, list(drive), name=name)
         typer.echo(f"formatted {name} at {meta_url} with {len(drive)} drive(s)")
 
@@ -247,10 +342,16 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force",
                                    help="lazy unmount; cleans a dead mount or a busy one"),
     ) -> None:
-        """Unmount; returns once the daemon stored every buffered byte and exited."""
-        from shinglefs.fuse.mount import unmount
+        """Unmount a ShingleFS mount (nothing else); returns once every buffered byte is stored."""
+        from shinglefs.fuse.mount import mount_entry, unmount
 
-        unmount(mountpoint, force=force)
+        path = absolute(mountpoint)
+        entry = mount_entry(path)
+        if entry is None:
+            raise NotMountedError(str(path))
+        if entry["fstype"] != SHINGLEFS_FSTYPE:
+            raise NotShingleMountError(str(path), entry["fstype"])
+        unmount(path, force=force)
 
     @app.command("up")
     def up_(
@@ -262,11 +363,10 @@ def register(app: typer.Typer) -> None:
         """Format on first use (SQLite + emulated SMR drives in DATA_DIR), then mount."""
         from shinglefs.fuse.mount import check_fuse, check_mountpoint
 
+        data_dir, mountpoint = absolute(data_dir), absolute(mountpoint)
         check_mountpoint(mountpoint)
         check_fuse()
-        if data_dir.exists() and not data_dir.is_dir():
-            raise UsageError(f"{data_dir} is not a directory", hint="choose a directory")
-        data_dir.mkdir(parents=True, exist_ok=True)
+        _prepare_data_dir(data_dir)
         meta_url = meta_url_of(data_dir)
         format_first = None
         if not (data_dir / "meta.db").exists():
@@ -291,7 +391,7 @@ def register(app: typer.Typer) -> None:
             results = {mp: _status_of_mount(mp) for mp in _shinglefs_mounts()}
             if not results:
                 raise NotMountedError("(no ShingleFS mount)")
-        elif "://" in target:
+        elif _is_url(target):
             results = {target: _status_of_url(target)}
         else:
             mountpoint = os.path.abspath(target)
