@@ -91,12 +91,17 @@ def _pid_runs(pid: int) -> bool:
     return True
 
 
-def _opened(meta_url: str) -> tuple[MetaStore, StorageNode]:
+def _opened(meta_url: str, before_drives: Callable[[MetaStore], None] | None = None,
+            ) -> tuple[MetaStore, StorageNode]:
+    """The metadata and its recorded drives, opened; ``before_drives(meta)`` runs
+    before the drives are opened (and locked)."""
     from shinglefs.client.filesystem import recorded_drives
 
     meta = open_meta(meta_url)
     try:
         meta.format_info()
+        if before_drives is not None:
+            before_drives(meta)
         node = StorageNode.open(list(enumerate(recorded_drives(meta))))
     except BaseException:
         meta.close()
@@ -121,8 +126,7 @@ def fsck(meta_url: str, *, repair: bool = False, force: bool = False,
     Raises ``FileSystemInUse`` for ``repair`` while a live session exists and
     ``force`` is off; ``DriveInUse`` while a local process holds the drives.
     """
-    meta, node = _opened(meta_url)
-    try:
+    def refuse_if_in_use(meta: MetaStore) -> None:
         alive = live_sessions(meta)
         if repair and alive and not force:
             raise FileSystemInUse(
@@ -130,6 +134,10 @@ def fsck(meta_url: str, *, repair: bool = False, force: bool = False,
                 f"{', '.join(map(str, sorted(alive)))})",
                 hint="unmount it first (`shinglefs umount`), or pass --force if those "
                      "sessions are known dead")
+
+    meta, node = _opened(meta_url, refuse_if_in_use)
+    try:
+        alive = live_sessions(meta)
         ctx = CheckContext(backend_of(meta), meta, meta.format_info().chunk_size,
                            live_sessions=frozenset() if force else alive,
                            held=slice_inventory(node), drop_slice=node.delete)

@@ -21,6 +21,11 @@ after the whole dump was read and its trailer seen, so an interrupted load
 never looks like a file system (it is refused by the next ``load`` as a
 database holding data; drop it and load again).
 
+Sessions and their open files are not dumped: they are the state of the
+processes using the source database, and a loaded copy must not look in use
+by them. An inode that was unlinked while open at dump time (nlink 0) is
+then held by nobody: ``shinglefs fsck --repair`` frees it.
+
 The columns come from the schema's DDL (``schema.DDL``), so a column added
 there is dumped without touching this module.
 """
@@ -46,6 +51,7 @@ from shinglefs.meta.errors import AlreadyFormatted
 DUMP_FORMAT = 1
 PAGE_ROWS = 2000
 GZIP_MAGIC = b"\x1f\x8b"
+RUNTIME_TABLES = frozenset({"sessions", "open_files"})  # not dumped (see above)
 Progress = Callable[[str, int], None]  # (table, rows so far)
 
 
@@ -96,7 +102,8 @@ def table_shapes() -> list[TableShape]:
             if "PRIMARY KEY" in line:
                 key = (col,)
         shapes[name] = TableShape(name, tuple(cols), key, frozenset(blobs))
-    order = [t for t in S.TABLES if t != "format" and t in shapes] + ["format"]
+    order = [t for t in S.TABLES
+             if t != "format" and t in shapes and t not in RUNTIME_TABLES] + ["format"]
     return [shapes[t] for t in order]
 
 

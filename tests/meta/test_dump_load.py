@@ -1,0 +1,193 @@
+"""Metadata dump and load (any backend to any backend), and the metadata
+backup on the drives that rebuilds a lost meta.db."""
+
+from __future__ import annotations
+
+import gzip
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.meta.recoverykit import (
+    FsFactory,
+    cli,
+    drive_specs,
+    listing,
+    node_of,
+    pattern,
+    sql,
+    write_file,
+)
+from tests.support.pgcluster import PgCluster
+
+from shinglefs.client.filesystem import open_filesystem
+from shinglefs.client.recovery import NoMetadataBackup, load_from_drives
+from shinglefs.meta.api import open_meta
+from shinglefs.meta.dump import DumpError, LoadTargetNotEmpty, dump_url, load_url
+from shinglefs.meta.errors import AlreadyFormatted, NotFormatted
+
+MiB = 1024 * 1024
+
+
+def _populate(factory: FsFactory, drives: int = 1) -> None:
+    """Files of several sizes, a directory, a symlink, a hard link, xattrs, odd names."""
+    vfs = factory.vfs(drives=drives)
+    try:
+        d = vfs.mkdir(1, b"ckpt", 0o750).ino
+        ino = write_file(vfs, b"model.pt", pattern(1, 5 * MiB + 3), parent=d)
+        write_file(vfs, b"small", pattern(2, 4096))
+        write_file(vfs, "naïve \x01 name".encode(), pattern(3, 10))
+        vfs.link(ino, 1, b"hardlink")
+        vfs.symlink(1, b"latest", b"ckpt/model.pt")
+        vfs.setxattr(ino, b"user.step", b"\x00\xff1000")
+        write_file(vfs, b"empty", b"")
+    finally:
+        vfs.shutdown()
+
+
+@pytest.fixture
+def fs(tmp_path: Path) -> Iterator[FsFactory]:
+    factory = FsFactory(tmp_path / "fs")
+    factory.root.mkdir()
+    _populate(factory)
+    yield factory
+    factory.close_all()
+
+
+def _rows(path: Path) -> list[bytes]:
+    """The dump's lines without its first (which names the source and the time)."""
+    return path.read_bytes().splitlines()[1:]
+
+
+@pytest.mark.postgres
+def test_round_trip_sqlite_postgresql_sqlite_keeps_listing_and_bytes(
+        fs: FsFactory, tmp_path: Path, pg_cluster: PgCluster) -> None:
+    before = listing(fs.meta_url)
+    pg_url = pg_cluster.new_database()
+    assert cli("dump", fs.meta_url, str(tmp_path / "one.jsonl")) == 0
+    assert cli("load", str(tmp_path / "one.jsonl"), pg_url) == 0
+    assert cli("dump", pg_url, str(tmp_path / "two.jsonl.gz")) == 0
+    with gzip.open(tmp_path / "two.jsonl.gz") as two:
+        assert two.read().splitlines()[1:] == _rows(tmp_path / "one.jsonl")
+    # Beside the drives: the file system records them relative to its SQLite file.
+    back = f"sqlite3://{fs.root / 'back.db'}"
+    assert cli("load", str(tmp_path / "two.jsonl.gz"), back) == 0
+    assert cli("dump", back, str(tmp_path / "three.jsonl")) == 0
+    assert _rows(tmp_path / "one.jsonl") == _rows(tmp_path / "three.jsonl")
+    assert listing(back) == before
+    assert cli("fsck", back) == 0
+
+
+def test_dump_streams_in_pages_and_reads_one_snapshot(fs: FsFactory, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import shinglefs.meta.dump as dump
+
+    monkeypatch.setattr(dump, "PAGE_ROWS", 2)  # many pages: keyset pagination must join up
+    counts = dump_url(fs.meta_url, str(tmp_path / "paged.jsonl"))
+    monkeypatch.undo()
+    dump_url(fs.meta_url, str(tmp_path / "whole.jsonl"))
+    assert counts["inodes"] == 7 and counts["counters"] == 16
+    assert _rows(tmp_path / "paged.jsonl") == _rows(tmp_path / "whole.jsonl")
+    target = f"sqlite3://{fs.root / 'paged.db'}"
+    monkeypatch.setattr(dump, "PAGE_ROWS", 3)
+    load_url(str(tmp_path / "paged.jsonl"), target)
+    assert listing(target) == listing(fs.meta_url)
+
+
+def test_load_refuses_a_target_that_holds_a_file_system(fs: FsFactory, tmp_path: Path) -> None:
+    dump_url(fs.meta_url, str(tmp_path / "d.jsonl"))
+    with pytest.raises(AlreadyFormatted):
+        load_url(str(tmp_path / "d.jsonl"), fs.meta_url)
+    assert cli("load", str(tmp_path / "d.jsonl"), fs.meta_url) == 3
+
+
+def test_a_dump_cut_short_is_refused_and_never_looks_like_a_file_system(
+        fs: FsFactory, tmp_path: Path) -> None:
+    dump_url(fs.meta_url, str(tmp_path / "d.jsonl"))
+    lines = (tmp_path / "d.jsonl").read_bytes().splitlines(keepends=True)
+    (tmp_path / "cut.jsonl").write_bytes(b"".join(lines[: len(lines) - 3]))
+    target = f"sqlite3://{tmp_path / 'cut.db'}"
+    with pytest.raises(DumpError, match=r"cut short|format record"):
+        load_url(str(tmp_path / "cut.jsonl"), target)
+    meta = open_meta(target)
+    try:
+        with pytest.raises(NotFormatted):
+            meta.format_info()
+    finally:
+        meta.close()
+    with pytest.raises(LoadTargetNotEmpty):
+        load_url(str(tmp_path / "d.jsonl"), target)
+    (tmp_path / "junk.jsonl").write_bytes(b"hello\n")
+    assert cli("load", str(tmp_path / "junk.jsonl"), f"sqlite3://{tmp_path / 'j.db'}") == 3
+
+
+def test_lost_meta_db_is_rebuilt_from_the_backup_on_the_drives(tmp_path: Path) -> None:
+    factory = FsFactory(tmp_path)
+    _populate(factory, drives=2)
+    vfs = open_filesystem(factory.meta_url)
+    slots = vfs.meta_backup.write()
+    assert len(slots) == 2  # one copy per drive
+    late = write_file(vfs, b"after-backup", pattern(7, 300_000))
+    late_slice = vfs.meta.read_map(late, 0, 10)[0].slice_id
+    vfs.shutdown()
+    before = listing(factory.meta_url)
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{tmp_path}/meta.db{suffix}").unlink(missing_ok=True)
+    specs = drive_specs(tmp_path, 2)
+    assert cli("load", "--from-drives", *specs, factory.meta_url) == 0
+    del before["/after-backup"]  # written after the backup: not in it...
+    after = listing(factory.meta_url)
+    assert {k: v for k, v in after.items()} == before
+    # ...but its slice is still on a drive: fsck re-attaches it.
+    assert cli("fsck", "--repair", factory.meta_url) == 20
+    assert listing(factory.meta_url)[f"/lost+found/slice-{late_slice:x}"] == pattern(7, 300_000)
+    assert cli("fsck", factory.meta_url) == 0
+
+
+def test_the_newest_valid_backup_wins_and_a_damaged_one_is_skipped(tmp_path: Path) -> None:
+    factory = FsFactory(tmp_path)
+    _populate(factory)
+    vfs = open_filesystem(factory.meta_url)
+    first = vfs.meta_backup.write()[0]
+    write_file(vfs, b"second", b"2")
+    second = vfs.meta_backup.write()[0]
+    vfs.shutdown()
+    assert (first.number, second.number) == (1, 2) and first.slot != second.slot
+    # Damage the first payload block of the newest backup, in place on the drive.
+    with node_of(tmp_path) as node:
+        area = node.store(0).slice_log.area  # type: ignore[attr-defined]
+        area.write_backup(second.slot, 4096, [pattern(5, 4096)])
+    target = f"sqlite3://{tmp_path / 'restored.db'}"  # beside the drives
+    loaded = load_from_drives(drive_specs(tmp_path), target)
+    assert loaded.backup.number == 1
+    assert "/second" not in listing(target)
+
+
+def test_no_backup_on_the_drives_is_one_line_and_exit_3(tmp_path: Path) -> None:
+    factory = FsFactory(tmp_path)
+    factory.format()
+    with pytest.raises(NoMetadataBackup):
+        load_from_drives(drive_specs(tmp_path), f"sqlite3://{tmp_path / 'x.db'}")
+    assert cli("load", "--from-drives", *drive_specs(tmp_path),
+               f"sqlite3://{tmp_path / 'y.db'}") == 3
+
+
+def test_the_maintenance_thread_writes_the_backup_when_due(tmp_path: Path) -> None:
+    factory = FsFactory(tmp_path)
+    vfs = factory.vfs()
+    try:
+        write_file(vfs, b"x", b"hello")
+        vfs.meta_backup.next_due = time.monotonic()
+        deadline = time.monotonic() + 20
+        while vfs.meta_backup.written == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert vfs.meta_backup.written == 1
+    finally:
+        vfs.shutdown()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{tmp_path}/meta.db{suffix}").unlink(missing_ok=True)
+    load_from_drives(drive_specs(tmp_path), factory.meta_url)
+    assert listing(factory.meta_url) == {"/x": b"hello"}
+    # Sessions are the source's processes: never carried over.
+    assert sql(tmp_path, "SELECT COUNT(*) FROM sessions")[0][0] == 0
