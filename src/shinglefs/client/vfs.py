@@ -324,24 +324,33 @@ class VFS:
         return self._with_buffered_size(self.meta.getattr(ino))
 
     def setattr(
-        self, ino: int, changes: SetAttrChanges, fh: int | None = None, ctx: Ctx = ROOT_CTX
+        self, ino: int, changes: SetAttrChanges, fh: int | None = None, ctx: Ctx = ROOT_CTX,
+        *, checked: bool = False,
     ) -> InodeAttr:
-        """Change attributes; a size change first commits this client's buffered writes."""
+        """Change attributes; a size change first commits this client's buffered writes.
+
+        ``fh``, a handle opened for writing, grants a size change (ftruncate);
+        ``checked``: the kernel already applied the permission rules (see
+        ``MetaStore.setattr``).
+        """
         self._check_open()
+        handle = self._handles.get(fh) if fh is not None else None
+        by_fd = handle is not None and handle.writable
         if changes.size is not None:
             state = self._inodes.get(ino)
             if state is not None:
                 with state.writer.lock:
                     state.writer.flush()
-                    attr = self._meta_setattr(ino, changes, ctx)
+                    attr = self._meta_setattr(ino, changes, ctx, by_fd, checked)
                     state.writer.note_committed_size(attr.size)
             else:
-                attr = self._meta_setattr(ino, changes, ctx)
+                attr = self._meta_setattr(ino, changes, ctx, by_fd, checked)
             self._bump(ino)
             return attr
-        return self._with_buffered_size(self._meta_setattr(ino, changes, ctx))
+        return self._with_buffered_size(self._meta_setattr(ino, changes, ctx, by_fd, checked))
 
-    def _meta_setattr(self, ino: int, c: SetAttrChanges, ctx: Ctx) -> InodeAttr:
+    def _meta_setattr(self, ino: int, c: SetAttrChanges, ctx: Ctx, open_for_write: bool,
+                      checked: bool) -> InodeAttr:
         return self.meta.setattr(
             ino,
             mode=c.mode,
@@ -351,6 +360,8 @@ class VFS:
             atime_ns=c.atime_ns,
             mtime_ns=c.mtime_ns,
             ctx=ctx,
+            open_for_write=open_for_write,
+            checked=checked,
         )
 
     def readlink(self, ino: int, ctx: Ctx = ROOT_CTX) -> bytes:

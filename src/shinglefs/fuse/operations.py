@@ -20,6 +20,7 @@ order the kernel sent them.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import time
@@ -131,7 +132,9 @@ class ShingleOperations(pyfuse3.Operations):
     """pyfuse3 handlers delegating to one ``VFS``.
 
     ``status_provider`` (optional) returns the JSON bytes served as the
-    virtual ``user.shinglefs.status`` xattr of the root.
+    virtual ``user.shinglefs.status`` xattr of the root. ``kernel_checks``:
+    the mount has ``default_permissions``, so ``setattr`` applies what the
+    kernel allowed (False: the metadata engine checks it again).
     """
 
     # Off by default (docs/mount.md, "The writeback cache"): with it the
@@ -149,8 +152,12 @@ class ShingleOperations(pyfuse3.Operations):
         offload_metadata: bool = False,
         status_provider: Callable[[], bytes] | None = None,
         writeback_cache: bool = False,
+        kernel_checks: bool = True,
     ) -> None:
         super().__init__()
+        # The mount has default_permissions (always, see fuse_options): the
+        # kernel is the authority on who may change attributes.
+        self.kernel_checks = kernel_checks
         self.enable_writeback_cache = writeback_cache  # read by pyfuse3.init
         self.vfs = vfs
         self.offload_metadata = offload_metadata
@@ -313,11 +320,13 @@ class ShingleOperations(pyfuse3.Operations):
             atime_ns=attr.st_atime_ns if fields.update_atime else None,
             mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
         )  # ctime: the metadata engine sets it to now on any change
+        vctx = self._ctx(ctx)
+        log.debug("setattr(inode=%s, fh=%s, uid=%s): %s", inode, fh, vctx.uid, changes)
         # A size change may drop or flush buffered bytes: that can wait on a drive.
         offload = fields.update_size or self.offload_metadata
         new = await self._call(
-            "setattr", offload, self.vfs.setattr, inode, changes, fh, self._ctx(ctx),
-            ino=inode, fh=fh,
+            "setattr", offload, functools.partial(self.vfs.setattr, checked=self.kernel_checks),
+            inode, changes, fh, vctx, ino=inode, fh=fh,
         )
         return self.entry(new)
 
