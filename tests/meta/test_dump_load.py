@@ -140,7 +140,7 @@ def test_lost_meta_db_is_rebuilt_from_the_backup_on_the_drives(tmp_path: Path) -
     after = listing(factory.meta_url)
     assert {k: v for k, v in after.items()} == before
     # ...but its slice is still on a drive: fsck re-attaches it.
-    assert cli("fsck", "--repair", factory.meta_url) == 20
+    assert cli("fsck", "--repair", factory.meta_url) == 40
     assert listing(factory.meta_url)[f"/lost+found/slice-{late_slice:x}"] == pattern(7, 300_000)
     assert cli("fsck", factory.meta_url) == 0
 

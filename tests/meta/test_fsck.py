@@ -1,5 +1,5 @@
 """fsck on a real file system damaged on purpose: each pass finds what it
-should, ``--repair`` fixes it, and a second fsck is clean (exit codes 21 / 20 / 0)."""
+should, ``--repair`` fixes it, and a second fsck is clean (exit codes 41 / 40 / 0)."""
 
 from __future__ import annotations
 
@@ -63,9 +63,9 @@ def test_slice_deleted_on_the_drive_is_found_and_the_file_truncated(
     with node_of(fs.root) as node:
         node.delete(sid)
         node.flush()
-    assert cli("fsck", fs.meta_url) == 21
+    assert cli("fsck", fs.meta_url) == 41
     assert f"slice {sid:#x} is referenced but on no drive" in capsys.readouterr().out
-    assert cli("fsck", "--repair", fs.meta_url) == 20
+    assert cli("fsck", "--repair", fs.meta_url) == 40
     assert "truncated /d/b (inode" in capsys.readouterr().out
     assert cli("fsck", fs.meta_url) == 0
     tree = listing(fs.meta_url)
@@ -93,7 +93,7 @@ def test_a_dropped_entry_makes_the_file_unreachable_and_repair_links_it_into_los
     sql(fs.root, "DELETE FROM dentries WHERE name = ?", (b"c",))
     found = _found(fsck(fs.meta_url))
     assert found["unreachable"] == [f"inode {ino} has links but no entry (unreachable)"]
-    assert cli("fsck", "--repair", fs.meta_url) == 20
+    assert cli("fsck", "--repair", fs.meta_url) == 40
     assert fsck(fs.meta_url).clean
     tree = listing(fs.meta_url)
     assert "/c" not in tree and tree[f"/lost+found/#{ino}"] == C
@@ -105,7 +105,7 @@ def test_an_orphan_inode_is_freed_and_its_slice_deleted_from_the_drive(fs: FsFac
                  "(SELECT ino FROM dentries WHERE name = ?)", (b"c",))
     sql(fs.root, "DELETE FROM dentries WHERE name = ?", (b"c",))
     assert "orphans" in _found(fsck(fs.meta_url))
-    assert cli("fsck", "--repair", fs.meta_url) == 20
+    assert cli("fsck", "--repair", fs.meta_url) == 40
     assert fsck(fs.meta_url).clean
     with node_of(fs.root) as node:
         assert not node.contains(sid)
@@ -119,7 +119,7 @@ def test_counters_and_nlink_are_recomputed(fs: FsFactory) -> None:
     sql(fs.root, "UPDATE inodes SET nlink = 9 WHERE ino = 1")
     found = _found(fsck(fs.meta_url))
     assert {"counters", "file_nlink", "dir_nlink"} <= set(found)
-    assert cli("fsck", "--repair", fs.meta_url) == 20
+    assert cli("fsck", "--repair", fs.meta_url) == 40
     assert fsck(fs.meta_url).clean
     meta = open_meta(fs.meta_url)
     try:
@@ -138,7 +138,7 @@ def test_a_slice_no_file_references_is_dropped_from_meta_and_the_drive(fs: FsFac
     sql(fs.root, f"UPDATE counters SET used_bytes = used_bytes - {len(C)} WHERE shard = 0")
     found = _found(fsck(fs.meta_url))
     assert f"slice {sid} is committed but unreferenced and not queued" in found["slice_refcounts"]
-    assert cli("fsck", "--repair", fs.meta_url) == 20
+    assert cli("fsck", "--repair", fs.meta_url) == 40
     assert fsck(fs.meta_url).clean
     with node_of(fs.root) as node:
         assert not node.contains(sid)
@@ -152,7 +152,7 @@ def test_a_slice_on_the_drive_unknown_to_meta_is_reattached_in_lost_found(
         node.write(orphan, 0, data, group=7, durable=True, drive_id=0)
     found = _found(fsck(fs.meta_url))
     assert set(found) == {"unknown_slices", "slice_ids"}
-    assert cli("fsck", "--repair", fs.meta_url) == 20
+    assert cli("fsck", "--repair", fs.meta_url) == 40
     assert fsck(fs.meta_url).clean
     assert listing(fs.meta_url)[f"/lost+found/slice-{orphan:x}"] == data
     vfs = open_filesystem(fs.meta_url)

@@ -61,7 +61,7 @@ def test_corrupted_record_bytes_are_reported_by_file_path(
     result = scrub(fs.meta_url)
     assert list(result.damaged_files) == ["/data/shard-2"]
     assert "checksum mismatch" in result.damaged_files["/data/shard-2"][0]
-    assert cli("scrub", fs.meta_url) == 21
+    assert cli("scrub", fs.meta_url) == 41
     assert "damaged: /data/shard-2" in capsys.readouterr().out
 
 

@@ -2,8 +2,8 @@
 
 The work lives in ``shinglefs.client.recovery`` (fsck, scrub, backups on the
 drives) and ``shinglefs.meta.dump``; this module parses, shows progress on
-stderr and turns outcomes into exit codes (docs/cli.md): 0 clean, 20 problems
-found and all repaired, 21 damage remains (found without ``--repair``, or not
+stderr and turns outcomes into exit codes (docs/cli.md): 0 clean, 40 problems
+found and all repaired, 41 damage remains (found without ``--repair``, or not
 repairable; scrub: damaged files).
 """
 
@@ -18,8 +18,8 @@ import typer
 
 from shinglefs.errors import UsageError
 
-EXIT_REPAIRED = 20
-EXIT_DAMAGED = 21
+EXIT_REPAIRED = 40
+EXIT_DAMAGED = 41
 MiB = 1024 * 1024
 SHOWN_PER_PASS = 20
 
@@ -75,7 +75,7 @@ def register(app: typer.Typer) -> None:
                                    help="repair even though sessions look alive"),
         as_json: bool = typer.Option(False, "--json", help="print JSON"),
     ) -> None:
-        """Check metadata against the drives; exit 0 clean, 20 repaired, 21 damaged."""
+        """Check metadata against the drives; exit 0 clean, 40 repaired, 41 damaged."""
         from shinglefs.client.recovery import fsck
         from shinglefs.meta.fsck import FSCK_PASSES
 
@@ -99,7 +99,7 @@ def register(app: typer.Typer) -> None:
         meta_url: str = typer.Argument(..., help="metadata URL of the file system"),
         rate: float = typer.Option(0.0, "--rate", help="read at most this many MiB/s (0: no limit)"),
     ) -> None:
-        """Read every stored slice and verify its checksums; resumable; exit 21 if damaged."""
+        """Read every stored slice and verify its checksums; resumable; exit 41 if damaged."""
         from shinglefs.client.recovery import scrub
 
         if rate < 0:
