@@ -188,3 +188,21 @@ def test_a_dead_local_session_does_not_block_repair(fs: FsFactory) -> None:
         assert read_all(vfs, vfs.lookup(1, b"a").ino) == A
     finally:
         vfs.shutdown()
+
+
+def test_hints_that_send_the_user_to_fsck_or_scrub_name_commands_that_exist() -> None:
+    import re
+
+    import typer.main
+
+    from shinglefs.cli.main import _register_all, app
+    from shinglefs.client.errors import ShortSlice
+    from shinglefs.store.errors import ChecksumMismatch
+
+    _register_all()
+    commands = set(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+    hints = [ShortSlice(1, 0, 10, 5).hint,
+             ChecksumMismatch(drive="d", zone=1, offset=0, detail="x").hint]
+    for hint in hints:
+        named = re.findall(r"`shinglefs (\w+)", hint or "")
+        assert named and set(named) <= commands, hint
