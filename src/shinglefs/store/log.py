@@ -972,6 +972,12 @@ class SliceLog:
 
         found.sort(key=lambda f: f[0])
         max_seq = covered
+        # Extents that do not continue what the index knows of their slice yet:
+        # GC copies whose originals were in a zone collected (reset) since the
+        # checkpoint, and records that follow such copies. Copies carry newer
+        # sequence numbers than what they copied, so a slice's extents arrive
+        # out of offset order; they are added once the pass has seen them all.
+        adopted: dict[int, list[tuple[int, int, int, int]]] = {}
         for seq, dev, header, ids in found:
             max_seq = max(max_seq, seq)
             z = dev // self.zs
@@ -985,7 +991,9 @@ class SliceLog:
             if header.type == RecordType.DATA:
                 if header.is_gc_copy:
                     self.gc_bytes += header.length
-                    self.index.relocate(header.slice_id, header.slice_offset, None, dev)
+                    if not self.index.relocate(header.slice_id, header.slice_offset, None, dev):
+                        adopted.setdefault(header.slice_id, []).append(
+                            (header.slice_offset, header.length, dev, header.group))
                     continue
                 self.user_bytes += header.length
                 current = self.index.length(header.slice_id) or 0
@@ -994,18 +1002,20 @@ class SliceLog:
                     self.index.truncate(header.slice_id, header.slice_offset)
                     current = self.index.length(header.slice_id) or 0
                 if header.slice_offset != current:
-                    report.records_skipped += 1
-                    report.notes.append(
-                        f"slice {header.slice_id:#x}: record at offset {header.slice_offset} "
-                        f"(zone {z}) does not continue the slice; dropped")
+                    adopted.setdefault(header.slice_id, []).append(
+                        (header.slice_offset, header.length, dev, header.group))
                     continue
                 self.index.add(header.slice_id, header.slice_offset, header.length, dev,
                                header.group)
             elif header.type == RecordType.TOMBSTONE and ids is not None:
                 for sid in np.frombuffer(ids, np.uint64).tolist():
                     self.index.remove(sid)
+                    adopted.pop(sid, None)
             elif header.type == RecordType.GROUP_DELETE:
                 self.index.remove_group(header.group)
+                for sid in [s for s, ext in adopted.items() if ext[0][3] == header.group]:
+                    del adopted[sid]
+        self._adopt_gc_copies(adopted, report)
         self._seq = max_seq + 1
         self.zone_resets += int(np.where(valid, (gens - ck_gen).astype(np.int64), 0).sum())
         self._reattach_streams()
@@ -1016,6 +1026,23 @@ class SliceLog:
         # generation table just read, even where a block of it was torn).
         self.area.write_generations(self.z_gen)
         self.checkpoint()
+
+    def _adopt_gc_copies(self, adopted: dict[int, list[tuple[int, int, int, int]]],
+                         report: RecoveryReport) -> None:
+        """Index the extents set aside by the replay, in offset order: what
+        continues each slice is added, the rest is reported and dropped."""
+        for sid, extents in adopted.items():
+            for off, length, dev, group in sorted(extents):
+                current = self.index.length(sid) or 0
+                if off < current:
+                    continue  # copied twice (a later collection): one is enough
+                if off != current:
+                    report.records_skipped += 1
+                    report.notes.append(f"slice {sid:#x}: record at offset {off} (zone "
+                                        f"{dev // self.zs}) does not continue the slice; "
+                                        "dropped")
+                    break
+                self.index.add(sid, off, length, dev, group)
 
     def _scan_zone(self, z: int, pos: int, wp: int,
                    found: list[tuple[int, int, RecordHeader, bytes | None]],
