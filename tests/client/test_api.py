@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import fsspec
 import pytest
@@ -127,14 +131,87 @@ def test_connect_opens_a_formatted_file_system(fs_factory: FsFactory) -> None:
         assert fs.statvfs().capacity_bytes > 0
 
 
-def test_a_second_client_cannot_open_locked_drives(fs_factory: FsFactory) -> None:
-    from shinglefs.server.errors import DriveInUse
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter of this environment (a user's script)."""
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=120)
 
+
+def test_connects_in_one_process_share_one_file_system(fs_factory: FsFactory) -> None:
+    fs_factory.format()
+    with connect(fs_factory.meta_url) as first, connect(fs_factory.meta_url) as second:
+        assert first.vfs is second.vfs
+        first.write_bytes("/a", b"from the first")
+        assert second.read_bytes("/a") == b"from the first"
+        second.close()
+        first.write_bytes("/b", b"still open")  # the last handle keeps it open
+    with connect(fs_factory.meta_url) as again:
+        assert again.read_bytes("/b") == b"still open"
+
+
+def test_another_process_cannot_open_drives_this_one_holds(fs_factory: FsFactory) -> None:
     fs_factory.format()
     with connect(fs_factory.meta_url):
-        with pytest.raises(DriveInUse) as exc:
-            connect(fs_factory.meta_url)
-        assert str(os.getpid()) in str(exc.value)
+        other = run_python(f"""
+            import shinglefs
+            from shinglefs.server.errors import DriveInUse
+            try:
+                shinglefs.connect({fs_factory.meta_url!r})
+            except DriveInUse as exc:
+                print("in use:", exc)
+        """)
+    assert other.returncode == 0, other.stderr
+    assert "in use: " in other.stdout and str(os.getpid()) in other.stdout
+
+
+def test_files_of_a_script_that_never_closes_are_committed_at_exit(
+    fs_factory: FsFactory,
+) -> None:
+    fs_factory.format()
+    script = run_python(f"""
+        import shinglefs
+        fs = shinglefs.connect({fs_factory.meta_url!r})
+        fs.makedirs("/ckpt", exist_ok=True)
+        with fs.open("/ckpt/closed.bin", "wb") as f:
+            f.write(bytes(range(256)) * 4096)
+        left_open = fs.open("/ckpt/left-open.bin", "wb")
+        left_open.write(b"buffered in the BufferedWriter")
+        # no fs.close(), no left_open.close(): the interpreter exits
+    """)
+    assert script.returncode == 0, script.stderr
+    with connect(fs_factory.meta_url) as fs:
+        assert fs.read_bytes("/ckpt/closed.bin") == bytes(range(256)) * 4096
+        assert fs.read_bytes("/ckpt/left-open.bin") == b"buffered in the BufferedWriter"
+
+
+def test_a_handle_dropped_without_close_releases_the_file_system(fs_factory: FsFactory) -> None:
+    import gc
+
+    fs_factory.format()
+    fs = connect(fs_factory.meta_url)
+    fs.write_bytes("/x", b"x")
+    vfs = fs.vfs
+    del fs
+    gc.collect()
+    assert vfs.closed
+    with connect(fs_factory.meta_url) as again:
+        assert again.read_bytes("/x") == b"x"
+
+
+def test_the_readme_example_runs_as_written(fs_factory: FsFactory) -> None:
+    """README's Python example: connect() and fsspec on one URL in one process, no close."""
+    fs_factory.format()
+    url = fs_factory.meta_url
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "shinglefs.connect(" in block and "fsspec.open(" in block
+    code = ("import torch\nmodel = torch.nn.Linear(4, 2)\n"
+            + block.replace("sqlite3:///abs/path/data/meta.db", url)
+            + "\nassert torch.equal(state['weight'], model.state_dict()['weight'])\n")
+    script = run_python(code)
+    assert script.returncode == 0, script.stderr
+    with connect(url) as fs:
+        assert fs.stat("/ckpt/model.pt").st_size > 0
 
 
 def test_a_cached_fsspec_instance_reconnects_after_close(fs_factory: FsFactory) -> None:

@@ -22,18 +22,21 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import io
 import os
 import stat as _stat
+import threading
+import urllib.parse
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from shinglefs.client.config import ClientConfig
 from shinglefs.client.errors import TooManySymlinks
 from shinglefs.client.filesystem import open_filesystem
 from shinglefs.client.vfs import VFS, SetAttrChanges
-from shinglefs.errors import ShingleError
+from shinglefs.errors import ShingleError, UsageError
 from shinglefs.meta.api import ROOT_CTX, ROOT_INO, Ctx, InodeAttr, StatFs
 
 MAX_SYMLINK_DEPTH = 40
@@ -234,12 +237,23 @@ def _parse_mode(mode: str) -> tuple[int, bool]:
 
 
 class ShingleFS:
-    """A ShingleFS file system addressed by paths. Thread-safe; close it when done."""
+    """A ShingleFS file system addressed by paths. Thread-safe.
 
-    def __init__(self, vfs: VFS, ctx: Ctx = ROOT_CTX) -> None:
+    Closed by ``close()``, by ``with``, when garbage-collected, and at
+    interpreter exit — whichever comes first: files the application left open
+    are closed (their buffered bytes committed) and then the file system is
+    released (``release``, default ``vfs.shutdown``; ``connect`` passes one
+    that closes the process-wide opened file system with its last user).
+    """
+
+    def __init__(self, vfs: VFS, ctx: Ctx = ROOT_CTX,
+                 release: Callable[[], None] | None = None) -> None:
         self.vfs = vfs
         self.ctx = ctx
         self._files: weakref.WeakSet[IO[Any]] = weakref.WeakSet()
+        # No reference to self in the finalizer, so it can run at collection too.
+        self._finalizer = weakref.finalize(self, _close_all, self._files,
+                                           release or vfs.shutdown)
 
     # ------------------------------------------------------------------ resolution
     def _walk(self, parts: list[str], follow_last: bool, depth: int = 0) -> InodeAttr:
@@ -499,21 +513,13 @@ class ShingleFS:
     # ------------------------------------------------------------------ life cycle
     @property
     def closed(self) -> bool:
-        return self.vfs.closed
+        return not self._finalizer.alive or self.vfs.closed
 
     def close(self) -> None:
         """Close files the application left open (their buffered bytes are
-        committed), then everything buffered, the drives and the metadata."""
-        first: BaseException | None = None
-        for file in list(self._files):
-            try:
-                file.close()
-            except BaseException as exc:
-                first = first or exc
-        with _as_oserror():
-            self.vfs.shutdown()
-        if first is not None:
-            raise first
+        committed), then release the file system (the drives and the metadata
+        once no other handle of this process uses them). Idempotent."""
+        self._finalizer()
 
     def __enter__(self) -> ShingleFS:
         return self
@@ -522,10 +528,71 @@ class ShingleFS:
         self.close()
 
 
+def _close_all(files: weakref.WeakSet[IO[Any]], release: Callable[[], None]) -> None:
+    """``ShingleFS``'s finalizer: close the files left open, then release."""
+    first: BaseException | None = None
+    for file in list(files):
+        try:
+            file.close()
+        except BaseException as exc:
+            first = first or exc
+    with _as_oserror():
+        release()
+    if first is not None:
+        raise first
+
+
+class _Opened:
+    """One file system opened in this process, shared by its ``connect`` handles."""
+
+    def __init__(self, vfs: VFS) -> None:
+        self.vfs = vfs
+        self.users = 0
+
+
+_opened: dict[str, _Opened] = {}
+_opened_lock = threading.Lock()
+
+
+def _share_key(meta_url: str) -> str:
+    """One key per file system, whatever the spelling of its URL (sqlite:// or
+    sqlite3://, a relative or linked path)."""
+    parts = urllib.parse.urlsplit(meta_url)
+    if parts.scheme.lower() in ("sqlite", "sqlite3"):
+        return "sqlite:" + os.path.realpath(parts.path)
+    return meta_url
+
+
 def connect(meta_url: str, *, config: ClientConfig | None = None, ctx: Ctx = ROOT_CTX) -> ShingleFS:
     """Open the file system whose metadata is at ``meta_url`` (drives as recorded at format).
 
-    The process takes the drives' locks: one process at a time per set of
-    drives (``DriveInUse`` otherwise). Call ``close()`` (or use ``with``).
+    In one process every ``connect`` of the same file system — and fsspec's
+    ``shinglefs://`` — shares one opened file system (the drives' locks
+    belong to the process; another process gets ``DriveInUse``). Each handle
+    is closed by ``close()``, ``with``, garbage collection or interpreter exit;
+    the drives and the metadata are released with the last one. Files written
+    through any handle are committed on their close, as on the mount.
+    ``config`` applies when this call opens the file system; a different one
+    for a file system already open here is a ``UsageError``.
     """
-    return ShingleFS(open_filesystem(meta_url, config=config), ctx)
+    key = _share_key(meta_url)
+    with _opened_lock:
+        entry = _opened.get(key)
+        if entry is None or entry.vfs.closed:
+            entry = _opened[key] = _Opened(open_filesystem(meta_url, config=config))
+        elif config is not None and config != entry.vfs.config:
+            raise UsageError(
+                f"{meta_url} is already open in this process with another client configuration",
+                hint="pass the same config, or none, to every connect() of one file system")
+        entry.users += 1
+    return ShingleFS(entry.vfs, ctx, functools.partial(_release, key, entry))
+
+
+def _release(key: str, entry: _Opened) -> None:
+    with _opened_lock:
+        entry.users -= 1
+        if entry.users > 0:
+            return
+        if _opened.get(key) is entry:
+            del _opened[key]
+    entry.vfs.shutdown()
