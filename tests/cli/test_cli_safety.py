@@ -94,8 +94,8 @@ def unmount_quietly(path: Path) -> None:
 
 
 def copy_data_dir(src: Path, dst: Path) -> None:
-    """What a user's ``cp -r`` of an unmounted data directory holds."""
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*-wal", "*-shm", "*.lock"))
+    """A user's ``cp -r`` of a data directory no process has open (WAL included)."""
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.lock"))
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import uuid
 from pathlib import Path
 
@@ -37,8 +38,11 @@ def _format(data: Path, name: str = "fs") -> str:
 
 
 def _copy_data_dir(src: Path, dst: Path) -> None:
-    """Copy a data directory whose file system is closed (its WAL is checkpointed
-    away as the last connection closes: the copy must not race that)."""
+    """Copy a data directory whose file system is closed: the WAL is folded into
+    meta.db first, so the copy cannot race SQLite removing it."""
+    with sqlite3.connect(src / "meta.db") as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*-wal", "*-shm", "*.lock"))
 
 

@@ -267,7 +267,7 @@ def _is_url(target: str) -> bool:
 # -- commands ---------------------------------------------------------------------------
 
 
-def _mount(meta_url: str, mountpoint: Path, *, foreground: bool, allow_other: bool,
+def _mount(meta_url: str, mountpoint: Path, *, foreground: bool, allow_other: bool | None,
            options: list[str], log_file: Path | None = None,
            format_first: tuple[list[str], str] | None = None) -> None:
     """Mount ``meta_url``; ``format_first=(drives, name)`` formats it first, in the
@@ -324,8 +324,9 @@ def register(app: typer.Typer) -> None:
         mountpoint: Path = typer.Argument(..., help="an existing empty directory"),
         foreground: bool = typer.Option(False, "--foreground", "-f",
                                         help="stay in the foreground until unmounted"),
-        allow_other: bool = typer.Option(False, "--allow-other",
-                                         help="let other users access the mount"),
+        allow_other: bool | None = typer.Option(
+            None, "--allow-other/--no-allow-other",
+            help="let other users use the mount (default: yes when run as root)"),
         option: list[str] = typer.Option([], "-o", help="extra FUSE mount options, comma separated"),
         log_file: Path | None = typer.Option(None, "--log-file",
                                              help="log of a background mount"),
@@ -359,20 +360,24 @@ def register(app: typer.Typer) -> None:
         mountpoint: Path = typer.Argument(..., help="an existing empty directory"),
         foreground: bool = typer.Option(False, "--foreground", "-f",
                                         help="stay in the foreground until unmounted"),
+        allow_other: bool | None = typer.Option(
+            None, "--allow-other/--no-allow-other",
+            help="let other users use the mount (default: yes when run as root)"),
     ) -> None:
         """Format on first use (SQLite + emulated SMR drives in DATA_DIR), then mount."""
-        from shinglefs.fuse.mount import check_fuse, check_mountpoint
+        from shinglefs.fuse.mount import check_fuse, check_mountpoint, resolve_allow_other
 
         data_dir, mountpoint = absolute(data_dir), absolute(mountpoint)
         check_mountpoint(mountpoint)
         check_fuse()
+        allow_other = resolve_allow_other(allow_other)
         _prepare_data_dir(data_dir)
         meta_url = meta_url_of(data_dir)
         format_first = None
         if not (data_dir / "meta.db").exists():
             specs = up_drive_specs(data_dir)
             format_first = (specs, data_dir.resolve().name or "shinglefs")
-        _mount(meta_url, mountpoint, foreground=foreground, allow_other=False, options=[],
+        _mount(meta_url, mountpoint, foreground=foreground, allow_other=allow_other, options=[],
                log_file=data_dir / "mount.log", format_first=format_first)
         if format_first is not None and not foreground:
             typer.echo(f"formatted {data_dir}: "

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from shinglefs.errors import ShingleError
 from shinglefs.fuse.errors import (
+    AllowOtherDeniedError,
     AlreadyMountedError,
     FuseUnavailableError,
     MountFailedError,
@@ -67,6 +68,10 @@ EXIT_TIMEOUT = 120.0  # seconds `umount` waits for the daemon to store its buffe
 # 1 MiB lets one FUSE read request carry 1 MiB (libfuse negotiates max_pages=256),
 # so a sequential reader pays one thread hop per MiB instead of per 128 KiB.
 READ_AHEAD_KB = 1024
+
+# fusermount3 lets a non-root user mount with allow_other only when this file
+# has a line `user_allow_other`.
+FUSE_CONF = Path("/etc/fuse.conf")
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +156,28 @@ def check_fuse() -> None:
             raise FuseUnavailableError(f"cannot open /dev/fuse: {exc.strerror}") from None
     else:
         os.close(fd)
+
+
+def user_may_allow_other(conf: Path = FUSE_CONF) -> bool:
+    """``conf`` (fuse.conf) has a ``user_allow_other`` line, as fusermount3 reads it."""
+    try:
+        lines = conf.read_text(errors="replace").splitlines()
+    except OSError:
+        return False
+    return any(line.strip() == "user_allow_other" for line in lines)
+
+
+def resolve_allow_other(requested: bool | None) -> bool:
+    """Whether a mount serves every user: ``requested``, or by default when
+    mounting as root (a shared mount, as MooseFS and JuiceFS do: jobs on a
+    cluster run as many users; ``default_permissions`` keeps the modes
+    enforced). Raises AllowOtherDeniedError when a non-root user asks for it
+    and /etc/fuse.conf does not let them."""
+    if requested is None:
+        return os.geteuid() == 0
+    if requested and os.geteuid() != 0 and not user_may_allow_other():
+        raise AllowOtherDeniedError(str(FUSE_CONF))
+    return requested
 
 
 # -- state files ------------------------------------------------------------------------
@@ -346,7 +373,7 @@ def serve(
     vfs: VFS,
     mountpoint: str,
     *,
-    allow_other: bool = False,
+    allow_other: bool | None = None,
     options: Iterable[str] = (),
     meta_url: str | None = None,
     name: str = "shinglefs",
@@ -358,6 +385,8 @@ def serve(
 
     Returns after ``vfs.shutdown()`` stored every buffered byte and the mount
     is gone. ``on_ready`` is called once a stat through the mount succeeded.
+    ``allow_other``: other users may use the mount (None: when root, see
+    ``resolve_allow_other``).
     ``status(vfs)`` feeds the root's virtual ``user.shinglefs.status`` xattr.
     ``offload_metadata`` (default: only for PostgreSQL, where every metadata
     call is a network round trip) runs namespace requests in worker threads.
@@ -380,7 +409,8 @@ def serve(
                             status_provider=status_provider,
                             writeback_cache=WRITEBACK_OPTION in split_options(options))
     try:
-        pyfuse3.init(ops, mountpoint, fuse_options(allow_other, options, name))
+        pyfuse3.init(ops, mountpoint,
+                     fuse_options(resolve_allow_other(allow_other), options, name))
     except Exception as exc:
         with contextlib.suppress(Exception):
             vfs.shutdown()
@@ -419,7 +449,7 @@ def mount(
     mountpoint: str | os.PathLike[str],
     *,
     foreground: bool = True,
-    allow_other: bool = False,
+    allow_other: bool | None = None,
     options: Iterable[str] = (),
     meta_url: str | None = None,
     name: str = "shinglefs",
@@ -433,9 +463,12 @@ def mount(
     child opens the VFS and mounts, and this call returns in the parent only
     when the mount serves (raising the child's error otherwise). The child
     logs to ``log_file`` (default: ``/run/shinglefs/<hash>.log``).
+    ``allow_other``: other users may use the mount; None (the default) means
+    yes when mounting as root (``resolve_allow_other``).
     """
     path = check_mountpoint(mountpoint)
     check_fuse()
+    allow_other = resolve_allow_other(allow_other)
     if foreground:
         opened: VFS = vfs() if _is_factory(vfs) else vfs  # type: ignore[operator,assignment]
         serve(opened, path, allow_other=allow_other, options=options, meta_url=meta_url,

@@ -23,6 +23,7 @@ import errno
 import functools
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -312,6 +313,15 @@ class ShingleOperations(pyfuse3.Operations):
         fh: int | None,
         ctx: pyfuse3.RequestContext,
     ) -> pyfuse3.EntryAttributes:
+        """Apply what the kernel asks, as the kernel allowed it (see docs/mount.md,
+        "Permissions"): with ``default_permissions`` it has checked the change by
+        Linux's rules and sends some no caller could make by itself, which the
+        metadata engine would refuse: the mode change clearing setuid/setgid
+        when a non-owner writes or truncates (FATTR_MODE from the writer),
+        ``ftruncate`` through a descriptor the caller may no longer open
+        (FATTR_SIZE|FATTR_FH), and "now" times (FATTR_ATIME_NOW, which pyfuse3
+        turns into an explicit time) from a user with write permission. An
+        empty request from a non-root caller drops setgid (``_setgid_to_drop``)."""
         changes = SetAttrChanges(
             mode=attr.st_mode if fields.update_mode else None,
             uid=attr.st_uid if fields.update_uid else None,
@@ -322,6 +332,8 @@ class ShingleOperations(pyfuse3.Operations):
         )  # ctime: the metadata engine sets it to now on any change
         vctx = self._ctx(ctx)
         log.debug("setattr(inode=%s, fh=%s, uid=%s): %s", inode, fh, vctx.uid, changes)
+        if changes == SetAttrChanges() and vctx.uid != 0 and self.kernel_checks:
+            changes = await self._meta("setattr", self._setgid_to_drop, inode, vctx, ino=inode)
         # A size change may drop or flush buffered bytes: that can wait on a drive.
         offload = fields.update_size or self.offload_metadata
         new = await self._call(
@@ -329,6 +341,22 @@ class ShingleOperations(pyfuse3.Operations):
             inode, changes, fh, vctx, ino=inode, fh=fh,
         )
         return self.entry(new)
+
+    def _setgid_to_drop(self, inode: int, ctx: Ctx) -> SetAttrChanges:
+        """The change behind an empty SETATTR from a non-root caller.
+
+        The kernel sends one when a write, truncate or chown must drop
+        privileges that its FUSE code cannot express as a mode: setgid
+        without group execute on a file whose group the caller is not in
+        (Linux's setattr_should_drop_sgid; ext4 clears it). Nothing else
+        to change: ctime only.
+        """
+        attr = self.vfs.getattr(inode)
+        mode = attr.mode
+        if mode & stat.S_ISGID and not mode & stat.S_IXGRP and not stat.S_ISDIR(mode) \
+                and not ctx.in_group(attr.gid):
+            return SetAttrChanges(mode=stat.S_IMODE(mode) & ~stat.S_ISGID)
+        return SetAttrChanges()
 
     async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
         return await self._meta("readlink", self.vfs.readlink, inode, self._ctx(ctx), ino=inode)
