@@ -1,6 +1,6 @@
 """Errors of mounting and unmounting, each with its documented CLI exit code.
 
-The exit codes (10-16) are listed in docs/cli.md; they do not overlap the
+The exit codes (10-16, 21) are listed in docs/cli.md; they do not overlap the
 codes of the layers below (0 ok, 1 failure, 2 usage error).
 """
 
@@ -98,3 +98,18 @@ class NoSpaceError(MountError):
 
     errno = _errno.ENOSPC
     exit_code = 16
+
+
+class AllowOtherDeniedError(MountError):
+    """``--allow-other`` asked by a non-root user while /etc/fuse.conf does not
+    allow it (fusermount3 would refuse the mount with a cryptic message)."""
+
+    errno = _errno.EPERM
+    exit_code = 21
+
+    def __init__(self, conf: str) -> None:
+        super().__init__(
+            f"--allow-other needs user_allow_other in {conf} when not mounting as root",
+            hint=f"add a line `user_allow_other` to {conf} (as root), or mount without "
+            "--allow-other (only you will see the files)",
+        )
