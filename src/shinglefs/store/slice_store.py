@@ -165,7 +165,8 @@ class SliceStore(SliceStoreAPI):
         self._check_open()
         if offset < 0 or length < 0:
             raise UsageError(f"bad range offset={offset} length={length}")
-        buf = bytearray(min(length, MAX_SLICE_SIZE))
+        # Sized to what the slice holds (not to ``length``): no large zeroed buffer for a short read.
+        buf = bytearray(max(0, min(length, MAX_SLICE_SIZE, self._log.length(slice_id) - offset)))
         n = self._log.readinto(slice_id, offset, memoryview(buf))
         if n < len(buf):
             del buf[n:]
