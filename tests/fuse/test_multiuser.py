@@ -293,11 +293,13 @@ def test_root_up_serves_other_users_and_no_allow_other_restricts(
         shared.mkdir(mode=0o777)
         shared.chmod(0o1777)
         (shared / "by-root").write_bytes(b"hello from root")
-        assert read_and_write_as_nobody(shared) == 0
+        assert read_and_write_as_nobody(shared) == 0, (mnt.parent / "data" / "mount.log"
+                                                      ).read_text()[-3000:]
         assert (shared / "by-nobody").read_bytes() == b"hello from nobody"
         assert (shared / "by-nobody").stat().st_uid == NOBODY
     finally:
-        assert cli("umount", str(mnt)).returncode == 0
+        umount = cli("umount", str(mnt))
+        assert umount.returncode == 0, umount.stderr
 
     up = cli("up", str(data), str(mnt), "--no-allow-other")
     assert up.returncode == 0, up.stderr
@@ -306,7 +308,8 @@ def test_root_up_serves_other_users_and_no_allow_other_restricts(
         assert as_user(lambda: os.stat(mnt)) == errno.EACCES
         assert read_and_write_as_nobody(mnt / "shared") == errno.EACCES
     finally:
-        assert cli("umount", str(mnt)).returncode == 0
+        umount = cli("umount", str(mnt))
+        assert umount.returncode == 0, umount.stderr
 
 
 @NEEDS_ROOT
