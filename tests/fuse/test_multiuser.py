@@ -313,7 +313,7 @@ def test_root_up_serves_other_users_and_no_allow_other_restricts(
 
 
 @NEEDS_ROOT
-def test_mount_no_allow_other_gives_other_users_eacces(tmp_path: Path) -> None:
+def test_mount_no_allow_other_gives_other_users_eacces() -> None:
     base = Path(tempfile.mkdtemp(prefix="shinglefs-noallow-", dir="/tmp"))
     base.chmod(0o755)
     fs = MountedFileSystem(base / "data", base / "mnt", extra_args=["--no-allow-other"])
