@@ -24,6 +24,7 @@ fixed overhead of ``read_extent`` each.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import sys
 import threading
@@ -69,6 +70,28 @@ def unpinned(data: bytes | memoryview) -> bytes | memoryview:
     return data
 
 
+def on_heap(data: bytes | memoryview) -> bool:
+    """Was ``data``'s memory malloc'd (bytes, bytearray), not mapped (mmap)?"""
+    base = data.obj if isinstance(data, memoryview) else data
+    return isinstance(base, bytes | bytearray)
+
+
+# glibc keeps freed heap memory resident when other allocations sit around it
+# (small extents are freed in LRU order, between SQLite pages and Python
+# objects); malloc_trim(0) hands every free page back to the kernel.
+TRIM_AFTER_BYTES = 32 * 1024 * 1024
+try:
+    _malloc_trim: Callable[[int], int] | None = ctypes.CDLL(None).malloc_trim
+except (OSError, AttributeError):  # not glibc
+    _malloc_trim = None
+
+
+def return_free_heap() -> None:
+    """Give the process's free heap pages back to the kernel (glibc; elsewhere a no-op)."""
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
 @dataclass(slots=True)
 class ReadState:
     """Per-handle access pattern: where the last read ended and how far we read ahead."""
@@ -107,6 +130,7 @@ class ExtentCache:
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple[int, int], Future[bytes | memoryview]] = OrderedDict()
         self._bytes = 0
+        self._heap_freed = 0  # bytes of malloc'd extents evicted since the last heap trim
         self.drive_reads = 0
         self.drive_bytes = 0
         self.hits = 0
@@ -129,15 +153,20 @@ class ExtentCache:
                 self._bytes += held_bytes(data) + ENTRY_OVERHEAD
             # Done before eviction runs, so that this entry counts as evictable.
             future.set_result(data)
-            self._evict_locked()
+            self._heap_freed += self._evict_locked()
+            trim = self._heap_freed >= TRIM_AFTER_BYTES
+            if trim:
+                self._heap_freed = 0
+        if trim:
+            return_free_heap()
 
-    def _evict_locked(self) -> None:
+    def _evict_locked(self) -> int:
         """Drop the least recently used finished extents until the cache holds at
         most ``capacity`` (extents in flight are skipped, not waited for; the
         newest entry stays)."""
         excess = self._bytes - self.capacity
         if excess <= 0:
-            return
+            return 0
         victims = []
         for key, future in self._entries.items():
             if excess <= 0 or len(victims) + 1 >= len(self._entries):
@@ -145,8 +174,13 @@ class ExtentCache:
             if future.done():
                 victims.append(key)
                 excess -= self._entry_bytes(future)
+        heap = 0
         for key in victims:
-            self._bytes -= self._entry_bytes(self._entries.pop(key))
+            future = self._entries.pop(key)
+            self._bytes -= self._entry_bytes(future)
+            if future.exception() is None and on_heap(future.result()):
+                heap += self._entry_bytes(future)
+        return heap
 
     @staticmethod
     def _entry_bytes(future: Future[bytes | memoryview]) -> int:
