@@ -2,9 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
+
+from shinglefs.errors import UsageError
 
 MiB = 1024 * 1024
+READ_CACHE_ENV = "SHINGLEFS_READ_CACHE_MIB"
+DEFAULT_READ_CACHE_MIB = 256
+
+
+def read_cache_default() -> int:
+    """The read cache's bound in bytes: ``$SHINGLEFS_READ_CACHE_MIB`` MiB when set
+    (how an operator sizes a mount's cache), else 256 MiB. Raises UsageError
+    for a value that is not a whole number of MiB >= 1."""
+    value = os.environ.get(READ_CACHE_ENV, "").strip()
+    if not value:
+        return DEFAULT_READ_CACHE_MIB * MiB
+    if not value.isdigit() or int(value) < 1:
+        raise UsageError(f"{READ_CACHE_ENV}={value!r} is not a whole number of MiB",
+                         hint=f"set it to e.g. {DEFAULT_READ_CACHE_MIB}, or unset it")
+    return int(value) * MiB
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,7 +32,9 @@ class ClientConfig:
     Memory bounds: a file holds at most ``file_buffer_bytes`` of written but
     not yet stored bytes (pending + in flight to the store); all files
     together at most ``total_buffer_bytes`` (writers block when it is full:
-    back-pressure). The read cache holds at most ``read_cache_bytes``.
+    back-pressure). The read cache holds at most ``read_cache_bytes`` of
+    memory, counted as what its extents really keep alive (client/reader.py);
+    the reads in flight add at most ``read_extent`` per reading thread.
     """
 
     piece_size: int = 4 * MiB  # stream a slice to the store in pieces of at least this
@@ -23,7 +43,7 @@ class ClientConfig:
     small_file_bytes: int = 4 * MiB  # a file whose first slice ends below this is "small"
     read_extent: int = 4 * MiB  # unit of drive reads and of the shared read cache
     readahead_bytes: int = 64 * MiB  # how far a sequential reader is read ahead (>= 8 MiB)
-    read_cache_bytes: int = 256 * MiB
+    read_cache_bytes: int = field(default_factory=read_cache_default)  # $SHINGLEFS_READ_CACHE_MIB
     io_threads: int = 8  # background readers (readahead) and compaction
     compact_threshold: int = 16  # slices in a chunk before it is compacted in the background
     compaction: bool = True
