@@ -167,7 +167,7 @@ class ExtentCache:
         excess = self._bytes - self.capacity
         if excess <= 0:
             return 0
-        victims = []
+        victims: list[tuple[int, int]] = []
         for key, future in self._entries.items():
             if excess <= 0 or len(victims) + 1 >= len(self._entries):
                 break
