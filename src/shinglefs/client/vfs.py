@@ -645,6 +645,17 @@ class VFS:
         h = self._handle(fh)
         if not h.writable:
             raise NotOpenForWriting(fh)
+        try:
+            return self._write_to(h, offset, data)
+        except NodeFull:
+            # Files deleted a moment ago hold their space until the deletion
+            # queue is drained: drain it now and try once more before ENOSPC.
+            self.drain_closes()
+            if not self.run_deletions():
+                raise
+            return self._write_to(h, offset, data)
+
+    def _write_to(self, h: FileHandle, offset: int, data: bytes | memoryview) -> int:
         state = self._inodes[h.ino]
         if h.append:
             with state.writer.lock:

@@ -33,6 +33,7 @@ from concurrent.futures import Executor, Future
 
 from shinglefs.client.commit import FinishedSlice
 from shinglefs.client.config import ClientConfig
+from shinglefs.server.errors import NodeFull
 from shinglefs.server.node import StorageNode, wait_piece
 from shinglefs.zoned.model import Buffer
 
@@ -209,6 +210,7 @@ class FileWriter:
         self.group: int | None = None
         self._committed_size = committed_size
         self._written_end = 0
+        self._appended = 0  # bytes taken into pending buffers, ever (reservation bookkeeping)
         self._error: BaseException | None = None
         self.slices_committed = 0
         self.pieces_submitted = 0
@@ -275,30 +277,53 @@ class FileWriter:
             raise error
 
     # ------------------------------------------------------------------ writing
+    def _release(self, n: int) -> None:
+        """``n`` accepted bytes were stored or dropped: give back their write
+        budget and their reservation of drive space."""
+        self._budget.release(n)
+        self._node.unreserve(n)
+
     def write(self, offset: int, data: Buffer) -> int:
-        """Buffer ``data`` at ``offset``; returns its length. May block on back-pressure."""
+        """Buffer ``data`` at ``offset``; returns its length. May block on back-pressure.
+
+        The bytes' drive space is reserved first: a full file system raises
+        ``NodeFull`` (ENOSPC) here, with nothing buffered, not at ``close``."""
         view = memoryview(data).cast("B")
-        total = len(view)
         with self.lock:
             self._raise_pending_error()
-            pos = offset
-            while view:
-                chunk_index = pos // self._chunk_size
-                chunk_end = (chunk_index + 1) * self._chunk_size
-                n = min(len(view), chunk_end - pos)
-                s = self.open_slice
-                if s is None or s.end != pos or s.chunk_index != chunk_index:
-                    if s is not None:
-                        self._finish(s, wait=False)
-                    s = self.open_slice = OpenSlice(self._new_slice_id(), chunk_index, pos)
-                self._append(s, view[:n])
-                if s.end == chunk_end:
-                    self._finish(s, wait=False)
-                pos += n
-                view = view[n:]
-            if total:
-                self._written_end = max(self._written_end, offset + total)
+            if not view:
+                return 0
+            self._node.reserve(len(view))
+            return self._write_with_reservation(offset, view)
+
+    def _write_with_reservation(self, offset: int, view: memoryview) -> int:
+        """``write`` once the bytes' space is reserved (writer lock held)."""
+        total = len(view)
+        appended_before = self._appended
+        try:
+            self._append_all(offset, view)
+        except BaseException:
+            self._node.unreserve(total - (self._appended - appended_before))
+            raise
+        self._written_end = max(self._written_end, offset + total)
         return total
+
+    def _append_all(self, offset: int, view: memoryview) -> None:
+        pos = offset
+        while view:
+            chunk_index = pos // self._chunk_size
+            chunk_end = (chunk_index + 1) * self._chunk_size
+            n = min(len(view), chunk_end - pos)
+            s = self.open_slice
+            if s is None or s.end != pos or s.chunk_index != chunk_index:
+                if s is not None:
+                    self._finish(s, wait=False)
+                s = self.open_slice = OpenSlice(self._new_slice_id(), chunk_index, pos)
+            self._append(s, view[:n])
+            if s.end == chunk_end:
+                self._finish(s, wait=False)
+            pos += n
+            view = view[n:]
 
     def try_write(self, offset: int, data: Buffer) -> int | None:
         """``write`` if nothing in it has to wait: the writer's lock is free, no
@@ -308,13 +333,18 @@ class FileWriter:
         settle). Otherwise returns None having done nothing: call ``write``,
         which may block. Never waits for a drive (barring a race with another
         writer for the same queue room, which costs one short wait)."""
-        n = memoryview(data).nbytes
+        view = memoryview(data).cast("B")
+        n = len(view)
         if not n or not self.lock.acquire(blocking=False):
             return None
         try:
             if self._error is not None or self._would_wait(offset, n):
                 return None
-            return self.write(offset, data)
+            try:
+                self._node.reserve(n)
+            except NodeFull:
+                return None  # ``write`` reports it, after what may free space
+            return self._write_with_reservation(offset, view)
         finally:
             self.lock.release()
 
@@ -360,6 +390,7 @@ class FileWriter:
                 self._reap_oldest(s)
             self._budget.acquire(n, self)
             s.pending.add(part)
+            self._appended += n
             s.length += n
             data = data[n:]
             if len(s.pending) >= piece:
@@ -383,10 +414,10 @@ class FileWriter:
         drive_id, future = self._node.submit(
             s.slice_id, s.submitted, data, s.group, drive_id=s.drive_id, durable=durable
         )
-        budget = self._budget
+        release = self._release
 
         def _done(f: Future[None], n: int = n) -> None:
-            budget.release(n)
+            release(n)
             if not f.cancelled() and f.exception() is not None and self._error is None:
                 self._error = f.exception()
 
@@ -549,7 +580,7 @@ class FileWriter:
             s.drive_id, future = stored
             s.pending.take()
             s.submitted = n
-            self._budget.release(n)
+            self._release(n)
             self.pieces_submitted += 1
             try:
                 wait_piece(future, s.slice_id, s.drive_id)
@@ -589,7 +620,7 @@ class FileWriter:
     def _discard(self, s: OpenSlice) -> None:
         """Drop a failed slice's bytes from its drive (best effort)."""
         if s.pending:
-            self._budget.release(len(s.pending))
+            self._release(len(s.pending))
             s.pending.take()
         if s.drive_id is not None:
             try:
@@ -639,5 +670,5 @@ class FileWriter:
             s = self.open_slice
             self.open_slice = None
             if s is not None and s.pending:
-                self._budget.release(len(s.pending))
+                self._release(len(s.pending))
                 s.pending.take()

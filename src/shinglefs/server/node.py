@@ -168,6 +168,9 @@ class StorageNode:
         self._stats_cache: dict[int, tuple[float, StoreStats]] = {}
         self._pending_bytes: dict[int, int] = dict.fromkeys(stores, 0)  # submitted, not written
         self._since_stats: dict[int, int] = dict.fromkeys(stores, 0)  # submitted since refresh
+        self._reserved = 0  # accepted by writers, not yet stored (``reserve``)
+        self._claims: dict[int, int] = {}  # slice -> bytes it claims on its drive (``place``)
+        self._claimed: dict[int, int] = dict.fromkeys(stores, 0)  # drive -> claimed bytes
         self._closed = False
 
     # ------------------------------------------------------------------ opening
@@ -249,10 +252,54 @@ class StorageNode:
 
     @staticmethod
     def _free_bytes(stats: StoreStats) -> int:
-        return max(0, stats.capacity_bytes - stats.live_bytes)
+        """What can still be written (not capacity - live: the GC reserve and
+        zone granularity are not writable; ``StoreStats.writable_bytes``)."""
+        return stats.writable_bytes
+
+    # Room for a record header and block alignment (a 3-byte file takes 8 KiB).
+    RESERVE_SLACK = 8192
+
+    def reserve(self, nbytes: int) -> None:
+        """Take ``nbytes`` of the drives' writable space for bytes a writer has
+        accepted but not stored yet, or raise ``NodeFull`` (ENOSPC) with nothing
+        taken: what lets ``write(2)`` itself report a full file system instead
+        of the ``close`` that would store the bytes. ``unreserve`` gives it back
+        once the bytes are stored (then the drives' own counters hold them) or
+        dropped. Near the limit the drives' statistics are read afresh."""
+        with self._lock:
+            if self._room_for_reservations(fresh=False) < nbytes + self.RESERVE_SLACK:
+                room = self._room_for_reservations(fresh=True)
+                if room < nbytes + self.RESERVE_SLACK:
+                    raise NodeFull(0, None, f"{nbytes} bytes do not fit: {max(0, room)} "
+                                            "bytes are writable")
+            self._reserved += nbytes
+
+    def unreserve(self, nbytes: int) -> None:
+        """Give back what ``reserve`` took (the bytes were stored or dropped)."""
+        with self._lock:
+            self._reserved -= nbytes
+
+    @property
+    def reserved_bytes(self) -> int:
+        return self._reserved
+
+    def _room_for_reservations(self, *, fresh: bool) -> int:
+        if fresh:
+            self._stats_cache.clear()
+        total = 0
+        for drive_id in self.drive_ids:
+            stats = self._store_stats(drive_id)
+            total += self._free_bytes(stats) - self._since_stats[drive_id]
+        return total - self._reserved
 
     def place(self, slice_id: int, group: int, size_hint: int = 0) -> int:
-        """Choose the drive of a new slice (see the module docstring); remembers it."""
+        """Choose the drive of a new slice (see the module docstring); remembers it.
+
+        A slice stays whole on its drive and may grow to ``MAX_SLICE_SIZE``: each
+        placed slice *claims* that much of its drive until ``forget``, and a
+        drive's free bytes count less the claims of the slices being written
+        there, so that slices written at once are not all placed on a drive
+        that can hold only one of them."""
         with self._lock:
             if slice_id in self._placed:
                 return self._placed[slice_id]
@@ -260,13 +307,15 @@ class StorageNode:
             preferred = self._affinity.get(group)
             if preferred is not None:
                 free, stats = self._estimated_free(preferred)
+                free -= self._claimed[preferred]
                 if free - size_hint >= self._min_free_fraction * stats.capacity_bytes:
                     chosen = preferred
             if chosen is None:
-                best_free = -1
+                best_free = None
                 for drive_id in self.drive_ids:
                     free, _stats = self._estimated_free(drive_id)
-                    if free > best_free:
+                    free -= self._claimed[drive_id]
+                    if best_free is None or free > best_free:
                         chosen, best_free = drive_id, free
             assert chosen is not None
             self._affinity[group] = chosen
@@ -274,6 +323,11 @@ class StorageNode:
             while len(self._affinity) > self._affinity_capacity:
                 self._affinity.popitem(last=False)
             self._placed[slice_id] = chosen
+            # A small drive (tests) is not claimed whole by one slice.
+            capacity = self._store_stats(chosen).capacity_bytes
+            claim = max(size_hint, min(MAX_SLICE_SIZE, capacity // 16))
+            self._claims[slice_id] = claim
+            self._claimed[chosen] += claim
             return chosen
 
     def drive_of(self, slice_id: int) -> int | None:
@@ -284,7 +338,10 @@ class StorageNode:
     def forget(self, slice_id: int) -> None:
         """Drop the placement record of a finished slice (its drive is in meta now)."""
         with self._lock:
-            self._placed.pop(slice_id, None)
+            drive_id = self._placed.pop(slice_id, None)
+            claim = self._claims.pop(slice_id, 0)
+            if drive_id is not None:
+                self._claimed[drive_id] -= claim
 
     # ------------------------------------------------------------------ slice I/O
     def submit(

@@ -49,6 +49,9 @@ class StoreStats:
     live_bytes_per_zone: dict[int, int] = field(default_factory=dict)
     group_zone_evictions: int = 0
     capacity_bytes: int = 0
+    # What data can still be appended (``SliceLog.writable_bytes``): empty zones
+    # beyond the GC reserve, room other groups' zones lend, dead bytes GC reclaims.
+    writable_bytes: int = 0
 
 
 class SliceStoreAPI(ABC):

@@ -159,6 +159,8 @@ class SliceLog:
         self.gc_bytes = 0
         self.zone_resets = 0
         self.evictions = 0
+        self.borrowed_zones = 0  # zones a group took over from another (no empty zone left)
+        self._continuing = False  # the append in progress continues a slice (``append``)
         self.checkpoint_bytes_base = 0
         self.collector: Any = None  # set by the store: ZoneCollector for inline GC
         self.recovery_report = RecoveryReport(drive=self.name)
@@ -313,7 +315,7 @@ class SliceLog:
                 self.evictions += 1
         table[z] = key
 
-    def _allocate(self, key: StreamKey, zones_needed: int = 1) -> int:
+    def _allocate(self, key: StreamKey, zones_needed: int = 1, *, collect: bool = True) -> int:
         """An EMPTY zone; reclaims dead zones, then runs GC, before raising StoreFull.
 
         Reserves: data streams leave ``gc_reserve_zones`` free zones (at least
@@ -326,14 +328,15 @@ class SliceLog:
         elif key == META_STREAM:
             reserve = 1
         else:
-            reserve = max(2, self.config.gc_reserve_zones)
+            reserve = max(2, self.config.gc_reserve_zones) - (1 if self._continuing else 0)
         for _attempt in range(64):
             free = np.flatnonzero(self.z_state == ZoneState.EMPTY)
             if free.size >= reserve + zones_needed:
                 return int(free[0])
             if self.reclaim_dead_zones():
                 continue
-            if not privileged and self.collector is not None and self.collector.collect_for_space():
+            if (collect and not privileged and self.collector is not None
+                    and self.collector.collect_for_space()):
                 continue
             break
         raise StoreFull(zones_needed * self.zs, drive=self.name, free_zones=self.free_zones(),
@@ -345,9 +348,79 @@ class SliceLog:
             if self.room(z) >= MIN_ROOM:
                 return z
             self._seal(z)
-        z = self._allocate(key)
+        # Out of empty zones, a group takes over the room of another group's
+        # partly written zone (free; the lifetimes mix there and GC sorts them
+        # out if it ever copies that zone) before GC copies anything to make
+        # an empty one.
+        try:
+            z = self._allocate(key, collect=False)
+        except StoreFull:
+            borrowed = self._borrowable(key)
+            if borrowed is None:
+                z = self._allocate(key)
+            else:
+                z = borrowed
+                log.info("%s: no empty zone for %s; writing into zone %d of another group",
+                         self.name, key, z)
+                self.borrowed_zones += 1
+                self._detach(z)
         self._attach(z, key, group)
         return z
+
+    def _borrowable(self, key: StreamKey) -> int | None:
+        """The data zone with the most room that ``key`` may take over when no
+        empty zone is left (never for GC or metadata: they have reserves);
+        last, the GC stream's own zone (GC allocates another from its reserve)."""
+        if key in (GC_STREAM, META_STREAM):
+            return None
+        own = self._streams.get(key)
+        rooms = [(self.room(z), z) for z in self._data_zones_with_room() if z != own]
+        if not rooms:
+            rooms = [(self.room(z), z) for z in self._gc_zone_to_lend()]
+        return max(rooms)[1] if rooms else None
+
+    def _gc_zone_to_lend(self) -> list[int]:
+        gc_zone = self._streams.get(GC_STREAM)
+        if gc_zone is None or gc_zone in self.gc_busy or self.room(gc_zone) < MIN_ROOM:
+            return []
+        return [gc_zone]
+
+    def _data_zones_with_room(self) -> list[int]:
+        """Partly written zones a data stream may take over: other groups' append
+        zones (ACTIVE; a sealed zone with room was finished and takes no more),
+        never one GC is copying."""
+        active = (self.z_state == ZoneState.ACTIVE) & (self.z_role == ZoneRole.DATA)
+        return [int(z) for z in np.flatnonzero(active & (self.room_per_zone() >= MIN_ROOM))
+                if int(z) not in self.gc_failed and int(z) not in self.gc_busy]
+
+    def room_per_zone(self) -> np.ndarray:
+        """Unwritten bytes of every zone (0 for conventional ones)."""
+        starts = np.arange(self.nz, dtype=np.int64) * self.zs
+        room = starts + self.zs - self.z_wp.astype(np.int64)
+        room[: self.first_seq_zone] = 0
+        return room
+
+    def writable_bytes(self) -> int:
+        """Bytes data streams can still append, what ``statfs`` reports and
+        writers reserve against (caller holds ``_cv`` or ``io_lock``): empty
+        zones beyond the GC reserve, the room of partly written zones a group
+        may take over, and the dead bytes of written zones, which GC turns back
+        into empty zones; less a margin for zone granularity."""
+        reserve = max(2, self.config.gc_reserve_zones)
+        empty = max(0, self.free_zones() - reserve) * self.zs
+        lenders = self._data_zones_with_room() + self._gc_zone_to_lend()
+        room = sum(self.room(z) for z in lenders)
+        written = self.z_state[self.first_seq_zone:] != ZoneState.EMPTY
+        used = (self.z_wp.astype(np.int64)[self.first_seq_zone:]
+                - np.arange(self.first_seq_zone, self.nz, dtype=np.int64) * self.zs)
+        usable = written & (self.z_state[self.first_seq_zone:] != ZoneState.BAD)
+        dead = int(used[usable].sum()) - int(self.index.live_bytes)
+        # What zone granularity costs at the end (the tails of zones GC seals,
+        # the GC stream's own zone, a zone being collected): measured at about
+        # one zone a drive when filling 4-8 GiB drives; kept back so that a
+        # write accepted against this figure is also stored.
+        margin = self.zs + self.seq_zones * self.zs // 50
+        return max(0, empty + room + max(0, dead) - margin)
 
     def _ensure_space(self, key: StreamKey, footprint: int) -> None:
         """Check (reclaiming or collecting if need be) that ``footprint`` bytes fit, before writing."""
@@ -358,7 +431,16 @@ class SliceLog:
         # Each zone switch may cost one extra header block.
         per_zone = self.zs - HEADER_BLOCK
         zones = -(-(footprint - room) // per_zone)
-        self._allocate(key, zones_needed=zones)
+        try:
+            self._allocate(key, zones_needed=zones, collect=False)
+        except StoreFull:
+            reserve = max(2, self.config.gc_reserve_zones) - (1 if self._continuing else 0)
+            empty = max(0, self.free_zones() - reserve) * per_zone
+            borrowable = sum(max(0, self.room(b) - HEADER_BLOCK)
+                             for b in self._data_zones_with_room() + self._gc_zone_to_lend()
+                             if b != z)
+            if key in (GC_STREAM, META_STREAM) or room + empty + borrowable < footprint:
+                self._allocate(key, zones_needed=zones)  # GC makes room, or StoreFull
 
     # ================================================================= appending
     def append(self, key: StreamKey, items: Sequence[tuple[int, int, Any, int]], *,
@@ -387,6 +469,10 @@ class SliceLog:
         if not records:
             return []
         total = sum(record_footprint(r[3]) for r in records)
+        # A slice already begun here must be able to end here (slices stay whole
+        # on one drive; failing it would lose what it holds): its pieces may
+        # take one of the data streams' reserved zones.
+        self._continuing = any(off > 0 for _sid, off, _data, _group in items)
         self._ensure_space(key, total)
         flags = FLAG_GC_COPY if gc else 0
         extents: list[tuple[int, int, int, int, int]] = []

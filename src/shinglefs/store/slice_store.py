@@ -215,6 +215,7 @@ class SliceStore(SliceStoreAPI):
             per_zone = {int(z): int(live[z]) for z in live.nonzero()[0]}
             slices = slog.index.slices
             live_bytes = slog.index.live_bytes
+            writable = slog.writable_bytes()
         user = slog.user_bytes
         device = slog.device_bytes
         return StoreStats(
@@ -231,6 +232,7 @@ class SliceStore(SliceStoreAPI):
             live_bytes_per_zone=per_zone,
             group_zone_evictions=slog.evictions,
             capacity_bytes=slog.seq_zones * slog.zs,
+            writable_bytes=writable,
         )
 
     def checkpoint(self) -> int:

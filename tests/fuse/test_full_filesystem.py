@@ -1,0 +1,77 @@
+"""A full file system through a real mount: honest df, ENOSPC from write(2), nothing lost."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from shinglefs.fuse.harness import GiB, MountedFileSystem, default_drives
+
+MiB = 1024 * 1024
+
+pytestmark = pytest.mark.fuse
+
+
+def chunk(position: int) -> bytes:
+    """The fill's next MiB of content, from ``position``."""
+    return random.Random(position).randbytes(MiB)
+
+
+def test_filling_the_file_system_fails_at_write_as_df_said_and_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    fs = MountedFileSystem(tmp_path / "data", tmp_path / "mnt",
+                           drives=default_drives(tmp_path / "data", smr_bytes=1536 * MiB,
+                                                  conventional_bytes=1536 * MiB))
+    fs.format()
+    fs.start()
+    mnt = fs.mountpoint
+    try:
+        (mnt / "before.txt").write_bytes(b"written before the fill\n")
+        st = os.statvfs(mnt)
+        available = st.f_bavail * st.f_frsize
+        assert available > 512 * MiB
+
+        # A writer that keeps going until write(2) itself says ENOSPC: in MiBs,
+        # then in ever smaller writes, so that not one byte of room is left.
+        content = bytearray()
+        fd = os.open(mnt / "fill.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            for size in (MiB, 64 * 1024, 4096, 512, 64, 8, 1):
+                with pytest.raises(OSError) as full:
+                    while True:
+                        data = chunk(len(content))[:size]
+                        os.write(fd, data)
+                        content += data
+                assert full.value.errno == errno.ENOSPC
+                if size == MiB:
+                    accepted = len(content)
+        finally:
+            os.close(fd)  # what write() accepted is stored: close succeeds
+        assert abs(accepted - available) <= 0.1 * available, (accepted, available)
+        assert os.statvfs(mnt).f_bavail * st.f_frsize < 0.05 * available
+
+        shell = subprocess.run(["sh", "-c", f"echo hi > {mnt / 'echo.txt'}"],
+                               capture_output=True, text=True)
+        assert shell.returncode != 0  # dash reports any write error as "I/O error"
+        dd = subprocess.run(["dd", "if=/dev/zero", f"of={mnt / 'dd.bin'}", "bs=1M",
+                             "count=64"], capture_output=True, text=True)
+        assert dd.returncode != 0 and "No space left" in dd.stderr
+    finally:
+        fs.stop()
+
+    fs.start()  # everything written before the disk filled is intact
+    try:
+        assert (mnt / "before.txt").read_bytes() == b"written before the fill\n"
+        assert (mnt / "fill.bin").read_bytes() == content
+        assert not (mnt / "echo.txt").exists() or (mnt / "echo.txt").read_bytes() == b""
+        os.unlink(mnt / "fill.bin")  # and deleting makes room again
+        (mnt / "after.txt").write_bytes(b"room again\n")
+        assert (mnt / "after.txt").read_bytes() == b"room again\n"
+    finally:
+        fs.stop()
