@@ -112,6 +112,7 @@ def test_power_cuts_keep_every_fsynced_file_and_no_file_reads_eio(tmp_path: Path
 
 @pytest.mark.slow
 @pytest.mark.fuse
+@pytest.mark.timeout(3600)
 def test_sigkill_loop_soak(tmp_path: Path) -> None:
     trials = int(os.environ.get("SHINGLEFS_CRASH_TRIALS", "40"))
     verdicts = sigkill_trials(tmp_path, trials=trials, seed=int(time.time()))
@@ -121,6 +122,7 @@ def test_sigkill_loop_soak(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_power_cut_loop_soak(tmp_path: Path) -> None:
     trials = int(os.environ.get("SHINGLEFS_CRASH_TRIALS", "40"))
     verdicts = power_cut_trials(tmp_path, trials=trials, seed=int(time.time()))
