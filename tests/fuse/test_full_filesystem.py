@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from shinglefs.fuse.harness import GiB, MountedFileSystem, default_drives
+from shinglefs.fuse.harness import MountedFileSystem, default_drives
 
 MiB = 1024 * 1024
 

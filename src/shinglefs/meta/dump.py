@@ -216,7 +216,10 @@ def _decode(value: Any) -> Any:
 
 def _check_empty(backend: Backend) -> None:
     for ddl in S.DDL:
-        backend.run(lambda tx, ddl=ddl: tx.run(ddl), "autocommit")
+        def create(tx: Tx, ddl: str = ddl) -> None:
+            tx.run(ddl)
+
+        backend.run(create, "autocommit")
 
     def occupied(tx: Tx) -> list[str]:
         return [t.name for t in table_shapes() if tx.one(f"SELECT 1 FROM {t.name} LIMIT 1")]

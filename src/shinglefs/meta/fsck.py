@@ -25,9 +25,11 @@ this layer never calls the store). Passes added here:
 
 from __future__ import annotations
 
+import functools
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from shinglefs.meta import schema as S
 from shinglefs.meta.api import Replica, SliceRef
@@ -111,9 +113,11 @@ def _truncate_unreadable(ctx: CheckContext, found: list[Finding]) -> None:
         f"SELECT DISTINCT ino FROM chunk_refs WHERE slice_id IN ({marks})", list(stored)),
         "read")]
     for ino in inos:
-        size, path, (first, _bad) = ctx.run(lambda tx, ino=ino: (
-            tx.one("SELECT size FROM inodes WHERE ino = ?", (ino,))[0], path_of(tx, ino),
-            _bad_refs(tx, ino, stored, ctx.chunk_size)), "read")
+        def look(tx: Tx, ino: int = ino) -> tuple[Any, Any, Any]:
+            return (tx.one("SELECT size FROM inodes WHERE ino = ?", (ino,))[0], path_of(tx, ino),
+                    _bad_refs(tx, ino, stored, ctx.chunk_size))
+
+        size, path, (first, _bad) = ctx.run(look, "read")
         if first is not None and first < size:
             ctx.meta.truncate(ino, first)
             ctx.log.append(f"truncated {path} (inode {ino}) from {size} to {first} bytes: "
@@ -239,7 +243,7 @@ def run_fsck(ctx: CheckContext, *, repair: bool, passes: list[CheckPass] | None 
     for one in passes:
         if progress is not None:
             progress(one.name)
-        found = ctx.run(lambda tx, one=one: one.find(tx, ctx), "read")
+        found = ctx.run(functools.partial(_find, one, ctx), "read")
         report.found[one.name] = found
         if repair and one.repair is not None and any(f.repairable for f in found):
             one.repair(ctx, found)
@@ -250,7 +254,7 @@ def run_fsck(ctx: CheckContext, *, repair: bool, passes: list[CheckPass] | None 
         report.remaining = {k: v for k, v in report.found.items() if v}
         return report
     for one in passes:
-        found = ctx.run(lambda tx, one=one: one.find(tx, ctx), "read")
+        found = ctx.run(functools.partial(_find, one, ctx), "read")
         if found:
             report.remaining[one.name] = found
     return report
@@ -275,3 +279,8 @@ def drain_deletions(ctx: CheckContext) -> int:
 
 
 __all__ = ["FSCK_PASSES", "FsckReport", "drain_deletions", "run_fsck"]
+
+
+def _find(one: Any, ctx: Any, tx: Tx) -> Any:
+    """Run one pass's ``find`` in ``tx`` (what ``ctx.run`` calls)."""
+    return one.find(tx, ctx)
