@@ -182,10 +182,17 @@ def _dir_parents(tx: Tx, ctx: CheckContext) -> list[Finding]:
     return out
 
 
-def _fix_dir_parents(ctx: CheckContext, found: list[Finding]) -> None:
-    fixable = [f for f in found if f.repairable]
-    ctx.run(lambda tx: [tx.run("UPDATE inodes SET parent = ? WHERE ino = ?", (f.key[1], f.key[0]))
-                        for f in fixable])
+def _set_inode_column(column: str) -> Callable[[CheckContext, list[Finding]], None]:
+    """A repair that sets ``column`` of inode ``key[0]`` to ``key[1]`` for each
+    repairable finding, in one transaction."""
+    def repair(ctx: CheckContext, found: list[Finding]) -> None:
+        fixable = [f for f in found if f.repairable]
+        ctx.run(lambda tx: [tx.run(f"UPDATE inodes SET {column} = ? WHERE ino = ?",
+                                   (f.key[1], f.key[0])) for f in fixable])
+    return repair
+
+
+_fix_dir_parents = _set_inode_column("parent")
 
 
 def _unreachable(tx: Tx, ctx: CheckContext) -> list[Finding]:
@@ -278,10 +285,7 @@ def _file_nlink(tx: Tx, ctx: CheckContext) -> list[Finding]:
                     repairable=r[2] > 0) for r in rows if r[1] != r[2]]
 
 
-def _set_nlink(ctx: CheckContext, found: list[Finding]) -> None:
-    fixable = [f for f in found if f.repairable]
-    ctx.run(lambda tx: [tx.run("UPDATE inodes SET nlink = ? WHERE ino = ?", (f.key[1], f.key[0]))
-                        for f in fixable])
+_set_nlink = _set_inode_column("nlink")
 
 
 def _dir_nlink(tx: Tx, ctx: CheckContext) -> list[Finding]:
