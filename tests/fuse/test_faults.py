@@ -42,14 +42,9 @@ def read_in_child(path: Path, timeout: float = 60) -> str:
 def fs(tmp_path: Path):
     data = tmp_path / "data"
     data.mkdir()
-    fs = MountedFileSystem(data, tmp_path / "mnt", drives=default_drives(
-        data, smr_drives=1, smr_bytes=4 * GiB, conventional_bytes=0))
-    fs.format()
-    fs.start()
-    try:
+    with MountedFileSystem(data, tmp_path / "mnt", drives=default_drives(
+            data, smr_drives=1, smr_bytes=4 * GiB, conventional_bytes=0)) as fs:
         yield fs
-    finally:
-        fs.stop()
 
 
 def pattern(tag: bytes, size: int) -> bytes:

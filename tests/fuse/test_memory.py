@@ -51,17 +51,12 @@ def small_payload(i: int) -> bytes:
 
 @pytest.fixture
 def small_cache_fs(tmp_path: Path) -> Iterator[MountedFileSystem]:
-    fs = MountedFileSystem(
+    with MountedFileSystem(
         tmp_path / "data", tmp_path / "mnt",
         drives=default_drives(tmp_path / "data", smr_bytes=16 * GiB, conventional_bytes=2 * GiB),
         env={"SHINGLEFS_READ_CACHE_MIB": str(CACHE_MIB)},
-    )
-    fs.format()
-    fs.start()
-    try:
+    ) as fs:
         yield fs
-    finally:
-        fs.stop()
 
 
 def write_small_files(directory: Path, count: int) -> None:
