@@ -19,7 +19,7 @@ test-all: setup
 
 lint: setup
 	$(BIN)/ruff check src tests
-	$(BIN)/mypy src/shinglefs/zoned src/shinglefs/store src/shinglefs/meta
+	$(BIN)/mypy src/shinglefs
 
 bench: setup
 	$(BIN)/shinglefs bench all --report docs/benchmarks.md

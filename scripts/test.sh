@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Runs the test suite: ruff, then pytest. The PostgreSQL cluster the metadata
+# Runs the test suite: ruff and mypy (all of src), then pytest. The PostgreSQL cluster the metadata
 # tests need is started and stopped by the test session itself
 # (tests/support/pgcluster.py); if it cannot start, the tests fail loudly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
 $BIN/ruff check src tests
+$BIN/mypy src/shinglefs
 exec $BIN/python -m pytest "$@"

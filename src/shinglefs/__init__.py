@@ -12,10 +12,17 @@ Layers, bottom up (each depends only on the ones below it):
 - ``cli``    the ``shinglefs`` command.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shinglefs.client.api import ShingleFS
+
 __version__ = "0.1.0"
 
 
-def connect(meta_url: str, **kwargs):  # type: ignore[no-untyped-def]
+def connect(meta_url: str, **kwargs: Any) -> ShingleFS:
     """Open a ShingleFS file system by its metadata URL without FUSE.
 
     See :func:`shinglefs.client.api.connect` for the contract.

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -87,7 +88,7 @@ class TokenShards:
     def __len__(self) -> int:
         return len(self.paths) * self.per_shard
 
-    def __getitem__(self, index: int):  # type: ignore[no-untyped-def]
+    def __getitem__(self, index: int) -> Any:
         import numpy as np
         import torch
 
@@ -107,8 +108,9 @@ def train(root: Path) -> tuple[int, Path]:
         torch.nn.Embedding(50_000, 64), torch.nn.Flatten(), torch.nn.Linear(64 * SEQ_LEN, 16)
     )
     optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    loader = torch.utils.data.DataLoader(
-        TokenShards(root / "corpus"), batch_size=16, shuffle=True, num_workers=2
+    dataset: Any = TokenShards(root / "corpus")  # a map-style dataset (no torch at import)
+    loader: Any = torch.utils.data.DataLoader(
+        dataset, batch_size=16, shuffle=True, num_workers=2
     )
     ckpt_root = root / "checkpoints"
     ckpt_root.mkdir(exist_ok=True)
@@ -130,7 +132,7 @@ def train(root: Path) -> tuple[int, Path]:
     return samples, newest
 
 
-def _commit_checkpoint(ckpt_root: Path, step: int, model, optim) -> Path:  # type: ignore[no-untyped-def]
+def _commit_checkpoint(ckpt_root: Path, step: int, model: Any, optim: Any) -> Path:
     import torch
 
     staging = ckpt_root / f".step-{step}.tmp"

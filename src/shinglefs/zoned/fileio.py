@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
+import mmap
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -28,7 +29,7 @@ _ZEROS = bytes(8 * 1024 * 1024)
 
 def as_views(data: Buffer | Sequence[Buffer]) -> list[memoryview]:
     """``data`` (one buffer or a sequence of buffers) as flat byte memoryviews, no copies."""
-    if isinstance(data, bytes | bytearray | memoryview):
+    if isinstance(data, bytes | bytearray | memoryview | mmap.mmap):
         items: Sequence[Buffer] = (data,)
     else:
         items = data

@@ -26,13 +26,14 @@ bytes past a write pointer read as zeros.
 from __future__ import annotations
 
 import enum
+import mmap
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Self
 
 # Anything exposing the buffer protocol as bytes (collections.abc.Buffer is 3.12+).
-Buffer = bytes | bytearray | memoryview
+Buffer = bytes | bytearray | memoryview | mmap.mmap
 
 BLOCK_SIZE = 4096
 DEFAULT_ZONE_SIZE = 256 * 1024 * 1024
