@@ -287,8 +287,17 @@ class VFS:
 
     def _bump(self, ino: int) -> None:
         with self._lock:
-            self._gen[ino] = next(self._gen_next)
+            self._new_gen(ino)
             self._maps.pop(ino, None)
+
+    def _new_gen(self, ino: int) -> None:
+        """A new map-cache generation for ``ino`` (``_lock`` held). The table is
+        bounded: when full it is emptied and the floor renewed, which only
+        makes cached maps be fetched again (the kernel may never ``forget``)."""
+        if len(self._gen) >= INODE_MEMO_ENTRIES:
+            self._gen.clear()
+            self._gen_floor = next(self._gen_next)
+        self._gen[ino] = next(self._gen_next)
 
     def _note_parent(self, ino: int, parent: int) -> None:
         self._parents[ino] = parent
@@ -457,7 +466,7 @@ class VFS:
             keep = self._stamps.get(ino) == stamp
             if not keep:
                 self._maps.pop(ino, None)
-                self._gen[ino] = next(self._gen_next)
+                self._new_gen(ino)
             self._stamps[ino] = stamp
             fh = self._new_fh()
             self._handles[fh] = FileHandle(fh, ino, flags, keep)
@@ -778,6 +787,8 @@ class VFS:
         if covered >= offset + fetch:  # a window that ends at EOF could grow: keep only full ones
             with self._lock:
                 if self._gen.get(ino, self._gen_floor) == gen:
+                    if len(self._maps) >= INODE_MEMO_ENTRIES:
+                        self._maps.clear()  # a cache: bounded, refetched on demand
                     self._maps[ino] = MapWindow(gen, offset, covered, pieces)
         return _cut(pieces, offset, end)
 
@@ -964,6 +975,9 @@ class VFS:
             "deleted_slices": self.deleted_slices,
             "compactions": self.compactions,
             "open_handles": len(self._handles),
+            # Per-inode tables that outlive handles (bounded by INODE_MEMO_ENTRIES).
+            "map_windows": len(self._maps),
+            "map_generations": len(self._gen),
         }
 
     # ================================================================== background work
