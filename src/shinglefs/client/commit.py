@@ -119,6 +119,9 @@ class OrderedCommits:
             try:
                 self._commit_batch(batch)
             finally:
+                for w in batch:  # never leave a waiter unsettled, whatever failed
+                    if not w.done:
+                        w.settle(None, RuntimeError("group commit failed before this commit ran"))
                 with self._cond:
                     self._leading = False
                     self._cond.notify_all()
