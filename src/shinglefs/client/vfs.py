@@ -666,10 +666,10 @@ class VFS:
             return self._write_to(h, offset, data)
         except NodeFull:
             # Files deleted a moment ago hold their space until the deletion
-            # queue is drained: drain it now and try once more before ENOSPC.
-            self.drain_closes()
-            if not self.run_deletions():
-                raise
+            # queue is drained: drain it now and try once more before ENOSPC
+            # (even when this pass deleted nothing: a concurrent pass it waited
+            # for may have freed the space).
+            self.run_deletions()
             return self._write_to(h, offset, data)
 
     def _write_to(self, h: FileHandle, offset: int, data: bytes | memoryview) -> int:

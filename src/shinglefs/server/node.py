@@ -258,6 +258,8 @@ class StorageNode:
 
     # Room for a record header and block alignment (a 3-byte file takes 8 KiB).
     RESERVE_SLACK = 8192
+    # How long a reservation waits for zones GC is collecting before ENOSPC.
+    RESERVE_WAIT_S = 10.0
 
     def reserve(self, nbytes: int) -> None:
         """Take ``nbytes`` of the drives' writable space for bytes a writer has
@@ -265,14 +267,23 @@ class StorageNode:
         taken: what lets ``write(2)`` itself report a full file system instead
         of the ``close`` that would store the bytes. ``unreserve`` gives it back
         once the bytes are stored (then the drives' own counters hold them) or
-        dropped. Near the limit the drives' statistics are read afresh."""
-        with self._lock:
-            if self._room_for_reservations(fresh=False) < nbytes + self.RESERVE_SLACK:
-                room = self._room_for_reservations(fresh=True)
-                if room < nbytes + self.RESERVE_SLACK:
+        dropped. Near the limit the drives' statistics are read afresh, and while
+        a drive's GC is collecting a zone (its room is not lent meanwhile) the
+        call waits for it, up to ``RESERVE_WAIT_S``, before saying ENOSPC."""
+        need = nbytes + self.RESERVE_SLACK
+        deadline = time.monotonic() + self.RESERVE_WAIT_S
+        while True:
+            with self._lock:
+                room, collecting = self._room_for_reservations(fresh=False), 0
+                if room < need:
+                    room, collecting = self._fresh_room_for_reservations()
+                if room >= need:
+                    self._reserved += nbytes
+                    return
+                if not collecting or time.monotonic() >= deadline:
                     raise NodeFull(0, None, f"{nbytes} bytes do not fit: {max(0, room)} "
                                             "bytes are writable")
-            self._reserved += nbytes
+            time.sleep(0.02)
 
     def unreserve(self, nbytes: int) -> None:
         """Give back what ``reserve`` took (the bytes were stored or dropped)."""
@@ -291,6 +302,12 @@ class StorageNode:
             stats = self._store_stats(drive_id)
             total += self._free_bytes(stats) - self._since_stats[drive_id]
         return total - self._reserved
+
+    def _fresh_room_for_reservations(self) -> tuple[int, int]:
+        """The room from fresh statistics, and how many zones GC is collecting."""
+        room = self._room_for_reservations(fresh=True)
+        collecting = sum(self._store_stats(d).zones_collecting for d in self.drive_ids)
+        return room, collecting
 
     def place(self, slice_id: int, group: int, size_hint: int = 0) -> int:
         """Choose the drive of a new slice (see the module docstring); remembers it.

@@ -52,6 +52,9 @@ class StoreStats:
     # What data can still be appended (``SliceLog.writable_bytes``): empty zones
     # beyond the GC reserve, room other groups' zones lend, dead bytes GC reclaims.
     writable_bytes: int = 0
+    # Zones GC is collecting right now: while it copies, a zone's room is not
+    # lent and its dead bytes are not yet free, so ``writable_bytes`` is low.
+    zones_collecting: int = 0
 
 
 class SliceStoreAPI(ABC):

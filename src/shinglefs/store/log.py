@@ -407,7 +407,10 @@ class SliceLog:
         may take over, and the dead bytes of written zones, which GC turns back
         into empty zones; less a margin for zone granularity."""
         reserve = max(2, self.config.gc_reserve_zones)
-        empty = max(0, self.free_zones() - reserve) * self.zs
+        # Not clamped at 0: when a continuing slice (or GC) has taken a reserve
+        # zone, its room counts among the lenders below but is not writable by
+        # anyone else, so the reserve's deficit is taken off again.
+        empty = (self.free_zones() - reserve) * self.zs
         lenders = self._data_zones_with_room() + self._gc_zone_to_lend()
         room = sum(self.room(z) for z in lenders)
         written = self.z_state[self.first_seq_zone:] != ZoneState.EMPTY

@@ -216,6 +216,7 @@ class SliceStore(SliceStoreAPI):
             slices = slog.index.slices
             live_bytes = slog.index.live_bytes
             writable = slog.writable_bytes()
+            collecting = len(slog.gc_busy)
         user = slog.user_bytes
         device = slog.device_bytes
         return StoreStats(
@@ -233,6 +234,7 @@ class SliceStore(SliceStoreAPI):
             group_zone_evictions=slog.evictions,
             capacity_bytes=slog.seq_zones * slog.zs,
             writable_bytes=writable,
+            zones_collecting=collecting,
         )
 
     def checkpoint(self) -> int:
