@@ -21,7 +21,8 @@ from shinglefs.client.errors import NotOpenForWriting
 from shinglefs.client.filesystem import open_filesystem, recorded_drives
 from shinglefs.client.vfs import VFS
 from shinglefs.client.writer import OpenSlice
-from shinglefs.meta.api import ROOT_CTX, ROOT_INO, open_meta
+from shinglefs.meta import open_meta
+from shinglefs.meta.api import ROOT_CTX, ROOT_INO
 from shinglefs.server.node import StorageNode
 from shinglefs.store import SliceStore, StoreIOError
 from shinglefs.zoned import ZoneCondition, open_drive

@@ -11,7 +11,8 @@ from fsfixtures import FsFactory, MiB, create, pattern, read_all, write_file
 
 from shinglefs.client.vfs import VFS
 from shinglefs.errors import ShingleError
-from shinglefs.meta.api import ROOT_CTX, ROOT_INO, open_meta
+from shinglefs.meta import open_meta
+from shinglefs.meta.api import ROOT_CTX, ROOT_INO
 
 
 def slices_of(vfs: VFS, ino: int) -> list[int]:

@@ -23,7 +23,7 @@ from tests.support.pgcluster import PgCluster
 
 from shinglefs.client.filesystem import open_filesystem
 from shinglefs.client.recovery import NoMetadataBackup, load_from_drives
-from shinglefs.meta.api import open_meta
+from shinglefs.meta import open_meta
 from shinglefs.meta.dump import DumpError, LoadTargetNotEmpty, dump_url, load_url
 from shinglefs.meta.errors import AlreadyFormatted, NotFormatted
 

@@ -20,7 +20,8 @@ from tests.meta.recoverykit import (
 
 from shinglefs.client.filesystem import open_filesystem
 from shinglefs.client.recovery import FileSystemInUse, fsck
-from shinglefs.meta.api import SessionInfo, open_meta
+from shinglefs.meta import open_meta
+from shinglefs.meta.api import SessionInfo
 from shinglefs.meta.check import check_consistency
 
 MiB = 1024 * 1024

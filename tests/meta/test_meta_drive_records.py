@@ -33,7 +33,7 @@ def test_a_version_2_database_gains_drive_uuids_when_opened(meta_url: str,
         tx.run("INSERT INTO drives (id, spec) VALUES (0, 'emulated:/x/smr0.img:1G')")
         tx.run("UPDATE format SET schema_version = 2")
 
-    meta._b.run(downgrade, "write")
+    meta.backend.run(downgrade, "write")
     meta.close()
 
     again = open_meta(meta_url)

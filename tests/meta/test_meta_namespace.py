@@ -179,7 +179,7 @@ def test_link_errors(meta):
 def test_link_beyond_link_max_raises_emlink(meta):
     f = meta.create(ROOT_INO, b"a", 0o644)
     # Reach the bound through the database, as 65,000 links would take too long.
-    meta._b.run(
+    meta.backend.run(
         lambda tx: tx.run("UPDATE inodes SET nlink = ? WHERE ino = ?", (LINK_MAX, f.ino)), "write"
     )
     assert errno_of(meta.link, f.ino, ROOT_INO, b"b") == E.EMLINK

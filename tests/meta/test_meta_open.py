@@ -107,7 +107,7 @@ def test_format_refuses_another_schema_version(meta_url):
 
 
 def test_schema_of_another_version_is_refused_on_open(meta, meta_url):
-    meta._b.run(lambda tx: tx.run("UPDATE format SET schema_version = 99"), "write")
+    meta.backend.run(lambda tx: tx.run("UPDATE format SET schema_version = 99"), "write")
     with pytest.raises(SchemaVersionError) as info:
         open_meta(meta_url)
     assert "99" in str(info.value)

@@ -63,9 +63,9 @@ def test_drives_are_recorded_in_their_own_table(meta: SqlMetaStore) -> None:
 
 def test_a_version_1_database_is_migrated_when_opened(meta_url: str, meta: SqlMetaStore) -> None:
     # Make it look like version 1: no drives table, the list as the root xattr.
-    meta._b.run(lambda tx: tx.run("DROP TABLE drives"), "write")
+    meta.backend.run(lambda tx: tx.run("DROP TABLE drives"), "write")
     meta.setxattr(ROOT_INO, b"trusted.shinglefs.drives", b'["emulated:/x.img:1G"]')
-    meta._b.run(lambda tx: tx.run("UPDATE format SET schema_version = 1"), "write")
+    meta.backend.run(lambda tx: tx.run("UPDATE format SET schema_version = 1"), "write")
     meta.close()
 
     again = open_meta(meta_url)

@@ -39,7 +39,8 @@ from shinglefs.client.errors import NotAFileSystem
 from shinglefs.client.groups import GroupPolicy
 from shinglefs.client.vfs import VFS
 from shinglefs.errors import PathError, UsageError
-from shinglefs.meta.api import CHUNK_SIZE, DriveRecord, FormatInfo, MetaStore, open_meta
+from shinglefs.meta import open_meta
+from shinglefs.meta.api import CHUNK_SIZE, DriveRecord, FormatInfo, MetaStore
 from shinglefs.meta.backend import SQLITE_SCHEMES
 from shinglefs.meta.errors import AlreadyFormatted, NotFormatted
 from shinglefs.server.node import StorageNode

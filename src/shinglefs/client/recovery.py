@@ -31,7 +31,8 @@ from pathlib import Path
 
 from shinglefs.client.config import ClientConfig
 from shinglefs.errors import ShingleError
-from shinglefs.meta.api import MetaStore, open_meta
+from shinglefs.meta import open_meta
+from shinglefs.meta.api import MetaStore
 from shinglefs.meta.backend import Tx
 from shinglefs.meta.check import CheckContext, path_of
 from shinglefs.meta.dump import backend_of, dump_backend, load_backend

@@ -5,6 +5,12 @@ semantics, the chunk -> slice overlay, slice reference counts and the deletion
 queue, client sessions, id allocation, statfs counters. Backends: SQLite
 (embedded default) and PostgreSQL (psycopg 3), selected by URL.
 
+Rooms: ``records`` (the values of the contract) and ``api`` (the abstract
+``MetaStore``, re-exporting the records); ``engine/`` (``SqlMetaStore``, one
+module per concern); ``backend`` (connections, transactions, retries, URL
+parsing); ``schema`` (every SQL statement); ``connect`` (``open_meta``: URL ->
+store); ``overlay``; ``check``/``fsck``/``dump`` (maintenance); ``errors``.
+
 May call: nothing of ShingleFS but ``shinglefs.errors``.
 """
 
@@ -18,8 +24,8 @@ from shinglefs.meta.api import (
     ReadPiece,
     SliceInfo,
     SliceRef,
-    open_meta,
 )
+from shinglefs.meta.connect import open_meta
 from shinglefs.meta.errors import FsError, MetaError
 
 __all__ = [

@@ -1,8 +1,12 @@
 """The contract of the metadata engine, as the client and the storage side see it.
 
-Records are frozen, slotted dataclasses. ``MetaStore`` is the one abstract
-interface; ``shinglefs.meta.engine.SqlMetaStore`` implements it over SQLite and
-PostgreSQL, selected by URL through ``open_meta``.
+``MetaStore`` is the one abstract interface. Its records (frozen, slotted
+dataclasses and the constants of Linux's calls) live in
+``shinglefs.meta.records`` and are re-exported here, so a caller imports the
+whole contract from this module. ``shinglefs.meta.engine.SqlMetaStore``
+implements it over SQLite and PostgreSQL; ``shinglefs.meta.connect.open_meta``
+(re-exported as ``shinglefs.meta.open_meta``) opens one from a URL. This
+module imports neither: the contract does not know its implementations.
 
 Rules every method follows (stated once here, repeated only where they bend):
 
@@ -27,315 +31,51 @@ Rules every method follows (stated once here, repeated only where they bend):
 
 from __future__ import annotations
 
-import enum
-import os
-import stat
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Final
 
-ROOT_INO: Final = 1
-CHUNK_SIZE: Final = 64 * 1024 * 1024
-BLOCK_SIZE: Final = 4096
-NAME_MAX: Final = 255
-SYMLINK_MAX: Final = 4095
-XATTR_NAME_MAX: Final = 255
-XATTR_SIZE_MAX: Final = 65536
-LINK_MAX: Final = 65000
-"""Largest nlink of a file (ext4's bound); ``link`` beyond it raises EMLINK."""
-
-# setattr time markers, the values Linux uses in timespec.tv_nsec.
-UTIME_NOW: Final = (1 << 30) - 1
-UTIME_OMIT: Final = (1 << 30) - 2
-
-# setxattr flags (linux/xattr.h)
-XATTR_CREATE: Final = 1
-XATTR_REPLACE: Final = 2
-
-# renameat2 flags (linux/fs.h)
-RENAME_NOREPLACE: Final = 1
-RENAME_EXCHANGE: Final = 2
-
-# access() mask bits
-F_OK: Final = os.F_OK
-R_OK: Final = os.R_OK
-W_OK: Final = os.W_OK
-X_OK: Final = os.X_OK
-
-FIRST_COOKIE: Final = 3
-"""Cookies 1 and 2 are left for '.' and '..' (which ``readdir`` does not return)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Ctx:
-    """The credentials of the process making a request.
-
-    ``umask`` is applied by ``mknod``/``mkdir``/``create`` (pass 0 when the
-    kernel already applied it). ``groups`` are the supplementary groups.
-    """
-
-    uid: int = 0
-    gid: int = 0
-    pid: int = 0
-    groups: tuple[int, ...] = ()
-    umask: int = 0
-
-    @property
-    def is_root(self) -> bool:
-        return self.uid == 0
-
-    def in_group(self, gid: int) -> bool:
-        return gid == self.gid or gid in self.groups
-
-
-ROOT_CTX: Final = Ctx()
-
-
-@dataclass(frozen=True, slots=True)
-class InodeAttr:
-    """The attributes of one inode. ``mode`` is ``st_mode`` including the type bits."""
-
-    ino: int
-    mode: int
-    uid: int
-    gid: int
-    nlink: int
-    size: int
-    atime_ns: int
-    mtime_ns: int
-    ctime_ns: int
-    rdev: int = 0
-    generation: int = 0
-    flags: int = 0
-
-    @property
-    def type(self) -> int:
-        """The ``stat.S_IFMT`` bits (``stat.S_IFREG``, ``stat.S_IFDIR``...)."""
-        return stat.S_IFMT(self.mode)
-
-    @property
-    def is_dir(self) -> bool:
-        return stat.S_ISDIR(self.mode)
-
-    @property
-    def is_file(self) -> bool:
-        return stat.S_ISREG(self.mode)
-
-    @property
-    def is_symlink(self) -> bool:
-        return stat.S_ISLNK(self.mode)
-
-    @property
-    def blocks(self) -> int:
-        """``st_blocks``: 512-byte units, from the logical size (holes not subtracted)."""
-        return (self.size + 511) // 512
-
-
-@dataclass(frozen=True, slots=True)
-class DirEntry:
-    """One directory entry as ``readdir`` returns it (readdirplus: with attributes).
-
-    ``cookie`` is the entry's stable position: pass it back to ``readdir`` to
-    resume after this entry, whatever was inserted or deleted meanwhile.
-    """
-
-    name: bytes
-    ino: int
-    attr: InodeAttr
-    cookie: int
-
-
-@dataclass(frozen=True, slots=True)
-class SliceRef:
-    """One reference in a chunk's overlay: ``length`` bytes at ``chunk_offset`` in
-    the chunk come from ``slice_id`` starting at ``slice_offset``.
-
-    Within a chunk, references are ordered; a later one wins where they overlap.
-    ``chunk_offset + length`` never exceeds the chunk size.
-    """
-
-    slice_id: int
-    chunk_offset: int
-    length: int
-    slice_offset: int = 0
-
-
-ChunkPiece = SliceRef
-"""Alias: the client speaks of the pieces it commits, the map of the references it holds."""
-
-
-@dataclass(frozen=True, slots=True)
-class ReadPiece:
-    """A resolved run of file bytes: ``length`` bytes at ``file_offset`` are
-    ``slice_id`` bytes from ``slice_offset``, or zeros when ``slice_id`` is None (a hole)."""
-
-    file_offset: int
-    length: int
-    slice_id: int | None
-    slice_offset: int = 0
-
-    @property
-    def is_hole(self) -> bool:
-        return self.slice_id is None
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkMap:
-    """A chunk's overlay as stored: references in order (oldest first) and a version
-    that changes on every modification (for ``replace_chunk``)."""
-
-    ino: int
-    chunk_index: int
-    version: int
-    refs: tuple[SliceRef, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkInfo:
-    """A chunk worth compacting (``compaction_candidates``)."""
-
-    ino: int
-    chunk_index: int
-    version: int
-    nrefs: int
-
-
-class SliceState(enum.StrEnum):
-    """The life of a slice in the metadata: WRITING (added, bytes still being
-    written or not yet referenced), COMMITTED (referenced by at least one
-    chunk), TO_DELETE (refcount reached zero; queued for the storage layer)."""
-
-    WRITING = "writing"
-    COMMITTED = "committed"
-    TO_DELETE = "to_delete"
-
-
-@dataclass(frozen=True, slots=True)
-class Replica:
-    """Where one copy of a slice lives: a storage server and one of its drives."""
-
-    server: str
-    drive: str
-
-
-@dataclass(frozen=True, slots=True)
-class SliceCommit:
-    """One slice reference to commit (``MetaStore.commit_slices``): ``piece`` into
-    chunk ``chunk_index`` of ``ino``, growing the file to at least ``new_size``;
-    the other fields as in ``commit_slice``."""
-
-    ino: int
-    chunk_index: int
-    piece: SliceRef
-    new_size: int
-    group: int = 0
-    slice_length: int | None = None
-    replicas: tuple[Replica, ...] = ()
-    mtime_ns: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SliceInfo:
-    """A slice as the metadata knows it. ``group`` is its lifetime group."""
-
-    id: int
-    length: int
-    group: int = 0
-    state: SliceState = SliceState.WRITING
-    refcount: int = 0
-    replicas: tuple[Replica, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class StatFs:
-    """What ``statfs`` reports. ``used_bytes`` is the sum of the logical sizes of all
-    allocated inodes (unlinked-but-open ones included); ``inodes`` counts them."""
-
-    block_size: int
-    capacity_bytes: int
-    used_bytes: int
-    free_bytes: int
-    inodes: int
-    inodes_free: int
-    name_max: int = NAME_MAX
-
-
-@dataclass(frozen=True, slots=True)
-class DriveRecord:
-    """One drive of the file system as the metadata records it: its spec (a
-    relative PATH is relative to the metadata file's directory) and the drive
-    uuid written in its header at format time (None for a drive recorded
-    before drive identities existed)."""
-
-    spec: str
-    uuid: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class FormatInfo:
-    """The format record of a file system (one row, written by ``format``)."""
-
-    name: str
-    uuid: str
-    chunk_size: int
-    block_size: int
-    schema_version: int
-    secret: str
-    created_ns: int
-
-
-@dataclass(frozen=True, slots=True)
-class SessionInfo:
-    """What a mounted client says about itself when it registers."""
-
-    host: str = ""
-    pid: int = 0
-    mountpoint: str = ""
-    version: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Session:
-    """A registered client session as ``list_sessions`` returns it."""
-
-    id: int
-    info: SessionInfo
-    started_ns: int
-    heartbeat_ns: int
-    open_inodes: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class RenameResult:
-    """What ``rename`` did: the inode now at the target name, and the inode the
-    target name held before (None if it was free). For RENAME_EXCHANGE
-    ``replaced`` is the inode now at the source name (nothing is released).
-    ``released`` says the replaced inode lost its last link and was freed (its
-    slices queued for deletion); False when it still has links or is open
-    somewhere (then it is freed on its last close or session expiry)."""
-
-    ino: int
-    replaced: InodeAttr | None = None
-    released: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class DirPolicy:
-    """Tier and retention policy of a directory: stored now, enforced by the
-    policy layer later. New subdirectories inherit their parent's policy."""
-
-    tier: str | None = None
-    retention: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class UnlinkResult:
-    """What ``unlink``/``rmdir`` did: the attributes of the inode after losing the
-    entry (``nlink`` may be 0) and whether it was freed (slices queued)."""
-
-    attr: InodeAttr
-    released: bool
+from shinglefs.meta.records import (
+    BLOCK_SIZE,
+    CHUNK_SIZE,
+    F_OK,
+    FIRST_COOKIE,
+    LINK_MAX,
+    NAME_MAX,
+    R_OK,
+    RENAME_EXCHANGE,
+    RENAME_NOREPLACE,
+    ROOT_CTX,
+    ROOT_INO,
+    SYMLINK_MAX,
+    UTIME_NOW,
+    UTIME_OMIT,
+    W_OK,
+    X_OK,
+    XATTR_CREATE,
+    XATTR_NAME_MAX,
+    XATTR_REPLACE,
+    XATTR_SIZE_MAX,
+    ChunkInfo,
+    ChunkMap,
+    ChunkPiece,
+    Ctx,
+    DirEntry,
+    DirPolicy,
+    DriveRecord,
+    FormatInfo,
+    InodeAttr,
+    ReadPiece,
+    RenameResult,
+    Replica,
+    Session,
+    SessionInfo,
+    SliceCommit,
+    SliceInfo,
+    SliceRef,
+    SliceState,
+    StatFs,
+    UnlinkResult,
+)
 
 
 class MetaStore(ABC):
@@ -781,36 +521,27 @@ class MetaStore(ABC):
         as in ``commit_slice``. Returns the new map."""
 
 
-def open_meta(url: str, **options: object) -> MetaStore:
-    """Open the metadata engine named by ``url``.
-
-    ``sqlite3:///abs/path/meta.db`` (embedded, several processes on one host)
-    or ``postgresql://user@host:port/db`` (psycopg 3 + a connection pool).
-    Query options: ``?synchronous=full`` (SQLite), ``?pool_max=N`` (PostgreSQL).
-    Raises MetaURLError (bad or unknown URL), MetaUnavailable (server
-    unreachable, database or directory missing) or SchemaVersionError, each
-    with a hint. An unformatted database opens fine; ``format`` it first.
-    """
-    from shinglefs.meta.engine import open_sql_store
-
-    return open_sql_store(url, **options)
-
-
 __all__ = [
     "BLOCK_SIZE",
     "CHUNK_SIZE",
     "FIRST_COOKIE",
+    "F_OK",
     "LINK_MAX",
     "NAME_MAX",
     "RENAME_EXCHANGE",
     "RENAME_NOREPLACE",
     "ROOT_CTX",
     "ROOT_INO",
+    "R_OK",
     "SYMLINK_MAX",
     "UTIME_NOW",
     "UTIME_OMIT",
+    "W_OK",
     "XATTR_CREATE",
+    "XATTR_NAME_MAX",
     "XATTR_REPLACE",
+    "XATTR_SIZE_MAX",
+    "X_OK",
     "ChunkInfo",
     "ChunkMap",
     "ChunkPiece",
@@ -826,10 +557,10 @@ __all__ = [
     "Replica",
     "Session",
     "SessionInfo",
+    "SliceCommit",
     "SliceInfo",
     "SliceRef",
     "SliceState",
     "StatFs",
     "UnlinkResult",
-    "open_meta",
 ]

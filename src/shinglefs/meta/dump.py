@@ -46,6 +46,7 @@ from shinglefs.errors import ShingleError
 from shinglefs.meta import schema as S
 from shinglefs.meta.api import MetaStore
 from shinglefs.meta.backend import Backend, Tx, backend_from_url
+from shinglefs.meta.engine import SqlMetaStore
 from shinglefs.meta.errors import AlreadyFormatted
 
 DUMP_FORMAT = 1
@@ -108,9 +109,11 @@ def table_shapes() -> list[TableShape]:
 
 
 def backend_of(store: MetaStore) -> Backend:
-    """The backend under an opened store (the SQL engine keeps it; same package)."""
-    backend: Backend = store._b  # type: ignore[attr-defined]
-    return backend
+    """The backend under an opened store (``SqlMetaStore.backend``); TypeError
+    for a store that is not the SQL engine."""
+    if not isinstance(store, SqlMetaStore):
+        raise TypeError(f"{type(store).__name__} is not an SQL metadata store")
+    return store.backend
 
 
 # ---- dump ---------------------------------------------------------------------------

@@ -1,0 +1,149 @@
+"""Attributes and permissions of one inode: getattr, setattr (chmod, chown,
+utimens, truncate), access, and a directory's tier/retention policy.
+
+Who may change what is decided by ``permissions.check_setattr_rights`` (Linux's
+setattr_prepare); a size change drops the content past the new end in the
+same transaction (``chunks.drop_content_past``).
+"""
+
+from __future__ import annotations
+
+import errno as E
+import stat
+from dataclasses import replace
+
+from shinglefs.meta import schema as S
+from shinglefs.meta.backend import Tx
+from shinglefs.meta.engine.chunks import drop_content_past
+from shinglefs.meta.engine.core import SqlCore, attr_of, enoent, now_ns
+from shinglefs.meta.engine.permissions import check_setattr_rights, permits
+from shinglefs.meta.errors import FsError
+from shinglefs.meta.records import (
+    ROOT_CTX,
+    UTIME_NOW,
+    UTIME_OMIT,
+    Ctx,
+    DirPolicy,
+    InodeAttr,
+)
+
+
+def check_resizable(a: InodeAttr) -> None:
+    """EISDIR for a directory, EINVAL for anything else that is not a regular file."""
+    if a.is_dir:
+        raise FsError(E.EISDIR, f"inode {a.ino} is a directory", ino=a.ino)
+    if not a.is_file:
+        raise FsError(E.EINVAL, f"inode {a.ino} is not a regular file", ino=a.ino)
+
+
+class AttributeOps(SqlCore):
+    """getattr, setattr, truncate, access, set_policy, get_policy."""
+
+    def getattr(self, ino: int) -> InodeAttr:
+        row = self._run(lambda tx: tx.one(S.SEL_INODE, (ino,)), "single")
+        if row is None:
+            raise enoent(ino)
+        return attr_of(row)
+
+    def setattr(
+        self,
+        ino: int,
+        *,
+        mode: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        size: int | None = None,
+        atime_ns: int | None = None,
+        mtime_ns: int | None = None,
+        ctx: Ctx = ROOT_CTX,
+        open_for_write: bool = False,
+        checked: bool = False,
+    ) -> InodeAttr:
+        if atime_ns == UTIME_OMIT:
+            atime_ns = None
+        if mtime_ns == UTIME_OMIT:
+            mtime_ns = None
+        if size is not None and size < 0:
+            raise FsError(E.EINVAL, f"negative size {size}", ino=ino)
+        chown = uid is not None or gid is not None
+
+        def txn(tx: Tx) -> InodeAttr:
+            now = now_ns()
+            row = tx.one(S.SEL_INODE, (ino,))
+            if row is None:
+                raise enoent(ino)
+            a = attr_of(row)
+            new_mode, new_uid, new_gid = a.mode, a.uid, a.gid
+            new_size, new_atime, new_mtime = a.size, a.atime_ns, a.mtime_ns
+            if chown:
+                new_uid = a.uid if uid is None or uid == -1 else uid
+                new_gid = a.gid if gid is None or gid == -1 else gid
+            if not checked:
+                check_setattr_rights(
+                    a, ctx, owner=(new_uid, new_gid) if chown else None, mode=mode,
+                    times=(atime_ns, mtime_ns), size=size, open_for_write=open_for_write)
+            if chown and not a.is_dir:
+                # Linux clears these on any chown of a file, root's included.
+                new_mode &= ~stat.S_ISUID
+                if new_mode & stat.S_IXGRP:
+                    new_mode &= ~stat.S_ISGID
+            if mode is not None:
+                perm = mode & 0o7777
+                if ctx.uid != 0 and not a.is_dir and not ctx.in_group(new_gid):
+                    perm &= ~stat.S_ISGID
+                new_mode = stat.S_IFMT(a.mode) | perm
+            if atime_ns is not None:
+                new_atime = now if atime_ns == UTIME_NOW else atime_ns
+            if mtime_ns is not None:
+                new_mtime = now if mtime_ns == UTIME_NOW else mtime_ns
+            if size is not None:
+                check_resizable(a)
+                if size != a.size:
+                    drop_content_past(self, tx, a, size, now)
+                    if mtime_ns is None:
+                        new_mtime = now
+                new_size = size
+            tx.run(
+                S.UPDATE_ATTRS,
+                (new_mode, new_uid, new_gid, new_size, new_atime, new_mtime, now, ino),
+            )
+            return replace(
+                a, mode=new_mode, uid=new_uid, gid=new_gid, size=new_size,
+                atime_ns=new_atime, mtime_ns=new_mtime, ctime_ns=now,
+            )  # fmt: skip
+
+        return self._run(txn)
+
+    def truncate(self, ino: int, size: int, ctx: Ctx = ROOT_CTX) -> InodeAttr:
+        # One rule for every size change: setattr's (rights, times, content).
+        return self.setattr(ino, size=size, ctx=ctx)
+
+    def access(self, ctx: Ctx, ino: int, mask: int) -> None:
+        row = self._run(lambda tx: tx.one(S.SEL_INODE, (ino,)), "single")
+        if row is None:
+            raise enoent(ino)
+        if mask and not permits(row[1], row[2], row[3], ctx, mask):
+            raise FsError(E.EACCES, f"access {mask:o} denied on inode {ino}", ino=ino)
+
+    # ---- directory policy ----------------------------------------------------------------
+
+    def set_policy(self, ino: int, policy: DirPolicy, ctx: Ctx = ROOT_CTX) -> None:
+        def txn(tx: Tx) -> None:
+            row = tx.one(S.SEL_INODE, (ino,))
+            if row is None:
+                raise enoent(ino)
+            if not stat.S_ISDIR(row[1]):
+                raise FsError(E.ENOTDIR, f"inode {ino} is not a directory", ino=ino)
+            if ctx.uid not in (0, row[2]):
+                raise FsError(E.EPERM, f"only the owner may set the policy of {ino}", ino=ino)
+            tx.run(S.SET_POLICY, (policy.tier, policy.retention, now_ns(), ino))
+
+        self._run(txn)
+
+    def get_policy(self, ino: int) -> DirPolicy:
+        row = self._run(lambda tx: tx.one(S.SEL_INODE_EXTRA, (ino,)), "single")
+        if row is None:
+            raise enoent(ino)
+        if not stat.S_ISDIR(row[1]):
+            raise FsError(E.ENOTDIR, f"inode {ino} is not a directory", ino=ino)
+        return DirPolicy(row[14], row[15])

@@ -1,0 +1,286 @@
+"""The chunk map and the slices: which slice bytes make up each chunk of a file.
+
+A chunk's content is an ordered overlay of slice references (later ones win,
+``overlay.resolve``). Committing a reference also takes a reference on its
+slice (registering it COMMITTED); dropping one dereferences it, and a slice
+whose count reaches zero is queued for deletion (``SqlCore._deref``). Every
+change to a chunk bumps its version, which compaction (``replace_chunk``)
+compares to refuse a chunk that changed since it was read. Commits lock inode
+rows in ascending order (no deadlock between two batches).
+"""
+
+from __future__ import annotations
+
+import errno as E
+import itertools
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import replace
+
+from shinglefs.meta import schema as S
+from shinglefs.meta.backend import Tx
+from shinglefs.meta.engine.core import SqlCore, attr_of, enoent, now_ns
+from shinglefs.meta.errors import ChunkChanged, FsError, SliceStateError
+from shinglefs.meta.overlay import resolve
+from shinglefs.meta.records import (
+    ChunkInfo,
+    ChunkMap,
+    InodeAttr,
+    ReadPiece,
+    Replica,
+    SliceCommit,
+    SliceInfo,
+    SliceRef,
+    SliceState,
+)
+
+
+def slice_info(tx: Tx, slice_id: int) -> SliceInfo | None:
+    """A slice with its replicas, read inside ``tx``; None if unknown."""
+    row = tx.one(S.SEL_SLICE, (slice_id,))
+    if row is None:
+        return None
+    reps = tuple(Replica(r[0], r[1]) for r in tx.all(S.SEL_REPLICAS, (slice_id,)))
+    return SliceInfo(row[0], row[1], row[2], SliceState(row[3]), row[4], reps)
+
+
+def file_attr(tx: Tx, ino: int) -> InodeAttr:
+    """The attributes of regular file ``ino``: ENOENT, EISDIR, EINVAL (other types)."""
+    row = tx.one(S.SEL_INODE, (ino,))
+    if row is None:
+        raise enoent(ino)
+    a = attr_of(row)
+    if a.is_dir:
+        raise FsError(E.EISDIR, f"inode {ino} is a directory", ino=ino)
+    if not a.is_file:
+        raise FsError(E.EINVAL, f"inode {ino} is not a regular file", ino=ino)
+    return a
+
+
+def drop_content_past(core: SqlCore, tx: Tx, a: InodeAttr, size: int, now: int) -> None:
+    """The content side of changing ``a``'s size to ``size`` (the caller updates
+    the inode row): going down, references past ``size`` are dropped or
+    trimmed and their slices dereferenced; emptied chunks keep their row with
+    a bumped version. The statfs counters follow the size either way."""
+    cs = core._chunk_size
+    if size < a.size:
+        keep_chunks = -(-size // cs)  # chunks [0, keep_chunks) keep some bytes
+        ino = a.ino
+        refs = tx.all(S.SEL_REFS_FROM, (ino, size // cs))
+        dropped: Counter[int] = Counter()
+        partial: dict[int, int] = {}
+        for ci, seq, sid, coff, ln, _soff in refs:
+            start = ci * cs + coff
+            if start >= size:
+                dropped[sid] += 1
+                if ci < keep_chunks:
+                    tx.run(S.DEL_REF, (ino, ci, seq))
+                    partial[ci] = partial.get(ci, 0) - 1
+            elif start + ln > size:
+                tx.run(S.TRIM_REF, (size - start, ino, ci, seq))
+                partial.setdefault(ci, 0)
+        if refs:
+            tx.run(S.DEL_REFS_FROM, (ino, keep_chunks))
+            # Emptied chunks keep their row (version bumped) so that a
+            # compaction that read them before cannot succeed later (ABA).
+            for ci in {r[0] for r in refs if r[0] >= keep_chunks}:
+                row = tx.one(S.SEL_CHUNK, (ino, ci))
+                if row is not None:
+                    tx.run(S.SET_CHUNK, (row[0] + 1, 0, ino, ci))
+            for ci, delta in partial.items():
+                row = tx.one(S.SEL_CHUNK, (ino, ci))
+                if row is not None:
+                    tx.run(S.SET_CHUNK, (row[0] + 1, row[1] + delta, ino, ci))
+            if dropped:
+                core._deref(tx, dropped, now)
+    core._counters(tx, size - a.size, 0)
+
+
+class ChunkOps(SqlCore):
+    """commit_slice(s), read_map, get_chunk, compaction, and the slice registry
+    (ids, add_slice, replicas, get_slice). ``truncate`` is a size change, in
+    ``AttributeOps``; its content side is ``drop_content_past``."""
+
+    # ---- slices ------------------------------------------------------------------------
+
+    def next_slice_id(self) -> int:
+        return self._alloc("slice")
+
+    def add_slice(self, info: SliceInfo) -> None:
+        def txn(tx: Tx) -> None:
+            state = SliceState(info.state).value
+            row = (info.id, info.length, info.group, state, info.refcount, now_ns())
+            if not tx.run(S.INS_SLICE, row):
+                raise FsError(E.EEXIST, f"slice {info.id} is already registered")
+            for rep in info.replicas:
+                tx.run(S.INS_REPLICA, (info.id, rep.server, rep.drive))
+
+        self._run(txn)
+
+    def set_slice_replicas(self, slice_id: int, replicas: Sequence[Replica]) -> None:
+        def txn(tx: Tx) -> None:
+            if tx.one(S.SEL_SLICE_STATE, (slice_id,)) is None:
+                raise FsError(E.ENOENT, f"no slice {slice_id}")
+            tx.run(S.DEL_REPLICAS, (slice_id,))
+            for rep in replicas:
+                tx.run(S.INS_REPLICA, (slice_id, rep.server, rep.drive))
+
+        self._run(txn)
+
+    def get_slice(self, slice_id: int) -> SliceInfo:
+        info = self._run(lambda tx: slice_info(tx, slice_id), "read")
+        if info is None:
+            raise FsError(E.ENOENT, f"no slice {slice_id}")
+        return info
+
+    def _ref_slice(self, tx: Tx, piece: SliceRef, group: int, slice_length: int | None) -> None:
+        """Take one reference on ``piece``'s slice (registering it COMMITTED if
+        new); ESTALE (SliceStateError) if it is already queued for deletion."""
+        length = slice_length if slice_length is not None else piece.slice_offset + piece.length
+        row = tx.one(S.REF_SLICE, (piece.slice_id, length, group, 1, now_ns(), 1, length))
+        if row is None:
+            state = tx.one(S.SEL_SLICE_STATE, (piece.slice_id,))
+            raise SliceStateError(piece.slice_id, state[0] if state else "gone", "reference it")
+
+    # ---- commits -----------------------------------------------------------------------
+
+    def _check_piece(self, piece: SliceRef) -> None:
+        if piece.length <= 0 or piece.chunk_offset < 0 or piece.slice_offset < 0:
+            raise FsError(E.EINVAL, f"empty or negative piece {piece}")
+        if piece.chunk_offset + piece.length > self._chunk_size:
+            raise FsError(E.EINVAL, f"piece {piece} crosses the chunk end ({self._chunk_size})")
+
+    def commit_slice(
+        self,
+        ino: int,
+        chunk_index: int,
+        piece: SliceRef,
+        new_size: int,
+        mtime_ns: int | None = None,
+        *,
+        group: int = 0,
+        slice_length: int | None = None,
+        replicas: Sequence[Replica] = (),
+    ) -> InodeAttr:
+        return self.commit_slices([SliceCommit(ino, chunk_index, piece, new_size, group,
+                                               slice_length, tuple(replicas), mtime_ns)])[0]
+
+    def commit_slices(self, commits: Sequence[SliceCommit]) -> list[InodeAttr]:
+        self._require_formatted()
+        for c in commits:
+            self._check_commit(c)
+        # Inode rows are locked in ascending order (no deadlock between batches);
+        # a stable sort keeps one file's slices in their order.
+        order = sorted(range(len(commits)), key=lambda i: commits[i].ino)
+
+        def txn(tx: Tx) -> list[InodeAttr]:
+            out: list[InodeAttr | None] = [None] * len(commits)
+            for i in order:
+                out[i] = self._commit_in(tx, commits[i])
+            return [a for a in out if a is not None]
+
+        return self._run(txn)
+
+    def _check_commit(self, c: SliceCommit) -> None:
+        self._check_piece(c.piece)
+        if c.chunk_index < 0 or c.new_size < 0:
+            raise FsError(E.EINVAL, f"negative chunk index {c.chunk_index} or size {c.new_size}")
+        piece_end = c.chunk_index * self._chunk_size + c.piece.chunk_offset + c.piece.length
+        if c.new_size < piece_end:
+            raise FsError(E.EINVAL, f"new size {c.new_size} ends before the piece ({piece_end})")
+
+    def _commit_in(self, tx: Tx, c: SliceCommit) -> InodeAttr:
+        """One slice reference into the chunk map, inside ``tx``."""
+        now = now_ns()
+        mtime = now if c.mtime_ns is None else c.mtime_ns
+        a = file_attr(tx, c.ino)
+        tx.run(S.GROW_FILE, (c.new_size, mtime, now, c.ino))
+        version = tx.one(S.BUMP_CHUNK, (c.ino, c.chunk_index))[0]
+        p = c.piece
+        tx.run(S.INS_REF, (c.ino, c.chunk_index, version, p.slice_id, p.chunk_offset, p.length,
+                           p.slice_offset))
+        self._ref_slice(tx, p, c.group, c.slice_length)
+        for rep in c.replicas:
+            tx.run(S.INS_REPLICA, (p.slice_id, rep.server, rep.drive))
+        size = max(a.size, c.new_size)
+        if size != a.size:
+            self._counters(tx, size - a.size, 0)
+        return replace(a, size=size, mtime_ns=mtime, ctime_ns=now)
+
+    # ---- reading the map ---------------------------------------------------------------
+
+    def read_map(self, ino: int, offset: int, length: int) -> list[ReadPiece]:
+        if offset < 0 or length < 0:
+            raise FsError(E.EINVAL, f"negative offset {offset} or length {length}")
+        self._require_formatted()
+        cs = self._chunk_size
+
+        def txn(tx: Tx) -> list[ReadPiece]:
+            a = file_attr(tx, ino)
+            end = min(offset + length, a.size)
+            if end <= offset:
+                return []
+            rows = tx.all(S.SEL_REFS, (ino, offset // cs, (end - 1) // cs))
+            by_chunk: dict[int, list[SliceRef]] = {}
+            for ci, _seq, sid, coff, ln, soff in rows:
+                by_chunk.setdefault(ci, []).append(SliceRef(sid, coff, ln, soff))
+            return resolve(by_chunk, cs, offset, end)
+
+        return self._run(txn, "read")
+
+    def get_chunk(self, ino: int, chunk_index: int) -> ChunkMap:
+        def txn(tx: Tx) -> ChunkMap:
+            file_attr(tx, ino)
+            row = tx.one(S.SEL_CHUNK, (ino, chunk_index))
+            rows = tx.all(S.SEL_REFS, (ino, chunk_index, chunk_index))
+            refs = tuple(SliceRef(r[2], r[3], r[4], r[5]) for r in rows)
+            return ChunkMap(ino, chunk_index, row[0] if row else 0, refs)
+
+        return self._run(txn, "read")
+
+    # ---- compaction --------------------------------------------------------------------
+
+    def compaction_candidates(self, min_refs: int = 8, limit: int = 100) -> list[ChunkInfo]:
+        rows = self._run(lambda tx: tx.all(S.CANDIDATES, (max(1, min_refs), limit)), "single")
+        return [ChunkInfo(*r) for r in rows]
+
+    def replace_chunk(
+        self,
+        ino: int,
+        chunk_index: int,
+        old_refs_version: int,
+        new_piece: SliceRef | Sequence[SliceRef],
+        *,
+        group: int = 0,
+        slice_length: int | None = None,
+    ) -> ChunkMap:
+        self._require_formatted()
+        pieces = [new_piece] if isinstance(new_piece, SliceRef) else list(new_piece)
+        for p in pieces:
+            self._check_piece(p)
+        spans = sorted((p.chunk_offset, p.chunk_offset + p.length) for p in pieces)
+        for (_, e1), (s2, _) in itertools.pairwise(spans):
+            if s2 < e1:
+                raise FsError(E.EINVAL, "replacement pieces overlap")
+
+        def txn(tx: Tx) -> ChunkMap:
+            now = now_ns()
+            file_attr(tx, ino)
+            row = tx.one(S.SEL_CHUNK, (ino, chunk_index))
+            version = row[0] if row else 0
+            if version != old_refs_version:
+                raise ChunkChanged(ino, chunk_index, old_refs_version, version)
+            old = tx.all(S.SEL_REFS, (ino, chunk_index, chunk_index))
+            tx.run(S.DEL_REFS_CHUNK, (ino, chunk_index))
+            for i, p in enumerate(pieces, start=1):
+                tx.run(S.INS_REF, (ino, chunk_index, version + i, p.slice_id, p.chunk_offset,
+                                   p.length, p.slice_offset))
+                self._ref_slice(tx, p, group, slice_length)
+            new_version = version + max(1, len(pieces))
+            if row is None:
+                tx.one(S.BUMP_CHUNK, (ino, chunk_index))
+            tx.run(S.SET_CHUNK, (new_version, len(pieces), ino, chunk_index))
+            self._deref(tx, Counter(r[2] for r in old), now)
+            return ChunkMap(ino, chunk_index, new_version, tuple(pieces))
+
+        return self._run(txn)

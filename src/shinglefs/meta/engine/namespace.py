@@ -1,0 +1,322 @@
+"""The namespace: looking names up, creating, linking and removing entries.
+
+Directory entries are keyed by ``(parent, name)`` (lookup is one point read)
+and carry a cookie assigned once at insertion from the parent's
+``next_cookie`` (listing is one range scan on ``(parent, cookie)``). Each
+public method is one transaction; checks run in Linux's order so the errno a
+caller sees is the one Linux would give. Rename has a room of its own
+(``rename.py``); attributes and permissions are in ``attrs.py`` and
+``permissions.py``.
+"""
+
+from __future__ import annotations
+
+import errno as E
+import stat
+from dataclasses import replace
+
+from shinglefs.meta import schema as S
+from shinglefs.meta.backend import Tx
+from shinglefs.meta.engine.core import SqlCore, attr_of, enoent, now_ns
+from shinglefs.meta.engine.permissions import (
+    check_may_write_dir,
+    check_parent,
+    permits,
+    sticky_ok,
+)
+from shinglefs.meta.errors import FsError
+from shinglefs.meta.records import (
+    FIRST_COOKIE,
+    LINK_MAX,
+    NAME_MAX,
+    R_OK,
+    ROOT_CTX,
+    SYMLINK_MAX,
+    Ctx,
+    DirEntry,
+    InodeAttr,
+    UnlinkResult,
+)
+
+
+def check_name(name: bytes) -> None:
+    """EINVAL for names no path component can be; ENAMETOOLONG above NAME_MAX."""
+    if not isinstance(name, bytes | bytearray):
+        raise FsError(E.EINVAL, f"a name must be bytes, not {type(name).__name__}")
+    if not name or b"/" in name or b"\0" in name:
+        raise FsError(E.EINVAL, f"invalid name {bytes(name)!r}", name=bytes(name))
+    if len(name) > NAME_MAX:
+        raise FsError(E.ENAMETOOLONG, f"name of {len(name)} bytes (max {NAME_MAX})")
+
+
+def check_new_name(name: bytes) -> None:
+    """``check_name``, and EEXIST for ``.`` and ``..`` (they always exist)."""
+    check_name(name)
+    if name in (b".", b".."):
+        raise FsError(E.EEXIST, f"{name!r} always exists", name=name)
+
+
+def no_entry(parent: int, name: bytes) -> FsError:
+    return FsError(E.ENOENT, f"no entry {name!r} in directory {parent}", ino=parent, name=name)
+
+
+def open_in_session(tx: Tx, session: int | None, ino: int) -> None:
+    """Open ``ino`` for ``session`` inside ``tx`` (nothing when None); ESTALE
+    for an unknown session."""
+    if session is None:
+        return
+    if tx.one(S.SEL_SESSION, (session,)) is None:
+        raise FsError(E.ESTALE, f"unknown session {session}")
+    tx.run(S.OPEN_FILE, (session, ino))
+
+
+class NamespaceOps(SqlCore):
+    """lookup, mknod, mkdir, create, symlink, link, unlink, rmdir, readlink, readdir."""
+
+    def lookup(self, parent: int, name: bytes, ctx: Ctx = ROOT_CTX) -> InodeAttr:
+        check_name(name)
+        if name in (b".", b".."):
+
+            def dots(tx: Tx) -> InodeAttr:
+                row = tx.one(S.SEL_INODE_EXTRA, (parent,))
+                check_parent(row and row[1:4], parent, ctx)
+                if name == b".":
+                    return attr_of(row)
+                up = tx.one(S.SEL_INODE, (row[12],))
+                if up is None:
+                    raise enoent(row[12])
+                return attr_of(up)
+
+            return self._run(dots, "read")
+
+        def txn(tx: Tx) -> InodeAttr:
+            row = tx.one(S.LOOKUP_ATTR, (name, parent))
+            check_parent(row, parent, ctx)
+            if row[4] is None:
+                raise no_entry(parent, name)
+            return attr_of(row, 4)
+
+        return self._run(txn, "single")
+
+    # ---- creating ------------------------------------------------------------------------
+
+    def _new_inode(
+        self,
+        tx: Tx,
+        parent: int,
+        name: bytes,
+        ino: int,
+        mode: int,
+        ctx: Ctx,
+        now: int,
+        *,
+        rdev: int = 0,
+        size: int = 0,
+        target: bytes | None = None,
+    ) -> InodeAttr:
+        """Insert entry + inode under ``parent`` (checks, cookie, parent touch, counters)."""
+        is_dir = stat.S_ISDIR(mode)
+        row = tx.one(S.TOUCH_PARENT_FOR_INSERT, (now, now, 1 if is_dir else 0, parent))
+        check_parent(row, parent, ctx)
+        pmode, puid, pgid, pnlink, cookie, tier, retention = row
+        if not tx.run(S.INS_DENTRY, (parent, name, ino, cookie)):
+            raise FsError(E.EEXIST, f"{name!r} exists in directory {parent}", ino=parent, name=name)
+        check_may_write_dir(pmode, puid, pgid, ctx, parent)
+        if is_dir and pnlink > LINK_MAX:
+            raise FsError(E.EMLINK, f"directory {parent} has {LINK_MAX} subdirectories")
+        gid = ctx.gid
+        if pmode & stat.S_ISGID:
+            gid = pgid
+            if is_dir:
+                mode |= stat.S_ISGID
+        if not is_dir:
+            tier = retention = None
+        attr = InodeAttr(
+            ino, mode, ctx.uid, gid, 2 if is_dir else 1, size, now, now, now, rdev, 1, 0
+        )
+        tx.run(
+            S.INS_INODE,
+            (
+                ino, mode, ctx.uid, gid, attr.nlink, size, now, now, now, rdev, 1, 0,
+                parent, FIRST_COOKIE, tier, retention, target,
+            ),
+        )  # fmt: skip
+        self._counters(tx, size, 1)
+        return attr
+
+    def mknod(
+        self, parent: int, name: bytes, mode: int, rdev: int = 0, ctx: Ctx = ROOT_CTX
+    ) -> InodeAttr:
+        check_new_name(name)
+        kind = stat.S_IFMT(mode)
+        if kind == 0:
+            kind = stat.S_IFREG
+        if kind == stat.S_IFDIR:
+            raise FsError(E.EPERM, "mknod cannot make a directory (use mkdir)")
+        if kind not in (stat.S_IFREG, stat.S_IFIFO, stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK):
+            raise FsError(E.EINVAL, f"mknod of unknown type {kind:o}")
+        if kind in (stat.S_IFCHR, stat.S_IFBLK) and ctx.uid != 0:
+            raise FsError(E.EPERM, "only root may make device nodes")
+        if kind not in (stat.S_IFCHR, stat.S_IFBLK):
+            rdev = 0
+        full = kind | (mode & ~ctx.umask & 0o7777)
+        ino = self._alloc("inode")
+        return self._run(
+            lambda tx: self._new_inode(tx, parent, name, ino, full, ctx, now_ns(), rdev=rdev)
+        )
+
+    def mkdir(self, parent: int, name: bytes, mode: int, ctx: Ctx = ROOT_CTX) -> InodeAttr:
+        check_new_name(name)
+        full = stat.S_IFDIR | (mode & ~ctx.umask & 0o7777)
+        ino = self._alloc("inode")
+        return self._run(lambda tx: self._new_inode(tx, parent, name, ino, full, ctx, now_ns()))
+
+    def create(
+        self,
+        parent: int,
+        name: bytes,
+        mode: int,
+        ctx: Ctx = ROOT_CTX,
+        *,
+        exclusive: bool = True,
+        session: int | None = None,
+    ) -> InodeAttr:
+        check_new_name(name)
+        full = stat.S_IFREG | (mode & ~ctx.umask & 0o7777)
+        ino = self._alloc("inode")
+
+        def txn(tx: Tx) -> InodeAttr:
+            if not exclusive:
+                row = tx.one(S.LOOKUP_ATTR, (name, parent))
+                check_parent(row, parent, ctx)
+                if row[4] is not None:
+                    attr = attr_of(row, 4)
+                    if attr.is_dir:
+                        raise FsError(E.EISDIR, f"{name!r} is a directory", ino=attr.ino, name=name)
+                    open_in_session(tx, session, attr.ino)
+                    return attr
+            attr = self._new_inode(tx, parent, name, ino, full, ctx, now_ns())
+            open_in_session(tx, session, ino)
+            return attr
+
+        return self._run(txn)
+
+    def symlink(self, parent: int, name: bytes, target: bytes, ctx: Ctx = ROOT_CTX) -> InodeAttr:
+        check_new_name(name)
+        if not target:
+            raise FsError(E.ENOENT, "empty symlink target")
+        if len(target) > SYMLINK_MAX:
+            raise FsError(
+                E.ENAMETOOLONG, f"symlink target of {len(target)} bytes (max {SYMLINK_MAX})"
+            )
+        ino = self._alloc("inode")
+        mode = stat.S_IFLNK | 0o777
+        return self._run(
+            lambda tx: self._new_inode(
+                tx, parent, name, ino, mode, ctx, now_ns(), size=len(target), target=bytes(target)
+            )
+        )
+
+    def link(self, ino: int, new_parent: int, new_name: bytes, ctx: Ctx = ROOT_CTX) -> InodeAttr:
+        check_new_name(new_name)
+
+        def txn(tx: Tx) -> InodeAttr:
+            now = now_ns()
+            row = tx.one(S.SEL_INODE, (ino,))
+            if row is None or row[4] == 0:
+                raise FsError(E.ENOENT, f"inode {ino} has no links left", ino=ino)
+            a = attr_of(row)
+            self._lock_rows(tx, ino, new_parent)
+            prow = tx.one(S.TOUCH_PARENT_FOR_INSERT, (now, now, 0, new_parent))
+            check_parent(prow, new_parent, ctx)
+            if not tx.run(S.INS_DENTRY, (new_parent, new_name, ino, prow[4])):
+                raise FsError(
+                    E.EEXIST,
+                    f"{new_name!r} exists in directory {new_parent}",
+                    ino=new_parent,
+                    name=new_name,
+                )
+            check_may_write_dir(prow[0], prow[1], prow[2], ctx, new_parent)
+            if a.is_dir:
+                raise FsError(E.EPERM, f"cannot hard-link directory {ino}", ino=ino)
+            if a.nlink >= LINK_MAX:
+                raise FsError(E.EMLINK, f"inode {ino} already has {a.nlink} links", ino=ino)
+            nlink = tx.one(S.SET_NLINK_CTIME, (1, now, ino))[0]
+            return replace(a, nlink=nlink, ctime_ns=now)
+
+        return self._run(txn)
+
+    # ---- removing ------------------------------------------------------------------------
+
+    def unlink(self, parent: int, name: bytes, ctx: Ctx = ROOT_CTX) -> UnlinkResult:
+        check_name(name)
+        if name in (b".", b".."):
+            raise FsError(E.EISDIR, f"cannot unlink {name!r}", name=name)
+        return self._run(lambda tx: self._remove(tx, parent, name, ctx, want_dir=False))
+
+    def rmdir(self, parent: int, name: bytes, ctx: Ctx = ROOT_CTX) -> UnlinkResult:
+        check_name(name)
+        if name == b".":
+            raise FsError(E.EINVAL, "cannot rmdir '.'", name=name)
+        if name == b"..":
+            raise FsError(E.ENOTEMPTY, "cannot rmdir '..'", name=name)
+        return self._run(lambda tx: self._remove(tx, parent, name, ctx, want_dir=True))
+
+    def _remove(
+        self, tx: Tx, parent: int, name: bytes, ctx: Ctx, *, want_dir: bool
+    ) -> UnlinkResult:
+        now = now_ns()
+        row = tx.one(S.LOOKUP_ATTR, (name, parent))
+        check_parent(row, parent, ctx)
+        if row[4] is None:
+            raise no_entry(parent, name)
+        pmode, puid, pgid = row[0], row[1], row[2]
+        victim = attr_of(row, 4)
+        self._lock_rows(tx, parent, victim.ino)
+        check_may_write_dir(pmode, puid, pgid, ctx, parent)
+        if not sticky_ok(pmode, puid, victim.uid, ctx):
+            raise FsError(
+                E.EPERM, f"sticky directory {parent}: {name!r} is not yours", ino=parent, name=name
+            )
+        if want_dir and not victim.is_dir:
+            raise FsError(E.ENOTDIR, f"{name!r} is not a directory", ino=victim.ino, name=name)
+        if not want_dir and victim.is_dir:
+            raise FsError(E.EISDIR, f"{name!r} is a directory", ino=victim.ino, name=name)
+        if want_dir and tx.one(S.ANY_CHILD, (victim.ino,)) is not None:
+            raise FsError(
+                E.ENOTEMPTY, f"directory {name!r} is not empty", ino=victim.ino, name=name
+            )
+        tx.run(S.DEL_DENTRY, (parent, name))
+        tx.run(S.TOUCH_DIR, (now, now, -1 if want_dir else 0, parent))
+        if want_dir:
+            self._free_inode(tx, victim.ino, victim.size, now)
+            return UnlinkResult(replace(victim, nlink=0, ctime_ns=now), True)
+        nlink = tx.one(S.SET_NLINK_CTIME, (-1, now, victim.ino))[0]
+        released = nlink <= 0 and self._free_if_orphan(tx, victim.ino, now)
+        return UnlinkResult(replace(victim, nlink=nlink, ctime_ns=now), released)
+
+    # ---- reading -------------------------------------------------------------------------
+
+    def readlink(self, ino: int) -> bytes:
+        row = self._run(lambda tx: tx.one(S.SEL_INODE_EXTRA, (ino,)), "single")
+        if row is None:
+            raise enoent(ino)
+        if not stat.S_ISLNK(row[1]):
+            raise FsError(E.EINVAL, f"inode {ino} is not a symlink", ino=ino)
+        return bytes(row[13])
+
+    def readdir(
+        self, ino: int, cookie: int = 0, limit: int = 1024, ctx: Ctx = ROOT_CTX
+    ) -> list[DirEntry]:
+        def txn(tx: Tx) -> list[DirEntry]:
+            row = tx.one(S.SEL_INODE, (ino,))
+            if row is None:
+                raise enoent(ino)
+            if not stat.S_ISDIR(row[1]):
+                raise FsError(E.ENOTDIR, f"inode {ino} is not a directory", ino=ino)
+            if not permits(row[1], row[2], row[3], ctx, R_OK):
+                raise FsError(E.EACCES, f"no read permission on directory {ino}", ino=ino)
+            rows = tx.all(S.READDIR, (ino, cookie, limit))
+            return [DirEntry(bytes(r[0]), r[2], attr_of(r, 2), r[1]) for r in rows]
+
+        return self._run(txn, "read")

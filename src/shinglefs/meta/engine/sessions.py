@@ -1,0 +1,161 @@
+"""Client sessions, the files they hold open, and the deletion queue.
+
+A session is a mounted client (heartbeat, open files). An inode whose last
+link goes while some session holds it open stays until the last close or the
+session's expiry, which then frees it (``SqlCore._free_if_orphan``). Freed
+content dereferences slices; a slice at refcount zero waits in the deletion
+queue until the storage side pops it (leased, so a crashed consumer's slices
+are offered again) and acknowledges it. Slices a crashed writer never
+committed (``abandoned_slices``) join the queue through ``discard_slices``.
+"""
+
+from __future__ import annotations
+
+import errno as E
+from collections.abc import Sequence
+
+from shinglefs.meta import schema as S
+from shinglefs.meta.backend import Tx
+from shinglefs.meta.engine.chunks import slice_info
+from shinglefs.meta.engine.core import SqlCore, enoent, now_ns
+from shinglefs.meta.errors import FsError, SliceStateError
+from shinglefs.meta.records import Session, SessionInfo, SliceInfo, SliceState
+
+
+class SessionOps(SqlCore):
+    """Sessions (register, heartbeat, expire), open files (open/close), and the
+    deletion queue (abandoned and discarded slices, pop and ack)."""
+
+    # ---- sessions ------------------------------------------------------------------------
+
+    def register_session(self, info: SessionInfo) -> int:
+        sid = self._alloc("session")
+        now = now_ns()
+        self._run(
+            lambda tx: tx.run(
+                S.INS_SESSION, (sid, info.host, info.pid, info.mountpoint, info.version, now, now)
+            ),
+            "autocommit",
+        )
+        return sid
+
+    def heartbeat(self, session: int) -> None:
+        if not self._run(lambda tx: tx.run(S.HEARTBEAT, (now_ns(), session)), "autocommit"):
+            raise FsError(E.ESTALE, f"session {session} has expired", hint="register again")
+
+    def _end_session(self, tx: Tx, session: int, now: int) -> list[int]:
+        """Close every file of ``session`` and remove it; the inodes freed."""
+        inos = [r[0] for r in tx.all(S.SEL_OPEN_OF_SESSION, (session,))]
+        tx.run(S.DEL_OPEN_OF_SESSION, (session,))
+        tx.run(S.DEL_SESSION, (session,))
+        return [ino for ino in inos if self._free_if_orphan(tx, ino, now)]
+
+    def unregister_session(self, session: int) -> list[int]:
+        return self._run(lambda tx: self._end_session(tx, session, now_ns()))
+
+    def list_sessions(self) -> list[Session]:
+        def txn(tx: Tx) -> list[Session]:
+            out = []
+            for r in tx.all(S.SEL_SESSIONS):
+                inos = tuple(x[0] for x in tx.all(S.SEL_OPEN_OF_SESSION, (r[0],)))
+                out.append(Session(r[0], SessionInfo(r[1], r[2], r[3], r[4]), r[5], r[6], inos))
+            return out
+
+        return self._run(txn, "read")
+
+    def expire_sessions(self, timeout_s: float) -> list[int]:
+        def txn(tx: Tx) -> list[int]:
+            now = now_ns()
+            expired = [r[0] for r in tx.all(S.SEL_EXPIRED, (now - int(timeout_s * 1e9),))]
+            for sid in expired:
+                self._end_session(tx, sid, now)
+            return expired
+
+        return self._run(txn)
+
+    # ---- open files ----------------------------------------------------------------------
+
+    def open_file(self, session: int, ino: int) -> None:
+        def txn(tx: Tx) -> None:
+            if tx.one(S.SEL_SESSION, (session,)) is None:
+                raise FsError(E.ESTALE, f"unknown session {session}")
+            if tx.one(S.SEL_INODE, (ino,)) is None:
+                raise enoent(ino)
+            tx.run(S.OPEN_FILE, (session, ino))
+
+        self._run(txn)
+
+    def close_file(self, session: int, ino: int) -> bool:
+        def txn(tx: Tx) -> bool:
+            row = tx.one(S.CLOSE_FILE, (session, ino))
+            if row is None:
+                return False
+            if row[0] > 0:
+                return False
+            tx.run(S.DEL_OPEN, (session, ino))
+            return self._free_if_orphan(tx, ino, now_ns())
+
+        return self._run(txn)
+
+    def close_files(self, session: int, inos: Sequence[int]) -> list[int]:
+        def txn(tx: Tx) -> list[int]:
+            now = now_ns()
+            freed = []
+            for ino in inos:
+                row = tx.one(S.CLOSE_FILE, (session, ino))
+                if row is None or row[0] > 0:
+                    continue
+                tx.run(S.DEL_OPEN, (session, ino))
+                if self._free_if_orphan(tx, ino, now):
+                    freed.append(ino)
+            return freed
+
+        return self._run(txn) if inos else []
+
+    # ---- the deletion queue --------------------------------------------------------------
+
+    def abandoned_slices(self, older_than_s: float, limit: int = 1000) -> list[SliceInfo]:
+        def txn(tx: Tx) -> list[SliceInfo]:
+            cutoff = now_ns() - int(older_than_s * 1e9)
+            ids = [r[0] for r in tx.all(S.SEL_ABANDONED, (cutoff, limit))]
+            return [i for i in (slice_info(tx, sid) for sid in ids) if i is not None]
+
+        return self._run(txn, "read")
+
+    def discard_slices(self, slice_ids: Sequence[int]) -> list[int]:
+        def txn(tx: Tx) -> list[int]:
+            now = now_ns()
+            queued = []
+            for sid in sorted(set(slice_ids)):
+                if tx.run(S.DISCARD_SLICE, (sid,)):
+                    tx.run(S.QUEUE_DELETION, (sid, now))
+                    queued.append(sid)
+            return queued
+
+        return self._run(txn)
+
+    def pop_deletions(self, limit: int = 1000, lease_s: float = 60.0) -> list[SliceInfo]:
+        def txn(tx: Tx) -> list[SliceInfo]:
+            now = now_ns()
+            ids = [r[0] for r in tx.all(S.SEL_DUE_DELETIONS, (now, limit))]
+            out = []
+            for sid in ids:
+                tx.run(S.LEASE_DELETION, (now + int(lease_s * 1e9), sid))
+                info = slice_info(tx, sid)
+                if info is not None:
+                    out.append(info)
+            return out
+
+        return self._run(txn)
+
+    def ack_deletions(self, slice_ids: Sequence[int]) -> None:
+        def txn(tx: Tx) -> None:
+            for sid in slice_ids:
+                row = tx.one(S.SEL_SLICE_STATE, (sid,))
+                if row is not None and row[0] != SliceState.TO_DELETE.value:
+                    raise SliceStateError(sid, row[0], "acknowledge its deletion")
+                tx.run(S.DEL_DELETION, (sid,))
+                tx.run(S.DEL_REPLICAS, (sid,))
+                tx.run(S.DEL_SLICE, (sid,))
+
+        self._run(txn)
