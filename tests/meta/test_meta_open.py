@@ -37,6 +37,25 @@ def test_bad_urls_raise_metaurlerror_with_a_hint(url):
     one_line(info.value)
 
 
+def test_sqlite_is_an_alias_of_sqlite3_and_the_store_spells_it_sqlite3(tmp_path):
+    store = open_meta(f"sqlite3://{tmp_path}/m.db")
+    store.format("alias", str(uuid.uuid4()))
+    store.close()
+    alias = open_meta(f"sqlite://{tmp_path}/m.db")
+    try:
+        assert alias.format_info().name == "alias"  # the same database
+        assert alias.url_where == f"sqlite3://{tmp_path}/m.db"
+    finally:
+        alias.close()
+
+
+def test_postgres_is_an_alias_of_postgresql(tmp_path):
+    # Parsed as PostgreSQL (no server needed): it is refused for naming no database.
+    with pytest.raises(MetaURLError) as info:
+        open_meta("postgres://u@127.0.0.1:5432/")
+    assert "names no database" in str(info.value)
+
+
 def test_sqlite_unknown_option_is_refused(tmp_path):
     with pytest.raises(MetaURLError):
         open_meta(f"sqlite3://{tmp_path}/m.db?journal=delete")

@@ -28,7 +28,7 @@ def test_threads_that_come_and_go_do_not_pile_up_connections(tmp_path: Path) -> 
     once. Before, every such thread left a connection (and its 64 MiB page
     cache) open for the life of the mount."""
     db = tmp_path / "meta.db"
-    meta = open_meta(f"sqlite:///{db}")
+    meta = open_meta(f"sqlite3://{db}")
     meta.format("test", str(uuid.uuid4()), secret="s3cret")
     try:
         def one_lookup() -> None:

@@ -488,7 +488,10 @@ class PostgresBackend:
 # ---- URLs ------------------------------------------------------------------------------
 
 SQLITE_SCHEMES = ("sqlite3", "sqlite")
+"""``sqlite3://`` is the spelling (docs, errors, ``Backend.where``); ``sqlite://``
+is accepted as an alias, as it always was."""
 PG_SCHEMES = ("postgresql", "postgres")
+"""``postgresql://`` is the spelling; ``postgres://`` is accepted as an alias."""
 
 
 def backend_from_url(url: str, **options: Any) -> Backend:

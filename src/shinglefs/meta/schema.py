@@ -5,8 +5,12 @@ Statements are written once with ``?`` placeholders and ``{greatest}`` /
 backend (and caches the result). Only SQL that SQLite >= 3.35, PostgreSQL >= 13,
 CockroachDB and YugabyteDB all accept is used: ``INSERT ... ON CONFLICT``,
 ``RETURNING``, plain B-tree indexes, no triggers, no sequences, no stored
-procedures, no ``FOR UPDATE`` (isolation comes from BEGIN IMMEDIATE on SQLite and
-SERIALIZABLE on PostgreSQL; see docs/metadata.md).
+procedures. One statement is the exception: ``lock_inodes`` (``SELECT ... FOR
+UPDATE``), which SQLite does not parse, is issued only where
+``Dialect.row_locks`` is set (PostgreSQL and its relatives), to make writers
+that modify several inode rows queue in one order instead of deadlocking.
+Isolation itself comes from BEGIN IMMEDIATE on SQLite and SERIALIZABLE on
+PostgreSQL, not from the row locks (see docs/metadata.md).
 
 Key layout (3FS style): an inode row keyed by ``ino``; directory entries keyed
 by ``(parent, name)`` so lookup is one point read and listing one range scan on
@@ -19,7 +23,7 @@ from dataclasses import dataclass, field
 
 SCHEMA_VERSION = 3
 # Version 1 kept the drive list as the root xattr below; opening a version-1
-# database migrates it into the drives table (engine.SqlMetaStore).
+# database migrates it into the drives table (engine/format.py).
 # Version 2 had no drives.uuid column (the drive identity written in each
 # drive's header); opening a version-2 database adds it, NULL for every drive.
 V1_DRIVES_XATTR = b"trusted.shinglefs.drives"
