@@ -45,7 +45,7 @@ class FsFactory:
 
     def close_all(self) -> None:
         for vfs in self.opened:
-            if not vfs._closed:
+            if not vfs.closed:
                 vfs.shutdown()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fsfixtures import FsFactory, create, read_all
 
-from shinglefs.client import vfs as vfs_module
+from shinglefs.client import inodes as inodes_module
 
 
 def test_map_caches_stay_bounded_over_many_files(
@@ -14,7 +14,7 @@ def test_map_caches_stay_bounded_over_many_files(
     """The kernel may never ``forget`` an inode, so what the client keeps per
     inode it wrote or read must be bounded by itself (before: one map window
     and one generation per file, for the life of the mount)."""
-    monkeypatch.setattr(vfs_module, "INODE_MEMO_ENTRIES", 16)
+    monkeypatch.setattr(inodes_module, "INODE_MEMO_ENTRIES", 16)
     vfs = fs_factory.vfs()
     inos = []
     for i in range(100):

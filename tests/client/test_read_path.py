@@ -27,7 +27,7 @@ def test_sequential_reader_reads_ahead_at_least_8mib(fs_factory: FsFactory) -> N
     slice_id = vfs.meta.get_chunk(ino, 0).refs[0].slice_id
     ahead = (pos + 8 * MiB) // (4 * MiB)
     for index in range(1, ahead + 1):
-        pending = vfs.cache._entries.get((slice_id, index))
+        pending = vfs.cache.extent_read(slice_id, index)
         assert pending is not None, f"extent {index} was not read ahead"
         pending.result(timeout=30)
     assert vfs.cache.drive_bytes >= 8 * MiB + pos

@@ -26,7 +26,7 @@ def test_sequential_write_is_streamed_in_4mib_pieces_before_close(vfs: VFS) -> N
     # Still open, never flushed by the application: 20 MiB reached the store as five
     # 4 MiB pieces, and the drive saw them written as zone appends.
     streamed = vfs.node.stats().user_bytes_written - before
-    writer = vfs._inodes[ino].writer
+    writer = vfs.inodes.writer(ino)
     assert streamed == 20 * MiB
     assert writer.pieces_submitted == 5
     assert writer.slices_committed == 0

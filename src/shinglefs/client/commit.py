@@ -12,7 +12,7 @@ the drive rolled back, so no file ever reads EIO because of a crash.
 Every commit of a written slice goes through :meth:`OrderedCommits.commit`:
 the writer's inline close, its background settle of slices ended while
 writing, and the Python API alike. (Compaction's ``replace_chunk`` follows the
-same rule with its own flush, see ``VFS.compact_chunk``.)
+same rule with its own flush, see ``Compactor.compact_chunk``.)
 
 Group commit: a caller that arrives while a batch is being committed waits
 and joins the next batch; one caller (the *leader*) then flushes each drive
@@ -36,9 +36,32 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from shinglefs.meta.api import InodeAttr, MetaStore, Replica, SliceCommit, SliceRef
+from shinglefs.meta.api import (
+    InodeAttr,
+    MetaStore,
+    Replica,
+    SliceCommit,
+    SliceInfo,
+    SliceRef,
+    SliceState,
+)
 
 LOCAL_SERVER = "local"
+
+
+def register_slice(meta: MetaStore, slice_id: int, drive_id: int, group: int) -> None:
+    """Record a slice being written (WRITING, no reference yet) on the drive that
+    took its first piece: if the writer dies before committing it, the janitor
+    finds it (``Janitor.run``) and the deletion consumer frees its bytes."""
+    meta.add_slice(
+        SliceInfo(
+            id=slice_id,
+            length=0,
+            group=group,
+            state=SliceState.WRITING,
+            replicas=(Replica(LOCAL_SERVER, str(drive_id)),),
+        )
+    )
 
 
 @dataclass(frozen=True, slots=True)

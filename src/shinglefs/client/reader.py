@@ -279,6 +279,13 @@ class ExtentCache:
                 if future.done():
                     self._bytes -= self._entry_bytes(future)
 
+    def extent_read(self, slice_id: int, index: int) -> Future[bytes | memoryview] | None:
+        """The read of extent ``index`` of a slice (done or in flight) if the cache
+        holds it, else None. Neither reads nor counts a hit (tests: what
+        read-ahead started)."""
+        with self._lock:
+            return self._entries.get((slice_id, index))
+
     @property
     def cached_bytes(self) -> int:
         """The memory the finished extents hold (``held_bytes`` plus bookkeeping)."""

@@ -1,0 +1,189 @@
+"""Compaction: a chunk fragmented into many slices is rewritten as one sequential slice.
+
+Two sources of work: the chunks this client's own commits fragmented (every
+``compact_threshold`` commits into one chunk queue it: ``note_commit``,
+drained by ``run_queued``), and, every ``compaction_scan_interval``, the
+chunks meta reports with many references from any client
+(``compact_fragmented``).
+
+The swap is optimistic: the chunk's live bytes are read through its
+overlay, written into one new slice (holes stay holes) in the file's
+lifetime group, flushed on the drive (the ordered-commit rule:
+``client.commit``), then ``replace_chunk`` at the chunk version read. If
+the chunk changed meanwhile the new slice is deleted and nothing happened.
+The old slices are dereferenced by meta and freed by the deletion consumer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from shinglefs.client.commit import register_slice
+from shinglefs.client.config import ClientConfig
+from shinglefs.client.groups import GroupPolicy
+from shinglefs.client.inodes import InodeTable, OpenInode, cut
+from shinglefs.client.reader import DirectReader, ReadSlice, assemble
+from shinglefs.meta.api import MetaStore, ReadPiece, SliceRef
+from shinglefs.meta.errors import ChunkChanged, FsError
+from shinglefs.server.errors import SliceMissing
+from shinglefs.server.node import StorageNode
+
+log = logging.getLogger(__name__)
+
+__all__ = ["COMPACTION_ATTEMPTS", "Compactor"]
+
+COMPACTION_ATTEMPTS = 3
+
+
+class Compactor:
+    """Compacts chunks of one client's file system (thread-safe).
+
+    ``pause(seconds)`` sleeps between attempts and returns True when the
+    client is stopping; ``wake()`` starts a scheduler pass (the deletion of
+    the replaced slices, or a queued compaction).
+    """
+
+    def __init__(
+        self,
+        meta: MetaStore,
+        node: StorageNode,
+        config: ClientConfig,
+        *,
+        chunk_size: int,
+        inodes: InodeTable,
+        groups: GroupPolicy,
+        read_slice: ReadSlice,
+        wake: Callable[[], None],
+        pause: Callable[[float], bool],
+    ) -> None:
+        self.meta = meta
+        self.node = node
+        self.config = config
+        self.chunk_size = chunk_size
+        self.inodes = inodes
+        self.groups = groups
+        self._read_slice = read_slice
+        self._wake = wake
+        self._pause = pause
+        self._lock = threading.Lock()
+        self._queue: list[tuple[int, int]] = []  # (ino, chunk_index)
+        self.compactions = 0
+
+    def note_commit(self, state: OpenInode, chunk_index: int) -> None:
+        """A slice of ``state``'s inode was committed into ``chunk_index``: queue
+        the chunk once it has collected ``compact_threshold`` of them."""
+        if not self.config.compaction:
+            return
+        n = state.commits_per_chunk.get(chunk_index, 0) + 1
+        state.commits_per_chunk[chunk_index] = n
+        if n >= self.config.compact_threshold:
+            state.commits_per_chunk[chunk_index] = 0
+            with self._lock:
+                self._queue.append((state.ino, chunk_index))
+            self._wake()
+
+    def run_queued(self) -> None:
+        """Compact the chunks ``note_commit`` queued; a chunk that changed while
+        being compacted (its writer is still busy) is retried a few times."""
+        while True:
+            with self._lock:
+                if not self._queue:
+                    return
+                ino, chunk_index = self._queue.pop(0)
+            for attempt in range(COMPACTION_ATTEMPTS):
+                try:
+                    if self.compact_chunk(ino, chunk_index):
+                        break
+                except FsError as exc:
+                    log.info("compaction of inode %d chunk %d skipped: %s", ino, chunk_index, exc)
+                    break
+                if len(self.meta.get_chunk(ino, chunk_index).refs) < 2 or self._pause(
+                    0.1 * (attempt + 1)
+                ):
+                    break
+
+    def compact_fragmented(self, min_refs: int | None = None, limit: int = 100) -> int:
+        """Compact every chunk meta reports with at least ``min_refs`` references
+        (default ``compact_threshold``); returns how many were compacted."""
+        count = 0
+        threshold = min_refs or self.config.compact_threshold
+        for info in self.meta.compaction_candidates(threshold, limit):
+            if self.compact_chunk(info.ino, info.chunk_index):
+                count += 1
+        return count
+
+    def compact_chunk(self, ino: int, chunk_index: int) -> bool:
+        """Rewrite a fragmented chunk as one sequential slice (optimistic swap).
+
+        Durable when it returns True: the new slice is flushed on its drive
+        and referenced in meta. Returns False when the chunk had < 2
+        references, held no bytes, or changed meanwhile (the new slice is then
+        deleted). Raises ``FsError`` (the inode is gone) and storage errors.
+        """
+        chunk = self.meta.get_chunk(ino, chunk_index)
+        if len(chunk.refs) < 2:
+            return False
+        base = chunk_index * self.chunk_size
+        end = max(r.chunk_offset + r.length for r in chunk.refs)
+        pieces = self.meta.read_map(ino, base, end)
+        runs = _live_runs(pieces, base)
+        if not runs:
+            return False
+        slice_id = self.meta.next_slice_id()
+        group = self._group_of(ino)
+        reader = DirectReader(self._read_slice)
+        drive_id: int | None = None
+        written = 0
+        refs: list[SliceRef] = []
+        try:
+            for run_offset, run_length in runs:
+                refs.append(SliceRef(slice_id, run_offset, run_length, written))
+                pos = 0
+                while pos < run_length:
+                    n = min(self.config.piece_size, run_length - pos)
+                    at = base + run_offset + pos
+                    data = assemble(cut(pieces, at, at + n), reader, at, n)
+                    first = drive_id is None
+                    drive_id = self.node.write(slice_id, written, data, group, drive_id=drive_id)
+                    if first:
+                        register_slice(self.meta, slice_id, drive_id, group)
+                    written += n
+                    pos += n
+            assert drive_id is not None
+            self.node.flush([drive_id])
+            self.meta.replace_chunk(
+                ino, chunk_index, chunk.version, refs, group=group, slice_length=written
+            )
+        except (ChunkChanged, SliceMissing):
+            if drive_id is not None:
+                self.node.delete(slice_id, drive_id)
+            return False
+        self.node.forget(slice_id)
+        self.inodes.maps.invalidate(ino)
+        self.compactions += 1
+        self._wake()
+        return True
+
+    def _group_of(self, ino: int) -> int:
+        """The lifetime group of ``ino``'s writes: its open writer's, else the policy's."""
+        state = self.inodes.get(ino)
+        if state is not None and state.writer.group is not None:
+            return state.writer.group
+        return self.groups.group_for(ino, self.inodes.parent(ino), small=False)
+
+
+def _live_runs(pieces: list[ReadPiece], base: int) -> list[tuple[int, int]]:
+    """``(chunk_offset, length)`` of the contiguous runs of bytes ``pieces``
+    hold (holes skipped), for the chunk starting at file offset ``base``."""
+    runs: list[tuple[int, int]] = []
+    for p in pieces:
+        if p.slice_id is None:
+            continue
+        offset = p.file_offset - base
+        if runs and runs[-1][0] + runs[-1][1] == offset:
+            runs[-1] = (runs[-1][0], runs[-1][1] + p.length)
+        else:
+            runs.append((offset, p.length))
+    return runs

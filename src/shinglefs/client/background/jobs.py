@@ -1,0 +1,89 @@
+"""The background jobs of one client, built and registered with their scheduler.
+
+A pass runs, in this order: the deferred closes, the deletion consumer
+(``deletion_consumer``), the compactions this client's commits queued, the
+scan for fragmented chunks (every ``compaction_scan_interval`` with
+``compaction``), the janitor (every ``janitor_interval``), the session
+heartbeat and expiry of crashed clients' sessions (every
+``HEARTBEAT_INTERVAL``), the metadata backup to the drives (when due).
+Closes drain before deletions so that a file freed by its last close is
+deleted in the same pass.
+"""
+
+from __future__ import annotations
+
+from shinglefs.client.background.closes import CloseQueue
+from shinglefs.client.background.compaction import Compactor
+from shinglefs.client.background.deletions import DeletionConsumer
+from shinglefs.client.background.janitor import Janitor
+from shinglefs.client.background.scheduler import BackgroundScheduler
+from shinglefs.client.background.sessions import HEARTBEAT_INTERVAL, ClientSession
+from shinglefs.client.config import ClientConfig
+from shinglefs.client.groups import GroupPolicy
+from shinglefs.client.inodes import InodeTable
+from shinglefs.client.reader import ExtentCache, ReadSlice
+from shinglefs.client.recovery import MetadataBackup
+from shinglefs.meta.api import MetaStore, SessionInfo
+from shinglefs.server.node import StorageNode
+
+__all__ = ["ClientJobs"]
+
+
+class ClientJobs:
+    """Every background job of one client; ``start`` and ``stop`` their thread.
+
+    Registers the client's session in meta when made (``session``).
+    """
+
+    def __init__(
+        self,
+        meta: MetaStore,
+        node: StorageNode,
+        config: ClientConfig,
+        *,
+        session: SessionInfo,
+        chunk_size: int,
+        inodes: InodeTable,
+        groups: GroupPolicy,
+        cache: ExtentCache,
+        read_slice: ReadSlice,
+    ) -> None:
+        self.scheduler = bg = BackgroundScheduler(config.deletion_interval)
+        self.session = ClientSession(
+            meta, session, timeout=config.session_timeout, held=inodes.held
+        )
+        self.closes = CloseQueue(meta, bg.wake)
+        self.deletions = DeletionConsumer(
+            meta, node, config, forget_slice=cache.drop_slice, before=self.closes.drain
+        )
+        self.compactor = Compactor(
+            meta, node, config, chunk_size=chunk_size, inodes=inodes, groups=groups,
+            read_slice=read_slice, wake=bg.wake, pause=bg.pause,
+        )
+        self.janitor = Janitor(
+            meta, abandoned_age=config.abandoned_slice_age, writers=inodes.writers, wake=bg.wake
+        )
+        self.backup = MetadataBackup(meta, node)  # to the drives, every interval
+        bg.add("closes", self.closes.drain)
+        if config.deletion_consumer:
+            bg.add("deletions", self.deletions.run)
+        bg.add("queued compactions", self.compactor.run_queued)
+        if config.compaction and config.compaction_scan_interval:
+            # Chunks fragmented by any client (or by this one before a restart).
+            bg.add("compaction scan", self.compactor.compact_fragmented,
+                   every=config.compaction_scan_interval)
+        if config.janitor_interval:
+            bg.add("janitor", self.janitor.run, every=config.janitor_interval)
+        bg.add("session", self.session.run, every=HEARTBEAT_INTERVAL)
+        bg.add("metadata backup", self.backup.maybe_write)
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    def wake(self) -> None:
+        """Run a pass now: something was freed or queued."""
+        self.scheduler.wake()
+
+    def stop(self) -> None:
+        """End the thread after its current job (the jobs stay callable)."""
+        self.scheduler.stop()

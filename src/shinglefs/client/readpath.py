@@ -1,0 +1,128 @@
+"""The read path of open files: map windows, the shared extent cache, read-ahead.
+
+A read first commits this client's uncommitted writes of the range (the
+file's :class:`~shinglefs.client.writer.FileWriter`), then resolves the
+range to slice pieces through the inode's map window
+(:class:`~shinglefs.client.inodes.MapCache`, refetched from meta when it
+does not cover the range) and assembles the bytes from the
+:class:`~shinglefs.client.reader.ExtentCache`. A handle that reads
+sequentially starts background reads ``readahead_bytes`` ahead.
+
+Never holds a lock across I/O; a slice that vanished under a mapped window
+(compaction or truncate by another client) costs one refetch of the map.
+"""
+
+from __future__ import annotations
+
+from shinglefs.client.config import ClientConfig
+from shinglefs.client.handles import FileHandle
+from shinglefs.client.inodes import InodeTable, cut
+from shinglefs.client.reader import ExtentCache, assemble, prefetch_pieces
+from shinglefs.meta.api import MetaStore, ReadPiece
+from shinglefs.meta.errors import FsError
+from shinglefs.server.errors import SliceMissing
+
+__all__ = ["ReadPath"]
+
+
+class ReadPath:
+    """Reads through the handles of one client (thread-safe)."""
+
+    def __init__(
+        self, meta: MetaStore, cache: ExtentCache, inodes: InodeTable, config: ClientConfig
+    ) -> None:
+        self.meta = meta
+        self.cache = cache
+        self.inodes = inodes
+        self.maps = inodes.maps
+        self.config = config
+
+    def read(self, h: FileHandle, offset: int, size: int) -> bytes | memoryview:
+        """Up to ``size`` bytes at ``offset`` (short only at EOF; holes read as
+        zeros): a view of the read cache when the range lies in one cached
+        extent (no copy)."""
+        if size <= 0:
+            return b""
+        state = self.inodes.get(h.ino)
+        if state is not None and state.writer.overlaps(offset, size):
+            with state.writer.lock:
+                if state.writer.overlaps(offset, size):
+                    state.writer.flush()
+        sequential = h.read_state.observe(offset, size)
+        for attempt in (0, 1):
+            pieces = self._map(h.ino, offset, size)
+            try:
+                data = assemble(pieces, self.cache, offset, size)
+                break
+            except SliceMissing:
+                # Compaction or truncate elsewhere replaced the slices we had mapped.
+                if attempt:
+                    raise
+                self.maps.invalidate(h.ino)
+        if sequential:
+            self._readahead(h, offset + len(data))
+        return data
+
+    def try_read(self, h: FileHandle, offset: int, size: int) -> bytes | memoryview | None:
+        """``read`` if it needs neither the metadata nor a drive: the range's map
+        is in the window and every byte in the extent cache. Else None, having
+        done nothing but note the access."""
+        if size <= 0:
+            return b""
+        state = self.inodes.get(h.ino)
+        if state is not None and state.writer.overlaps(offset, size):
+            return None
+        pieces = self.maps.cached(h.ino, offset, offset + size)
+        if pieces is None:
+            return None
+        data = self._peek(pieces)
+        if data is None:
+            return None
+        if h.read_state.observe(offset, size):
+            self._readahead(h, offset + len(data))
+        return data
+
+    def _peek(self, pieces: list[ReadPiece]) -> bytes | memoryview | None:
+        """The bytes of ``pieces`` if all are in the cache (one piece: no copy)."""
+        sid = pieces[0].slice_id if len(pieces) == 1 else None
+        if sid is not None:
+            p = pieces[0]
+            data = self.cache.peek(sid, p.slice_offset, p.length)
+            if data is None or len(data) != p.length:
+                return None
+            return data
+        out = bytearray()
+        for p in pieces:
+            part = (bytes(p.length) if p.slice_id is None
+                    else self.cache.peek(p.slice_id, p.slice_offset, p.length))
+            if part is None or len(part) != p.length:
+                return None
+            out += part
+        return bytes(out)
+
+    def _map(self, ino: int, offset: int, length: int) -> list[ReadPiece]:
+        end = offset + length
+        pieces = self.maps.cached(ino, offset, end)
+        if pieces is not None:
+            return pieces
+        gen = self.maps.generation(ino)
+        fetch = max(length, self.config.readahead_bytes)
+        pieces = self.meta.read_map(ino, offset, fetch)
+        covered = offset + sum(p.length for p in pieces)
+        if covered >= offset + fetch:  # a window that ends at EOF could grow: keep only full ones
+            self.maps.remember(ino, gen, offset, covered, pieces)
+        return cut(pieces, offset, end)
+
+    def _readahead(self, h: FileHandle, position: int) -> None:
+        target = position + self.config.readahead_bytes
+        state = h.read_state
+        if state.prefetched_until >= target - self.config.read_extent:
+            return
+        start = max(position, state.prefetched_until)
+        try:
+            # Not through the map cache: its window stays on the read cursor.
+            pieces = self.meta.read_map(h.ino, start, target - start)
+        except FsError:
+            return
+        prefetch_pieces(pieces, self.cache)
+        state.prefetched_until = target
