@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import pytest
 from fsfixtures import FsFactory, MiB, create, pattern, read_all
+from tests.support.polling import wait_until
 
 from shinglefs.client.config import ClientConfig
 from shinglefs.client.errors import NotOpenForWriting
@@ -31,14 +32,6 @@ KiB = 1024
 # No background compaction scan during a test: it would make the drive's
 # writer busy at a moment the test does not choose.
 QUIET = ClientConfig(compaction_scan_interval=0)
-
-
-def wait_until(condition: Callable[[], object], what: str, limit: float = 30.0) -> None:
-    """Poll a state change made by another thread (a bound, not a timing assertion)."""
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.001)
 
 
 def fast_flush(vfs: VFS, fh: int) -> None:
@@ -192,7 +185,7 @@ def test_try_write_does_what_write_does_or_nothing_at_all(fs_factory: FsFactory)
     vfs = fs_factory.vfs(dataclasses.replace(QUIET, piece_size=piece), chunk_size=MiB)
     fh_fast, fast = create(vfs, b"fast")
     fh_slow, slow = create(vfs, b"slow")
-    writer = vfs._inodes[fast].writer
+    writer = vfs.inodes.writer(fast)
     model = bytearray()
     writes = [
         (0, 3000, True),  # a new slice's first bytes
@@ -294,7 +287,7 @@ def test_try_write_declines_an_append_past_the_per_file_bound_while_pieces_are_i
     def one_piece_in_flight_half_a_piece_pending() -> None:  # pieces stay in flight
         assert vfs.write(fh, 0, data[:piece]) == piece  # one piece submitted
         assert vfs.try_write(fh, piece, data[piece : piece + piece // 2]) == piece // 2
-        s = vfs._inodes[ino].writer.open_slice
+        s = vfs.inodes.writer(ino).open_slice
         assert s is not None
         seen["slice"], seen["before"] = s, (s.length, len(s.pending))
 
@@ -390,7 +383,7 @@ def test_try_write_and_try_flush_do_nothing_while_another_thread_holds_the_file(
     vfs = fs_factory.vfs(QUIET)
     fh, ino = create(vfs, b"f")
     assert vfs.try_write(fh, 0, b"first") == 5
-    writer = vfs._inodes[ino].writer
+    writer = vfs.inodes.writer(ino)
     held, done = threading.Event(), threading.Event()
 
     def hold() -> None:
@@ -461,7 +454,7 @@ def test_try_flush_declines_a_file_that_already_streamed_a_piece(fs_factory: FsF
     fh, ino = create(vfs, b"large")
     data = pattern(5, 5 * MiB)
     vfs.write(fh, 0, data)  # one 4 MiB piece submitted, 1 MiB pending
-    s = vfs._inodes[ino].writer.open_slice
+    s = vfs.inodes.writer(ino).open_slice
     assert s is not None and s.submitted == 4 * MiB
     # Once the piece is stored the drive's writer is idle: only the rule declines.
     wait_until(lambda: vfs.node.length(s.slice_id) == 4 * MiB, "the first piece is stored")
@@ -517,7 +510,7 @@ def test_a_failing_drive_in_the_close_raises_the_typed_error_and_the_file_stays_
     fh, ino = create(vfs, b"second", d.ino)
     data = pattern(7, 3000)
     assert vfs.try_write(fh, 0, data) == len(data)
-    lost = vfs._inodes[ino].writer.open_slice.slice_id  # type: ignore[union-attr]
+    lost = vfs.inodes.writer(ino).open_slice.slice_id  # type: ignore[union-attr]
     with pytest.raises(StoreIOError) as info:
         if close == "flush":
             vfs.flush(fh)

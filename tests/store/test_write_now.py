@@ -4,27 +4,19 @@ or nothing at all (no queueing, no hand-off), on the store and on the storage no
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 from storekit import MiB, crash, make_drive, payload, reopen
+from tests.support.polling import wait_until
 
 from shinglefs.server.node import StorageNode
 from shinglefs.store import SliceOrderError, SliceStore, StoreClosed, StoreIOError
 from shinglefs.zoned import ZoneCondition
 
 LONG = 3600.0  # a linger no test waits out: a submitted piece stays queued until a flush
-
-
-def wait_until(condition, what: str, limit: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    """Poll a state change made by another thread (a bound, not a timing assertion)."""
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.001)
 
 
 class WriterBlocked:
