@@ -3,7 +3,7 @@ utimens, truncate), access, and a directory's tier/retention policy.
 
 Who may change what is decided by ``permissions.check_setattr_rights`` (Linux's
 setattr_prepare); a size change drops the content past the new end in the
-same transaction (``chunks.drop_content_past``).
+same transaction (``ChunkOps._drop_content_past``).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import replace
 
 from shinglefs.meta import schema as S
 from shinglefs.meta.backend import Tx
-from shinglefs.meta.engine.chunks import drop_content_past
-from shinglefs.meta.engine.core import SqlCore, attr_of, enoent, now_ns
+from shinglefs.meta.engine.chunks import ChunkOps
+from shinglefs.meta.engine.core import attr_of, enoent, now_ns
 from shinglefs.meta.engine.permissions import check_setattr_rights, permits
 from shinglefs.meta.errors import FsError
 from shinglefs.meta.records import (
@@ -36,8 +36,11 @@ def check_resizable(a: InodeAttr) -> None:
         raise FsError(E.EINVAL, f"inode {a.ino} is not a regular file", ino=a.ino)
 
 
-class AttributeOps(SqlCore):
-    """getattr, setattr, truncate, access, set_policy, get_policy."""
+class AttributeOps(ChunkOps):
+    """getattr, setattr, truncate, access, set_policy, get_policy.
+
+    On ``ChunkOps``: a size change is also a change of the chunk map.
+    """
 
     def getattr(self, ino: int) -> InodeAttr:
         row = self._run(lambda tx: tx.one(S.SEL_INODE, (ino,)), "single")
@@ -99,7 +102,7 @@ class AttributeOps(SqlCore):
             if size is not None:
                 check_resizable(a)
                 if size != a.size:
-                    drop_content_past(self, tx, a, size, now)
+                    self._drop_content_past(tx, a, size, now)
                     if mtime_ns is None:
                         new_mtime = now
                 new_size = size

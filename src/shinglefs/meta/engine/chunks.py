@@ -57,49 +57,10 @@ def file_attr(tx: Tx, ino: int) -> InodeAttr:
     return a
 
 
-def drop_content_past(core: SqlCore, tx: Tx, a: InodeAttr, size: int, now: int) -> None:
-    """The content side of changing ``a``'s size to ``size`` (the caller updates
-    the inode row): going down, references past ``size`` are dropped or
-    trimmed and their slices dereferenced; emptied chunks keep their row with
-    a bumped version. The statfs counters follow the size either way."""
-    cs = core._chunk_size
-    if size < a.size:
-        keep_chunks = -(-size // cs)  # chunks [0, keep_chunks) keep some bytes
-        ino = a.ino
-        refs = tx.all(S.SEL_REFS_FROM, (ino, size // cs))
-        dropped: Counter[int] = Counter()
-        partial: dict[int, int] = {}
-        for ci, seq, sid, coff, ln, _soff in refs:
-            start = ci * cs + coff
-            if start >= size:
-                dropped[sid] += 1
-                if ci < keep_chunks:
-                    tx.run(S.DEL_REF, (ino, ci, seq))
-                    partial[ci] = partial.get(ci, 0) - 1
-            elif start + ln > size:
-                tx.run(S.TRIM_REF, (size - start, ino, ci, seq))
-                partial.setdefault(ci, 0)
-        if refs:
-            tx.run(S.DEL_REFS_FROM, (ino, keep_chunks))
-            # Emptied chunks keep their row (version bumped) so that a
-            # compaction that read them before cannot succeed later (ABA).
-            for ci in {r[0] for r in refs if r[0] >= keep_chunks}:
-                row = tx.one(S.SEL_CHUNK, (ino, ci))
-                if row is not None:
-                    tx.run(S.SET_CHUNK, (row[0] + 1, 0, ino, ci))
-            for ci, delta in partial.items():
-                row = tx.one(S.SEL_CHUNK, (ino, ci))
-                if row is not None:
-                    tx.run(S.SET_CHUNK, (row[0] + 1, row[1] + delta, ino, ci))
-            if dropped:
-                core._deref(tx, dropped, now)
-    core._counters(tx, size - a.size, 0)
-
-
 class ChunkOps(SqlCore):
     """commit_slice(s), read_map, get_chunk, compaction, and the slice registry
     (ids, add_slice, replicas, get_slice). ``truncate`` is a size change, in
-    ``AttributeOps``; its content side is ``drop_content_past``."""
+    ``AttributeOps``; its content side is ``_drop_content_past`` here."""
 
     # ---- slices ------------------------------------------------------------------------
 
@@ -206,6 +167,46 @@ class ChunkOps(SqlCore):
         if size != a.size:
             self._counters(tx, size - a.size, 0)
         return replace(a, size=size, mtime_ns=mtime, ctime_ns=now)
+
+    # ---- size changes ------------------------------------------------------------------
+
+    def _drop_content_past(self, tx: Tx, a: InodeAttr, size: int, now: int) -> None:
+        """The content side of changing ``a``'s size to ``size`` (the caller updates
+        the inode row): going down, references past ``size`` are dropped or
+        trimmed and their slices dereferenced; emptied chunks keep their row with
+        a bumped version. The statfs counters follow the size either way."""
+        cs = self._chunk_size
+        if size < a.size:
+            keep_chunks = -(-size // cs)  # chunks [0, keep_chunks) keep some bytes
+            ino = a.ino
+            refs = tx.all(S.SEL_REFS_FROM, (ino, size // cs))
+            dropped: Counter[int] = Counter()
+            partial: dict[int, int] = {}
+            for ci, seq, sid, coff, ln, _soff in refs:
+                start = ci * cs + coff
+                if start >= size:
+                    dropped[sid] += 1
+                    if ci < keep_chunks:
+                        tx.run(S.DEL_REF, (ino, ci, seq))
+                        partial[ci] = partial.get(ci, 0) - 1
+                elif start + ln > size:
+                    tx.run(S.TRIM_REF, (size - start, ino, ci, seq))
+                    partial.setdefault(ci, 0)
+            if refs:
+                tx.run(S.DEL_REFS_FROM, (ino, keep_chunks))
+                # Emptied chunks keep their row (version bumped) so that a
+                # compaction that read them before cannot succeed later (ABA).
+                for ci in {r[0] for r in refs if r[0] >= keep_chunks}:
+                    row = tx.one(S.SEL_CHUNK, (ino, ci))
+                    if row is not None:
+                        tx.run(S.SET_CHUNK, (row[0] + 1, 0, ino, ci))
+                for ci, delta in partial.items():
+                    row = tx.one(S.SEL_CHUNK, (ino, ci))
+                    if row is not None:
+                        tx.run(S.SET_CHUNK, (row[0] + 1, row[1] + delta, ino, ci))
+                if dropped:
+                    self._deref(tx, dropped, now)
+        self._counters(tx, size - a.size, 0)
 
     # ---- reading the map ---------------------------------------------------------------
 
