@@ -7,7 +7,9 @@ Bytes are appended to a pending buffer; whenever it reaches ``piece_size``
 application goes on writing. The slice *ends* (its last piece is stored,
 made durable, and its reference committed into the chunk map) when it reaches
 the chunk end, on close / flush / fsync, on a non-sequential write, on
-truncate, or before a read of the range it covers.
+truncate, or before a read of the range it covers. A slice ended while the
+application goes on writing *settles* on the commit pool, in the order the
+file's slices ended (:class:`~shinglefs.client.settling.SettlingSlices`).
 
 Memory: a file holds at most ``file_buffer_bytes`` pending + in flight (a
 writer past it waits for its oldest piece); all files of a client together
@@ -33,6 +35,7 @@ from concurrent.futures import Executor, Future
 
 from shinglefs.client.commit import FinishedSlice
 from shinglefs.client.config import ClientConfig
+from shinglefs.client.settling import SettlingSlices
 from shinglefs.server.errors import NodeFull
 from shinglefs.server.node import StorageNode, wait_piece
 from shinglefs.zoned.model import Buffer
@@ -214,17 +217,13 @@ class FileWriter:
         self._error: BaseException | None = None
         self.slices_committed = 0
         self.pieces_submitted = 0
-        self._settler = settler
-        self._settling: deque[tuple[int, int, Future[None]]] = deque()  # (start, end, future)
-        self._settling_ids: deque[tuple[int, Future[None]]] = deque(maxlen=64)
-        self._settle_lock = threading.Lock()
+        self._settling = SettlingSlices(settler)
         budget.register(self)
 
     # ------------------------------------------------------------------ state
     def _unsettled(self) -> list[tuple[int, int]]:
         """``(start, end)`` of the open slice and of ended slices not yet committed."""
-        with self._settle_lock:
-            ranges = [(a, b) for a, b, f in self._settling if not f.done()]
+        ranges = self._settling.ranges()
         s = self.open_slice
         if s is not None and s.length > 0:
             ranges.append((s.start, s.end))
@@ -234,8 +233,7 @@ class FileWriter:
         """Ids of this writer's slices not yet committed (open or settling)."""
         s = self.open_slice
         ids = {s.slice_id} if s is not None else set()
-        with self._settle_lock:
-            ids.update(sid for sid, f in self._settling_ids if not f.done())
+        ids.update(self._settling.slice_ids())
         return ids
 
     def buffered_end(self) -> int:
@@ -364,11 +362,8 @@ class FileWriter:
         # one for every chunk end it reaches.
         ends = (offset + n) // self._chunk_size - offset // self._chunk_size
         ends += 1 if s is not None and not sequential else 0
-        if ends:
-            with self._settle_lock:
-                settling = sum(1 for _a, _b, f in self._settling if not f.done())
-            if settling + ends > config.max_settling_slices:
-                return True
+        if ends and self._settling.running() + ends > config.max_settling_slices:
+            return True
         # Room in the drive's queue for what is submitted: the pieces this write
         # fills and the last pieces of the slices it ends (the open slice's
         # pending bytes included). A slice not placed yet may go to any drive.
@@ -451,21 +446,20 @@ class FileWriter:
         try:
             self._submit_pending(s, durable=durable, ending=True)
             while len(self._settling) >= self._config.max_settling_slices:
-                self._wait_oldest_settling()
+                self._settling.wait_oldest()
         except BaseException:
             self.open_slice = None
             self._error = None  # reported now, by this raise
             self._abort(s)
             raise
-        with self._settle_lock:
-            previous = self._settling[-1][2] if self._settling else None
-            future = self._settler.submit(self._settle, s, previous, durable)
-            self._settling.append((s.start, s.end, future))
-            self._settling_ids.append((s.slice_id, future))
+        self._settling.submit(
+            s.slice_id, s.start, s.end,
+            lambda previous: self._settle(s, previous, durable),
+        )
         # Only now: a lock-free reader (``overlaps``) always sees the slice somewhere.
         self.open_slice = None
         if wait:
-            self._wait_settled()
+            self._settling.wait_all()
 
     def _settle(self, s: OpenSlice, previous: Future[None] | None, durable: bool) -> None:
         """Background: wait for the pieces of ``s``, commit it (after ``previous``)."""
@@ -509,7 +503,7 @@ class FileWriter:
         """
         first: BaseException | None = None
         try:
-            self._wait_settled()
+            self._settling.wait_all()
         except BaseException as exc:
             first = exc
         if s.length == 0:
@@ -592,26 +586,6 @@ class FileWriter:
         finally:
             self.lock.release()
 
-    def _wait_oldest_settling(self) -> None:
-        with self._settle_lock:
-            _a, _b, future = self._settling[0]
-        try:
-            future.result()
-        finally:
-            with self._settle_lock:
-                self._settling.popleft()
-
-    def _wait_settled(self) -> None:
-        """Wait until every ended slice is committed; raise the first failure."""
-        first: BaseException | None = None
-        while self._settling:
-            try:
-                self._wait_oldest_settling()
-            except BaseException as exc:
-                first = first or exc
-        if first is not None:
-            raise first
-
     def _abort(self, s: OpenSlice) -> None:
         # In-flight pieces are left to complete (their futures belong to the store:
         # never cancel them); the delete that follows removes whatever they wrote.
@@ -661,7 +635,7 @@ class FileWriter:
             if s is not None:
                 self._finish_inline(s)
             else:
-                self._wait_settled()
+                self._settling.wait_all()
             self._raise_pending_error()
 
     def abandon(self) -> None:
