@@ -10,7 +10,6 @@ import dataclasses
 import errno
 import os
 import threading
-import time
 from collections.abc import Callable
 
 import pytest
@@ -37,10 +36,7 @@ QUIET = ClientConfig(compaction_scan_interval=0)
 def fast_flush(vfs: VFS, fh: int) -> None:
     """``try_flush`` until it completes. It may rightly decline while the drive is
     momentarily busy (its GC thread holds it), having changed nothing: retry."""
-    deadline = time.monotonic() + 30
-    while not vfs.try_flush(fh):
-        assert time.monotonic() < deadline, "try_flush never completed on an idle drive"
-        time.sleep(0.005)
+    wait_until(lambda: vfs.try_flush(fh), "try_flush completes on an idle drive")
 
 
 def committed(vfs: VFS, ino: int) -> tuple[int, list[int | None]]:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterable
 
 import pytest
 from fsfixtures import FsFactory, create, pattern, read_all
+from tests.support.polling import wait_until
 
 from shinglefs.client.commit import FinishedSlice, OrderedCommits
 from shinglefs.client.vfs import VFS
@@ -147,9 +147,7 @@ def test_one_failing_commit_does_not_fail_the_rest_of_its_batch(fs_factory: FsFa
               (("good", good), ("gone", gone))]
     for t in others:
         t.start()
-    deadline = time.monotonic() + 30
-    while commits.waiting < 2 and time.monotonic() < deadline:
-        time.sleep(0.001)
+    wait_until(lambda: commits.waiting >= 2, "both commits queue behind the held batch")
     assert commits.waiting == 2
     release.set()
     for t in [leader, *others]:

@@ -7,6 +7,7 @@ import random
 import threading
 
 from fsfixtures import FsFactory, MiB, create, pattern, read_all, write_file
+from tests.support.polling import wait_until
 
 from shinglefs.client.config import ClientConfig
 from shinglefs.client.vfs import VFS
@@ -124,10 +125,7 @@ def test_background_compaction_triggers_after_many_small_writes(fs_factory: FsFa
         vfs.write(fh, i * 5000, b"%d" % i)
         model[i * 5000 : i * 5000 + 1] = b"%d" % i
         vfs.flush(fh)
-    deadline = 200
-    while vfs.compactions == 0 and deadline:
-        threading.Event().wait(0.05)
-        deadline -= 1
+    wait_until(lambda: vfs.compactions >= 1, "a background compaction", limit=10.0)
     assert vfs.compactions >= 1
     assert len(vfs.meta.get_chunk(ino, 0).refs) < 9
     assert vfs.read(fh, 0, len(model)) == bytes(model)

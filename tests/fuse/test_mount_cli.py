@@ -11,11 +11,11 @@ import mmap
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.support.polling import wait_until
 
 from shinglefs.fuse.errors import (
     AlreadyMountedError,
@@ -184,9 +184,7 @@ def test_up_formats_once_then_mounts_the_existing_file_system(workdir: Path) -> 
         assert (mnt / "hello").read_text() == "world"
     finally:
         assert cli("umount", str(mnt)).returncode == 0
-    deadline = time.monotonic() + 5
-    while mount_entry(mnt) is not None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: mount_entry(mnt) is None, "the mount entry is gone", limit=5.0)
     assert mount_entry(mnt) is None
 
 
