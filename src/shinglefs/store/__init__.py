@@ -9,6 +9,7 @@ May call: ``shinglefs.zoned``.
 """
 
 from shinglefs.store.api import MAX_SLICE_SIZE, SliceStoreAPI, StoreStats
+from shinglefs.store.config import StoreConfig
 from shinglefs.store.errors import (
     ChecksumMismatch,
     SliceNotFound,
@@ -21,7 +22,7 @@ from shinglefs.store.errors import (
 )
 from shinglefs.store.gc import ZoneCollector, choose_victim, cost_benefit
 from shinglefs.store.index import SliceIndex
-from shinglefs.store.log import SliceLog, StoreConfig
+from shinglefs.store.log import SliceLog
 from shinglefs.store.record import RecordHeader, RecordType
 from shinglefs.store.recovery import DiscardedTail, RecoveryReport
 from shinglefs.store.scheduler import WriteScheduler

@@ -22,12 +22,12 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from shinglefs.store.checkpoint import CheckpointArea, encode_checkpoint
+from shinglefs.store.config import StoreConfig
 from shinglefs.store.errors import (
     ChecksumMismatch,
     DriveTooSmall,
@@ -83,36 +83,6 @@ class ZoneRole(enum.IntEnum):
 GC_STREAM = "gc"
 META_STREAM = "meta"
 StreamKey = Any  # ("g", group label) | GC_STREAM | META_STREAM
-
-
-@dataclass(frozen=True, slots=True)
-class StoreConfig:
-    """Tunables of a slice store; every field has a default that suits a real drive.
-
-    ``gc_free_zones``: GC copies live data when fewer zones are free (default:
-    5 % of the sequential zones, at least 3). ``gc_reserve_zones``: free zones
-    only GC and tombstones may take (at least 2: one for each). ``open_zone_reserve``: open zones kept for
-    the GC and metadata streams. ``checkpoint_interval_bytes``: device bytes
-    between index checkpoints. ``checkpoint_path``: put checkpoints in a file
-    instead of the drive's conventional zones.
-    """
-
-    gc_free_zones: int | None = None
-    gc_reserve_zones: int = 2
-    open_zone_reserve: int = 2
-    checkpoint_interval_bytes: int = 4 * 1024**3
-    checkpoint_path: str | None = None
-    max_queue_bytes: int = 256 * 1024**2
-    min_run_bytes: int = 4 * 1024**2
-    max_run_bytes: int = 64 * 1024**2
-    batch_bytes: int = 128 * 1024**2
-    linger_s: float = 0.002
-    gc_background: bool = True
-    gc_interval_s: float = 0.05
-    gc_chunk_bytes: int = 16 * 1024**2
-    gc_pause_s: float = 0.001
-    index_tail_limit: int = 65536
-    header_cache: int = 4096
 
 
 class SliceLog:

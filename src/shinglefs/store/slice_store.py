@@ -10,9 +10,10 @@ from typing import Any
 
 from shinglefs.errors import UsageError
 from shinglefs.store.api import MAX_SLICE_SIZE, PieceBytes, SliceStoreAPI, StoreStats
+from shinglefs.store.config import StoreConfig
 from shinglefs.store.errors import SliceNotFound, StoreClosed
 from shinglefs.store.gc import ZoneCollector
-from shinglefs.store.log import SliceLog, StoreConfig
+from shinglefs.store.log import SliceLog
 from shinglefs.store.recovery import RecoveryReport
 from shinglefs.store.scheduler import WriteScheduler
 from shinglefs.zoned.fileio import Payload
