@@ -44,6 +44,7 @@ from shinglefs.meta.api import CHUNK_SIZE, DriveRecord, FormatInfo, MetaStore
 from shinglefs.meta.backend import SQLITE_SCHEMES
 from shinglefs.meta.errors import AlreadyFormatted, NotFormatted
 from shinglefs.server.node import StorageNode
+from shinglefs.store.config import StoreConfig
 from shinglefs.store.log import check_drive_size
 from shinglefs.zoned.drivespec import (
     DriveIdentityError,
@@ -231,12 +232,14 @@ def format_filesystem(
     *,
     chunk_size: int = CHUNK_SIZE,
     zone_size: int | None = None,
+    store_config: StoreConfig | None = None,
 ) -> None:
     """Format each drive (``KIND:PATH[:SIZE]``) as a slice store and create the metadata.
 
     ``chunk_size`` (default 64 MiB) is the file-offset unit of the chunk map;
     a slice never crosses a chunk. Smaller values are for tests only.
     ``zone_size`` applies to emulated drives created here (default 256 MiB).
+    ``store_config`` tunes the slice stores formatted (default ``StoreConfig()``).
     Relative drive paths are relative to the working directory.
 
     Refuses (``AlreadyFormatted``) before touching any drive when the metadata
@@ -261,7 +264,7 @@ def format_filesystem(
                 hint="format a new metadata URL, or mount the file system already there",
             )
         node = StorageNode.open([(i, str(s)) for i, s in enumerate(specs)], create=True,
-                                zone_size=zone_size)
+                                zone_size=zone_size, store_config=store_config)
         try:
             capacity = node.stats().capacity_bytes
         finally:
@@ -353,9 +356,11 @@ def open_filesystem(
     config: ClientConfig | None = None,
     mountpoint: str = "",
     groups: GroupPolicy | None = None,
+    store_config: StoreConfig | None = None,
 ) -> VFS:
     """Open the metadata, the recorded drives as an in-process node, register a session.
 
+    ``config`` tunes the client, ``store_config`` every drive's slice store.
     ``groups`` replaces the default lifetime-group rule (docs/client.md).
     Raises ``MetaURLError``/``MetaUnavailable`` (bad or unreachable URL),
     ``NotFormatted`` (also for a SQLite file that does not exist: nothing is
@@ -373,7 +378,8 @@ def open_filesystem(
         base = _drive_base(meta.url_where)
         specs = [_opened_spec(r, base) for r in records]
         found = _check_identities(info, records, specs)
-        node = StorageNode.open([(i, str(s)) for i, s in enumerate(specs)])
+        node = StorageNode.open([(i, str(s)) for i, s in enumerate(specs)],
+                                store_config=store_config)
         try:
             _adopt_unidentified(meta, info, records, specs, found)
             return VFS(meta, node, config, mountpoint=mountpoint, groups=groups)

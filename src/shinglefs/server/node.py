@@ -32,7 +32,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ from shinglefs.server.errors import (
     SliceMissing,
     UnknownDrive,
 )
-from shinglefs.store import SliceStore
+from shinglefs.store import SliceStore, StoreConfig
 from shinglefs.store.api import MAX_SLICE_SIZE, PieceBytes, SliceStoreAPI, StoreStats
 from shinglefs.store.errors import SliceNotFound, StoreFull
 from shinglefs.zoned import create_drive, open_drive
@@ -181,11 +181,13 @@ class StorageNode:
         *,
         create: bool = False,
         zone_size: int | None = None,
+        store_config: StoreConfig | None = None,
         **kwargs: Any,
     ) -> StorageNode:
         """Open (``create``: format) each ``(drive_id, spec)`` as a slice store.
 
         ``zone_size`` applies when creating emulated drives (default 256 MiB).
+        ``store_config`` tunes every slice store (default: ``StoreConfig()``).
 
         Takes each drive's lock file first; raises ``DriveInUse`` naming the
         holder pid when another process has it. On any failure the drives
@@ -194,6 +196,7 @@ class StorageNode:
         stores: dict[int, SliceStoreAPI] = {}
         specs: dict[int, str] = {}
         locks: list[DriveLock] = []
+        tunables = asdict(store_config) if store_config is not None else {}
         try:
             for drive_id, spec in drives:
                 lock = DriveLock(spec, drive_path(spec))
@@ -205,10 +208,10 @@ class StorageNode:
                         if zone_size is None
                         else create_drive(spec, zone_size=zone_size)
                     )
-                    stores[drive_id] = SliceStore.format(drive)
+                    stores[drive_id] = SliceStore.format(drive, **tunables)
                 else:
                     drive = open_drive(spec)
-                    stores[drive_id] = SliceStore.open(drive)
+                    stores[drive_id] = SliceStore.open(drive, **tunables)
                 specs[drive_id] = spec
         except BaseException:
             for store in stores.values():
