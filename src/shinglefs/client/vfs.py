@@ -14,11 +14,13 @@ Errors: every failure is a ``ShingleError`` with an ``errno``: metadata
 failures are ``FsError`` (the POSIX errno), storage failures EIO/ENOSPC,
 handle misuse EBADF, unsupported fallocate modes EOPNOTSUPP.
 
-Rooms: per-inode state and map windows in ``client.inodes``, handles in
-``client.handles``, the read path in ``client.readpath``; the background
-jobs (deferred closes, deletions, compaction, janitor, session) and their
+Rooms: handles in ``client.handles``, per-inode state and map windows in
+``client.inodes``, open/close in ``client.openfiles``, the write and read
+paths in ``client.writepath`` and ``client.readpath``; the background jobs
+(deferred closes, deletions, compaction, janitor, session) and their
 scheduler in ``client.background``. The VFS builds them, wires them and
-keeps the file operations.
+keeps the file operations: it checks the client is open and the handle is
+fit for the call, then delegates.
 
 Threads: the caller's threads run every operation; the maintenance thread
 (``BackgroundScheduler``) drains deferred closes, consumes the deletion

@@ -30,9 +30,6 @@ class CloseQueue:
         self._lock = threading.Lock()
         self._closes: list[tuple[int, int]] = []  # (session, ino)
 
-    def __len__(self) -> int:
-        return len(self._closes)
-
     def put(self, session: int, ino: int) -> None:
         """Queue the close of one handle of ``ino`` opened in ``session``."""
         with self._lock:

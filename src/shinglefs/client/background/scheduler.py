@@ -46,21 +46,12 @@ class BackgroundScheduler:
         """Run ``run()`` on every pass, or every ``every`` seconds; before ``start``."""
         self._jobs.append(_Job(name, run, every))
 
-    @property
-    def jobs(self) -> list[str]:
-        """The names of the jobs, in the order a pass runs them."""
-        return [job.name for job in self._jobs]
-
     def start(self) -> None:
         self._thread.start()
 
     def wake(self) -> None:
         """Start the next pass now (or as soon as the current one ends)."""
         self._wake.set()
-
-    @property
-    def stopping(self) -> bool:
-        return self._stop.is_set()
 
     def pause(self, seconds: float) -> bool:
         """Sleep up to ``seconds`` inside a job; True when stopping (give up)."""
@@ -82,17 +73,18 @@ class BackgroundScheduler:
             self._wake.clear()
             if self._stop.is_set():
                 return
-            try:
-                self._run_pass()
-            except Exception:
-                if self._stop.is_set():
-                    return
-                log.exception("maintenance pass failed; retrying later")
+            self._run_pass()
 
     def _run_pass(self) -> None:
         for job in self._jobs:
             if job.every is not None and time.monotonic() - job.last <= job.every:
                 continue
-            job.run()
+            try:
+                job.run()
+            except Exception:
+                if not self._stop.is_set():
+                    log.exception("maintenance job %r failed; the pass ends, retrying later",
+                                  job.name)
+                return
             if job.every is not None:
                 job.last = time.monotonic()
