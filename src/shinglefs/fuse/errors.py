@@ -1,6 +1,6 @@
 """Errors of mounting and unmounting, each with its documented CLI exit code.
 
-The exit codes (10-16, 21) are listed in docs/cli.md; they do not overlap the
+The exit codes (10-15, 21) are listed in docs/cli.md; they do not overlap the
 codes of the layers below (0 ok, 1 failure, 2 usage error).
 """
 
@@ -91,13 +91,6 @@ class UnmountBusyError(MountError):
             "for a lazy unmount",
         )
         self.mountpoint = mountpoint
-
-
-class NoSpaceError(MountError):
-    """``up`` found too little free disk space for the emulated drives."""
-
-    errno = _errno.ENOSPC
-    exit_code = 16
 
 
 class AllowOtherDeniedError(MountError):

@@ -60,7 +60,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STATE_DIR = Path(os.environ.get("SHINGLEFS_STATE_DIR", "/run/shinglefs"))
+STATE_DIR_ENV = "SHINGLEFS_STATE_DIR"
+DEFAULT_STATE_DIR = "/run/shinglefs"
+# What /proc/self/mountinfo calls a ShingleFS mount (``subtype=shinglefs``, fuse_options).
+FSTYPE = "fuse.shinglefs"
 READY_TIMEOUT = 300.0  # seconds the parent waits for a background mount to serve
 EXIT_TIMEOUT = 120.0  # seconds `umount` waits for the daemon to store its buffers and exit
 
@@ -131,6 +134,19 @@ def mount_entry(mountpoint: str | os.PathLike[str]) -> dict[str, str] | None:
     return found
 
 
+def mounts_of_type(fstype: str = FSTYPE) -> list[str]:
+    """The mount points of every ``fstype`` mount (default: ShingleFS) in
+    /proc/self/mountinfo, dead FUSE mounts included."""
+    mounts = []
+    with open("/proc/self/mountinfo") as info:
+        for line in info:
+            fields = line.split()
+            sep = fields.index("-")
+            if fields[sep + 1] == fstype:
+                mounts.append(_unescape_mountinfo(fields[4]))
+    return mounts
+
+
 def check_mountpoint(mountpoint: str | os.PathLike[str]) -> str:
     """The absolute mount point; raises MountPointError / AlreadyMountedError."""
     path = os.path.abspath(mountpoint)
@@ -183,9 +199,15 @@ def resolve_allow_other(requested: bool | None) -> bool:
 # -- state files ------------------------------------------------------------------------
 
 
+def state_dir() -> Path:
+    """Where mounts publish their state files: ``$SHINGLEFS_STATE_DIR``, read
+    when used (not at import), else /run/shinglefs."""
+    return Path(os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
+
+
 def state_path(mountpoint: str | os.PathLike[str]) -> Path:
     digest = hashlib.sha256(os.path.abspath(mountpoint).encode()).hexdigest()[:16]
-    return STATE_DIR / f"{digest}.json"
+    return state_dir() / f"{digest}.json"
 
 
 def read_state(mountpoint: str | os.PathLike[str]) -> MountState | None:
@@ -305,7 +327,7 @@ def fuse_options(allow_other: bool, options: Iterable[str], name: str) -> set[st
 
     opts = set(pyfuse3.default_options)  # default_permissions: the kernel checks modes
     opts.add(f"fsname={name}")
-    opts.add("subtype=shinglefs")
+    opts.add("subtype=" + FSTYPE.removeprefix("fuse."))
     if allow_other:
         opts.add("allow_other")
     opts.update(o for o in split_options(options) if o != WRITEBACK_OPTION)
@@ -466,26 +488,23 @@ def mount(
     ``allow_other``: other users may use the mount; None (the default) means
     yes when mounting as root (``resolve_allow_other``).
     """
+    from shinglefs.client.vfs import VFS
+
     path = check_mountpoint(mountpoint)
     check_fuse()
     allow_other = resolve_allow_other(allow_other)
     if foreground:
-        opened: VFS = vfs() if _is_factory(vfs) else vfs  # type: ignore[operator,assignment]
+        opened = vfs if isinstance(vfs, VFS) else vfs()
         serve(opened, path, allow_other=allow_other, options=options, meta_url=meta_url,
               name=name, status=status)
         return
-    if not _is_factory(vfs):
+    if isinstance(vfs, VFS):
         raise MountFailedError(
             "background mounting needs a function that opens the file system, not an open VFS",
             hint="pass a callable, or mount in the foreground")
-    _daemonize_and_serve(vfs, path, allow_other=allow_other, options=list(options),  # type: ignore[arg-type]
+    _daemonize_and_serve(vfs, path, allow_other=allow_other, options=list(options),
                          meta_url=meta_url, name=name, status=status,
                          log_file=str(log_file) if log_file else str(state_path(path).with_suffix(".log")))
-
-
-def _is_factory(vfs: object) -> bool:
-    """A function (or class) that opens a VFS, rather than an open VFS."""
-    return isinstance(vfs, type) or not hasattr(vfs, "lookup")
 
 
 def _daemonize_and_serve(open_vfs: Callable[[], VFS], mountpoint: str, *, allow_other: bool,

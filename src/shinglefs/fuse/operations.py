@@ -33,7 +33,7 @@ import trio
 
 from shinglefs.client.vfs import VFS, SetAttrChanges
 from shinglefs.errors import ShingleError
-from shinglefs.meta.api import Ctx
+from shinglefs.meta.api import Ctx, InodeAttr
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,6 @@ class ShingleOperations(pyfuse3.Operations):
         self.vfs = vfs
         self.offload_metadata = offload_metadata
         self.status_provider = status_provider
-        self._open_file_info = getattr(vfs, "open_file_info", None)
         # Per-inode FIFO locks (trio.Lock is fair) that keep one inode's writes in
         # the order the kernel sent them; see ``write``.
         self._inode_of: dict[int, int] = {}
@@ -242,11 +241,11 @@ class ShingleOperations(pyfuse3.Operations):
         return await self._call(op, self.offload_metadata, func, *args, ino=ino)
 
     @staticmethod
-    def entry(attr: Any) -> pyfuse3.EntryAttributes:
+    def entry(attr: InodeAttr) -> pyfuse3.EntryAttributes:
         """An ``EntryAttributes`` for the kernel from a VFS ``InodeAttr``."""
         entry = pyfuse3.EntryAttributes()
         entry.st_ino = attr.ino
-        entry.generation = getattr(attr, "generation", 0)
+        entry.generation = attr.generation
         entry.entry_timeout = ENTRY_TIMEOUT
         entry.attr_timeout = ATTR_TIMEOUT
         entry.st_mode = attr.mode
@@ -256,7 +255,7 @@ class ShingleOperations(pyfuse3.Operations):
         entry.st_rdev = attr.rdev
         entry.st_size = attr.size
         entry.st_blksize = 1 << 20  # tell applications to write in 1 MiB units
-        entry.st_blocks = getattr(attr, "blocks", None) or (attr.size + 511) // 512
+        entry.st_blocks = attr.blocks
         entry.st_atime_ns = attr.atime_ns
         entry.st_mtime_ns = attr.mtime_ns
         entry.st_ctime_ns = attr.ctime_ns
@@ -282,7 +281,7 @@ class ShingleOperations(pyfuse3.Operations):
         return InodeTurn(self._write_locks[ino] if ino is not None else trio.Lock())
 
     def _file_info(self, fh: int) -> pyfuse3.FileInfo:
-        keep_cache = bool(self._open_file_info(fh)) if self._open_file_info else False
+        keep_cache = self.vfs.open_file_info(fh)
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep_cache)
 
     # -- namespace ------------------------------------------------------------------

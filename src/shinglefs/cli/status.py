@@ -1,0 +1,174 @@
+"""The ``status`` command: capacity, drives, zones by condition and write
+amplification, of a running mount (asked through its virtual status xattr) or
+of an unmounted file system (opened by its metadata URL).
+
+``collect_status`` is also what a mount serves in that xattr (``cli.filesystem``
+passes it to the mount). ``status`` acts only on ShingleFS mounts (exit 17 for
+another file system's mount point) and never creates a metadata file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from shinglefs.cli.errors import NotShingleMountError
+from shinglefs.errors import UsageError
+from shinglefs.fuse.errors import MountFailedError, NotMountedError
+from shinglefs.fuse.mount import FSTYPE, mount_entry, mounts_of_type
+
+if TYPE_CHECKING:
+    from shinglefs.client.vfs import VFS
+
+
+def collect_status(vfs: VFS, *, meta_url: str | None = None) -> dict[str, Any]:
+    """Capacity, drives, zones by condition and write amplification of an open file system."""
+    from shinglefs.meta.api import ROOT_CTX
+
+    statfs = vfs.statfs(ROOT_CTX)
+    node = vfs.node.stats()
+    user = node.user_bytes_written
+    drives: list[dict[str, Any]] = []
+    for drive in node.drives:
+        store = drive.store
+        drives.append({
+            "id": drive.drive_id,
+            "spec": drive.spec,
+            "capacity_bytes": drive.capacity_bytes,
+            "free_bytes": drive.free_bytes,
+            "live_bytes": store.live_bytes,
+            "slices": store.slices,
+            "write_amplification": round(store.write_amplification, 4),
+            "gc_bytes_copied": store.gc_bytes_copied,
+            "zone_resets": store.zone_resets,
+            "zones": dict(store.zones_by_condition),
+        })
+    zones: dict[str, int] = {}
+    for one in node.drives:
+        for condition, count in one.store.zones_by_condition.items():
+            zones[condition] = zones.get(condition, 0) + count
+    return {
+        "meta_url": meta_url,
+        "capacity_bytes": statfs.capacity_bytes,
+        "used_bytes": statfs.used_bytes,
+        "free_bytes": statfs.free_bytes,
+        "inodes": statfs.inodes,
+        "live_bytes": node.live_bytes,
+        "user_bytes_written": user,
+        "device_bytes_written": node.device_bytes_written,
+        "write_amplification": round(node.device_bytes_written / user, 4) if user else 1.0,
+        "zones": zones,
+        "drives": drives,
+    }
+
+
+def require_shingle_mount(mountpoint: str) -> None:
+    """NotMountedError / NotShingleMountError unless a ShingleFS mount is at ``mountpoint``."""
+    entry = mount_entry(mountpoint)
+    if entry is None:
+        raise NotMountedError(mountpoint)
+    if entry["fstype"] != FSTYPE:
+        raise NotShingleMountError(mountpoint, entry["fstype"])
+
+
+def _status_of_mount(mountpoint: str) -> dict[str, Any]:
+    from shinglefs.fuse.operations import STATUS_XATTR
+
+    require_shingle_mount(mountpoint)
+    try:
+        raw = os.getxattr(mountpoint, STATUS_XATTR.decode())
+    except OSError as exc:
+        raise MountFailedError(f"the mount at {mountpoint} does not answer: {exc.strerror}",
+                               hint=f"if its daemon died, `shinglefs umount --force {mountpoint}`"
+                               ) from exc
+    return dict(json.loads(raw))
+
+
+def _status_of_url(meta_url: str) -> dict[str, Any]:
+    from shinglefs.client.filesystem import absolute_meta_url, open_filesystem
+
+    meta_url = absolute_meta_url(meta_url)
+    vfs = open_filesystem(meta_url)
+    try:
+        return collect_status(vfs, meta_url=meta_url)
+    finally:
+        vfs.shutdown()
+
+
+def human(n: float) -> str:
+    """``n`` bytes for a person: ``3 B``, ``1.5 GiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _print_status(status: dict[str, Any], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    summary = Table(title=title, show_header=False)
+    summary.add_column("field")
+    summary.add_column("value")
+    for key in ("mountpoint", "meta_url", "pid"):
+        if status.get(key) is not None:
+            summary.add_row(key, str(status[key]))
+    summary.add_row("capacity", human(status["capacity_bytes"]))
+    summary.add_row("used (files)", human(status["used_bytes"]))
+    summary.add_row("free", human(status["free_bytes"]))
+    summary.add_row("live slice bytes", human(status["live_bytes"]))
+    summary.add_row("inodes", str(status["inodes"]))
+    summary.add_row("write amplification", f"{status['write_amplification']:.3f}")
+    summary.add_row("zones", ", ".join(f"{k} {v}" for k, v in sorted(status["zones"].items())))
+    console.print(summary)
+    drives = Table(title="drives")
+    for column in ("id", "spec", "capacity", "free", "live", "WA", "zones by condition"):
+        drives.add_column(column)
+    for drive in status["drives"]:
+        drives.add_row(
+            str(drive["id"]), drive["spec"], human(drive["capacity_bytes"]),
+            human(drive["free_bytes"]), human(drive["live_bytes"]),
+            f"{drive['write_amplification']:.3f}",
+            ", ".join(f"{k} {v}" for k, v in sorted(drive["zones"].items())),
+        )
+    console.print(drives)
+
+
+def _is_url(target: str) -> bool:
+    from shinglefs.meta.backend import PG_SCHEMES, SQLITE_SCHEMES
+
+    return "://" in target or target.split(":", 1)[0].lower() in SQLITE_SCHEMES + PG_SCHEMES
+
+
+def status_command(
+    target: str | None = typer.Argument(None, help="a mount point or a metadata URL "
+                                        "(default: every ShingleFS mount)"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Capacity, drives, zones by condition and write amplification."""
+    if target is None:
+        results = {mp: _status_of_mount(mp) for mp in mounts_of_type(FSTYPE)}
+        if not results:
+            raise NotMountedError("(no ShingleFS mount)")
+    elif _is_url(target):
+        results = {target: _status_of_url(target)}
+    else:
+        mountpoint = os.path.abspath(target)
+        if not os.path.isdir(mountpoint):
+            raise UsageError(f"{target} is neither a directory nor a metadata URL",
+                             hint="pass a mount point or sqlite3:///PATH / postgresql://...")
+        results = {mountpoint: _status_of_mount(mountpoint)}
+    if as_json:
+        typer.echo(json.dumps(results if target is None else next(iter(results.values()))))
+        return
+    for title, status in results.items():
+        _print_status(status, title)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("status")(status_command)
