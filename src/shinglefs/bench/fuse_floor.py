@@ -72,8 +72,14 @@ class Node:
     ctime_ns: int
     size: int = 0
     rdev: int = 0
+    generation: int = 0
     lookups: int = 0  # the kernel's references (lookup, create, mkdir, readdirplus)
     children: dict[bytes, int] | None = field(default=None)  # directories only
+
+    @property
+    def blocks(self) -> int:
+        """``st_blocks``: 512-byte units of the size, as meta's ``InodeAttr`` counts them."""
+        return (self.size + 511) // 512
 
 
 class FloorOperations(pyfuse3.Operations):

@@ -54,6 +54,7 @@ import os
 import shutil
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -220,75 +221,73 @@ def _memory_pass(fs: MountedFileSystem, small: int, size: int) -> dict[str, Any]
     }
 
 
-def run(quick: bool, workdir: Path, rounds: int | None = None, **_: Any) -> dict[str, Any]:
-    """Measure the mount and the local baseline; returns medians and ratios."""
-    size = 256 * MiB if quick else 2 * GiB
-    small = 2_000 if quick else 10_000
-    shards, shard_bytes = (4, 32 * MiB) if quick else (8, 64 * MiB)
-    rounds = rounds or 3
-    workdir = Path(workdir)
-    local = workdir / "local"
-    local.mkdir(parents=True, exist_ok=True)
+FIGURES = ("write", "read", "local_write", "local_read", "small", "local_small", "loader",
+           "local_loader", "floor_write", "floor_read", "floor_small")
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The sizes of one run (module docstring; ``quick`` is the small one)."""
+
+    size: int  # the sequential file
+    small: int  # 4 KiB files per round
+    shards: int  # token shards for the DataLoader
+    shard_bytes: int
+    rounds: int
+    memory_small: int  # 4 KiB files of the memory pass
+    memory_size: int  # the streamed file of the memory pass
+
+    @classmethod
+    def of(cls, quick: bool, rounds: int | None) -> Plan:
+        if quick:
+            return cls(256 * MiB, 2_000, 4, 32 * MiB, rounds or 3, 4_000, 512 * MiB)
+        return cls(2 * GiB, 10_000, 8, 64 * MiB, rounds or 3, 20_000, 2 * GiB)
+
+
+def _formatted_mount(workdir: Path, plan: Plan) -> MountedFileSystem:
+    """A freshly formatted (not yet started) file system in ``workdir/fs``."""
     data = workdir / "fs"
     data.mkdir(parents=True, exist_ok=True)
     fs = MountedFileSystem(
         data,
         workdir / "mnt",
         drives=default_drives(
-            data, smr_drives=2, smr_bytes=max(16 * GiB, 4 * size), conventional_bytes=2 * GiB
+            data, smr_drives=2, smr_bytes=max(16 * GiB, 4 * plan.size), conventional_bytes=2 * GiB
         ),
     )
     fs.format()
-    floor = FloorMount(workdir / "floor")
-    figures: dict[str, list[float]] = {
-        k: []
-        for k in (
-            "write",
-            "read",
-            "local_write",
-            "local_read",
-            "small",
-            "local_small",
-            "loader",
-            "local_loader",
-            "floor_write",
-            "floor_read",
-            "floor_small",
-        )
-    }
+    return fs
+
+
+def _round(r: int, plan: Plan, fs: MountedFileSystem, measured: tuple[tuple[str, Path], ...],
+           shards: dict[str, list[str]], figures: dict[str, list[float]]) -> bool:
+    """One round over every target, back to back; False if a cache could not be dropped."""
     cold = True
-    try:
-        fs.start()
-        floor.start()
-        mount_shards = _write_shards(fs.mountpoint / "shards", shards, shard_bytes)
-        local_shards = _write_shards(local / "shards", shards, shard_bytes)
-        measured = (("local_", local), ("", fs.mountpoint), ("floor_", floor.mountpoint))
-        for r in range(rounds):
-            for name, root in measured:
-                figures[name + "write"].append(_sequential_write(root / f"seq{r}", size))
-            for name, root in measured:
-                if root == fs.mountpoint:
-                    fs.stop()
-                    fs.start()
-                cold = drop_caches() and cold
-                figures[name + "read"].append(_sequential_read(root / f"seq{r}"))
-                os.unlink(root / f"seq{r}")
-            for name, root in measured:
-                figures[name + "small"].append(_small_files(root / f"small{r}", small))
-            for name, paths in (("local_", local_shards), ("", mount_shards)):
-                if not name:
-                    fs.stop()
-                    fs.start()
-                cold = drop_caches() and cold
-                figures[name + "loader"].append(_loader(paths))
-            for _name, root in measured:
-                shutil.rmtree(root / f"small{r}")
-        memory = _memory_pass(fs, 4_000 if quick else 20_000, 512 * MiB if quick else 2 * GiB)
-    finally:
-        try:
-            floor.stop()
-        finally:
+    for name, root in measured:
+        figures[name + "write"].append(_sequential_write(root / f"seq{r}", plan.size))
+    for name, root in measured:
+        if root == fs.mountpoint:
             fs.stop()
+            fs.start()
+        cold = drop_caches() and cold
+        figures[name + "read"].append(_sequential_read(root / f"seq{r}"))
+        os.unlink(root / f"seq{r}")
+    for name, root in measured:
+        figures[name + "small"].append(_small_files(root / f"small{r}", plan.small))
+    for name, paths in shards.items():
+        if not name:
+            fs.stop()
+            fs.start()
+        cold = drop_caches() and cold
+        figures[name + "loader"].append(_loader(paths))
+    for _name, root in measured:
+        shutil.rmtree(root / f"small{r}")
+    return cold
+
+
+def _report(plan: Plan, figures: dict[str, list[float]], cold: bool,
+            memory: dict[str, Any]) -> dict[str, Any]:
+    """The result fields: medians, paired ratios, targets met."""
     med = {k: statistics.median(v) for k, v in figures.items()}
 
     def paired(name: str, baseline: str | None = None) -> float:
@@ -316,11 +315,11 @@ def run(quick: bool, workdir: Path, rounds: int | None = None, **_: Any) -> dict
         "small_files_of_floor": round(paired("small", "floor_small"), 3),
         "floor_write_ratio": round(paired("floor_write", "local_write"), 3),
         "floor_read_ratio": round(paired("floor_read", "local_read"), 3),
-        "file_bytes": size,
-        "small_files": small,
-        "loader_bytes": shards * shard_bytes,
+        "file_bytes": plan.size,
+        "small_files": plan.small,
+        "loader_bytes": plan.shards * plan.shard_bytes,
         "sample_bytes": SEQ_LEN * 2,
-        "rounds": rounds,
+        "rounds": plan.rounds,
         "cold_reads": cold,
         "samples": {k: [round(x, 1) for x in v] for k, v in figures.items()},
         **memory,
@@ -330,3 +329,31 @@ def run(quick: bool, workdir: Path, rounds: int | None = None, **_: Any) -> dict
     result["targets_met"].update({k: result[k] >= v for k, v in OF_FLOOR_TARGETS.items()})
     result["floor_targets_met"] = {k: result[f] >= TARGETS[k] for k, f in FLOOR_FIELDS.items()}
     return result
+
+
+def run(quick: bool, workdir: Path, rounds: int | None = None, **_: Any) -> dict[str, Any]:
+    """Measure the mount and the local baseline; returns medians and ratios."""
+    plan = Plan.of(quick, rounds)
+    workdir = Path(workdir)
+    local = workdir / "local"
+    local.mkdir(parents=True, exist_ok=True)
+    fs = _formatted_mount(workdir, plan)
+    floor = FloorMount(workdir / "floor")
+    figures: dict[str, list[float]] = {k: [] for k in FIGURES}
+    cold = True
+    try:
+        fs.start()
+        floor.start()
+        mount_shards = _write_shards(fs.mountpoint / "shards", plan.shards, plan.shard_bytes)
+        local_shards = _write_shards(local / "shards", plan.shards, plan.shard_bytes)
+        shards = {"local_": local_shards, "": mount_shards}  # the loader has no floor
+        measured = (("local_", local), ("", fs.mountpoint), ("floor_", floor.mountpoint))
+        for r in range(plan.rounds):
+            cold = _round(r, plan, fs, measured, shards, figures) and cold
+        memory = _memory_pass(fs, plan.memory_small, plan.memory_size)
+    finally:
+        try:
+            floor.stop()
+        finally:
+            fs.stop()
+    return _report(plan, figures, cold, memory)

@@ -66,96 +66,101 @@ def _fsck_exit(report: Any) -> int:
     return EXIT_DAMAGED if report.remaining else EXIT_REPAIRED
 
 
+def fsck_command(
+    meta_url: str = typer.Argument(..., help="metadata URL of the file system"),
+    repair: bool = typer.Option(False, "--repair", help="fix what is safe to fix"),
+    force: bool = typer.Option(False, "--force",
+                               help="repair even though sessions look alive"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Check metadata against the drives; exit 0 clean, 40 repaired, 41 damaged."""
+    from shinglefs.client.recovery import fsck
+    from shinglefs.meta.fsck import FSCK_PASSES
+
+    with _progress(len(FSCK_PASSES), "passes") as step:
+        report = fsck(meta_url, repair=repair, force=force,
+                      progress=lambda name: step(description=name))
+    if as_json:
+        typer.echo(json.dumps({
+            "found": {k: [f.detail for f in v] for k, v in report.found.items() if v},
+            "actions": report.actions,
+            "remaining": {k: [f.detail for f in v] for k, v in report.remaining.items()},
+        }))
+    else:
+        _print_fsck(report)
+        typer.echo("clean" if report.clean else
+                   ("repaired" if not report.remaining else "damaged"), err=True)
+    raise typer.Exit(_fsck_exit(report))
+
+
+def scrub_command(
+    meta_url: str = typer.Argument(..., help="metadata URL of the file system"),
+    rate: float = typer.Option(0.0, "--rate", help="read at most this many MiB/s (0: no limit)"),
+) -> None:
+    """Read every stored slice and verify its checksums; resumable; exit 41 if damaged."""
+    from shinglefs.client.recovery import scrub
+
+    if rate < 0:
+        raise UsageError(f"--rate {rate} is negative", hint="e.g. --rate 100")
+    with _progress(None, "bytes") as step:
+        result = scrub(meta_url, rate_bytes=rate * MiB or None, progress=step)
+    for path, why in sorted(result.damaged_files.items()):
+        typer.echo(f"damaged: {path}")
+        for line in why:
+            typer.echo(f"  {line}")
+    for sid in result.unreferenced:
+        typer.echo(f"damaged slice {sid:#x} (no file uses it)")
+    total = sum(s.bytes_read for s in result.drives.values())
+    typer.echo(f"scrubbed {total / MiB:.1f} MiB on {len(result.drives)} drive(s)", err=True)
+    if result.damaged_files or result.unreferenced:
+        raise typer.Exit(EXIT_DAMAGED)
+
+
+def dump_command(
+    meta_url: str = typer.Argument(..., help="metadata URL to dump"),
+    file: str = typer.Argument(..., help="JSON-lines file to write (gzip if it ends in .gz)"),
+) -> None:
+    """Write the metadata to a JSON-lines file (one consistent snapshot)."""
+    from shinglefs.meta.dump import dump_url
+
+    with _progress(None, "rows") as step:
+        rows = dump_url(meta_url, file, progress=lambda table, n: step(0, f"{table} {n}"))
+    typer.echo(f"dumped {sum(rows.values())} rows to {file}", err=True)
+
+
+def load_command(
+    sources: list[str] = typer.Argument(..., help="FILE META_URL, or with --from-drives: "
+                                        "DRIVE... META_URL"),
+    from_drives: bool = typer.Option(False, "--from-drives",
+                                     help="rebuild from the newest metadata backup on the "
+                                          "drives (KIND:PATH specs)"),
+) -> None:
+    """Load a dump (or the drives' newest backup) into an empty metadata database."""
+    if from_drives:
+        if len(sources) < 2:
+            raise UsageError("load --from-drives needs DRIVE... META_URL",
+                             hint="e.g. load --from-drives smr:/data/smr0.img "
+                                  "sqlite3:///data/meta.db")
+        from shinglefs.client.recovery import load_from_drives
+
+        loaded = load_from_drives(sources[:-1], sources[-1])
+        typer.echo(f"loaded metadata backup {loaded.backup.number} of drive "
+                   f"{loaded.backup.drive} ({sum(loaded.rows.values())} rows); run "
+                   f"`shinglefs fsck --repair {sources[-1]}` next", err=True)
+        return
+    if len(sources) != 2:
+        raise UsageError("load needs FILE META_URL", hint="e.g. load meta.jsonl "
+                         "postgresql://fs@db/shingle")
+    from shinglefs.meta.dump import load_url
+
+    with _progress(None, "rows") as step:
+        rows = load_url(sources[0], sources[1],
+                        progress=lambda table, n: step(0, f"{table} {n}"))
+    typer.echo(f"loaded {sum(rows.values())} rows into {sources[1]}", err=True)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("fsck")
-    def fsck_(
-        meta_url: str = typer.Argument(..., help="metadata URL of the file system"),
-        repair: bool = typer.Option(False, "--repair", help="fix what is safe to fix"),
-        force: bool = typer.Option(False, "--force",
-                                   help="repair even though sessions look alive"),
-        as_json: bool = typer.Option(False, "--json", help="print JSON"),
-    ) -> None:
-        """Check metadata against the drives; exit 0 clean, 40 repaired, 41 damaged."""
-        from shinglefs.client.recovery import fsck
-        from shinglefs.meta.fsck import FSCK_PASSES
-
-        with _progress(len(FSCK_PASSES), "passes") as step:
-            report = fsck(meta_url, repair=repair, force=force,
-                          progress=lambda name: step(description=name))
-        if as_json:
-            typer.echo(json.dumps({
-                "found": {k: [f.detail for f in v] for k, v in report.found.items() if v},
-                "actions": report.actions,
-                "remaining": {k: [f.detail for f in v] for k, v in report.remaining.items()},
-            }))
-        else:
-            _print_fsck(report)
-            typer.echo("clean" if report.clean else
-                       ("repaired" if not report.remaining else "damaged"), err=True)
-        raise typer.Exit(_fsck_exit(report))
-
-    @app.command("scrub")
-    def scrub_(
-        meta_url: str = typer.Argument(..., help="metadata URL of the file system"),
-        rate: float = typer.Option(0.0, "--rate", help="read at most this many MiB/s (0: no limit)"),
-    ) -> None:
-        """Read every stored slice and verify its checksums; resumable; exit 41 if damaged."""
-        from shinglefs.client.recovery import scrub
-
-        if rate < 0:
-            raise UsageError(f"--rate {rate} is negative", hint="e.g. --rate 100")
-        with _progress(None, "bytes") as step:
-            result = scrub(meta_url, rate_bytes=rate * MiB or None, progress=step)
-        for path, why in sorted(result.damaged_files.items()):
-            typer.echo(f"damaged: {path}")
-            for line in why:
-                typer.echo(f"  {line}")
-        for sid in result.unreferenced:
-            typer.echo(f"damaged slice {sid:#x} (no file uses it)")
-        total = sum(s.bytes_read for s in result.drives.values())
-        typer.echo(f"scrubbed {total / MiB:.1f} MiB on {len(result.drives)} drive(s)", err=True)
-        if result.damaged_files or result.unreferenced:
-            raise typer.Exit(EXIT_DAMAGED)
-
-    @app.command("dump")
-    def dump_(
-        meta_url: str = typer.Argument(..., help="metadata URL to dump"),
-        file: str = typer.Argument(..., help="JSON-lines file to write (gzip if it ends in .gz)"),
-    ) -> None:
-        """Write the metadata to a JSON-lines file (one consistent snapshot)."""
-        from shinglefs.meta.dump import dump_url
-
-        with _progress(None, "rows") as step:
-            rows = dump_url(meta_url, file, progress=lambda table, n: step(0, f"{table} {n}"))
-        typer.echo(f"dumped {sum(rows.values())} rows to {file}", err=True)
-
-    @app.command("load")
-    def load_(
-        sources: list[str] = typer.Argument(..., help="FILE META_URL, or with --from-drives: "
-                                            "DRIVE... META_URL"),
-        from_drives: bool = typer.Option(False, "--from-drives",
-                                         help="rebuild from the newest metadata backup on the "
-                                              "drives (KIND:PATH specs)"),
-    ) -> None:
-        """Load a dump (or the drives' newest backup) into an empty metadata database."""
-        if from_drives:
-            if len(sources) < 2:
-                raise UsageError("load --from-drives needs DRIVE... META_URL",
-                                 hint="e.g. load --from-drives smr:/data/smr0.img "
-                                      "sqlite:///data/meta.db")
-            from shinglefs.client.recovery import load_from_drives
-
-            loaded = load_from_drives(sources[:-1], sources[-1])
-            typer.echo(f"loaded metadata backup {loaded.backup.number} of drive "
-                       f"{loaded.backup.drive} ({sum(loaded.rows.values())} rows); run "
-                       f"`shinglefs fsck --repair {sources[-1]}` next", err=True)
-            return
-        if len(sources) != 2:
-            raise UsageError("load needs FILE META_URL", hint="e.g. load meta.jsonl "
-                             "postgresql://fs@db/shingle")
-        from shinglefs.meta.dump import load_url
-
-        with _progress(None, "rows") as step:
-            rows = load_url(sources[0], sources[1],
-                            progress=lambda table, n: step(0, f"{table} {n}"))
-        typer.echo(f"loaded {sum(rows.values())} rows into {sources[1]}", err=True)
+    app.command("fsck")(fsck_command)
+    app.command("scrub")(scrub_command)
+    app.command("dump")(dump_command)
+    app.command("load")(load_command)

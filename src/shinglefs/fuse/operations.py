@@ -26,14 +26,14 @@ import os
 import stat
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pyfuse3
 import trio
 
 from shinglefs.client.vfs import VFS, SetAttrChanges
 from shinglefs.errors import ShingleError
-from shinglefs.meta.api import Ctx, InodeAttr
+from shinglefs.meta.api import Ctx
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +127,35 @@ class OpStats:
                  "threaded": threaded.get(op, 0)}
             for op, n in sorted(counts.items())
         }
+
+
+class EntrySource(Protocol):
+    """What ``ShingleOperations.entry`` reads of an inode; meta's ``InodeAttr`` is one."""
+
+    @property
+    def ino(self) -> int: ...
+    @property
+    def generation(self) -> int: ...
+    @property
+    def mode(self) -> int: ...
+    @property
+    def nlink(self) -> int: ...
+    @property
+    def uid(self) -> int: ...
+    @property
+    def gid(self) -> int: ...
+    @property
+    def rdev(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def blocks(self) -> int: ...
+    @property
+    def atime_ns(self) -> int: ...
+    @property
+    def mtime_ns(self) -> int: ...
+    @property
+    def ctime_ns(self) -> int: ...
 
 
 class ShingleOperations(pyfuse3.Operations):
@@ -241,8 +270,9 @@ class ShingleOperations(pyfuse3.Operations):
         return await self._call(op, self.offload_metadata, func, *args, ino=ino)
 
     @staticmethod
-    def entry(attr: InodeAttr) -> pyfuse3.EntryAttributes:
-        """An ``EntryAttributes`` for the kernel from a VFS ``InodeAttr``."""
+    def entry(attr: EntrySource) -> pyfuse3.EntryAttributes:
+        """An ``EntryAttributes`` for the kernel from a VFS ``InodeAttr`` (or any
+        ``EntrySource``: the FUSE floor's nodes)."""
         entry = pyfuse3.EntryAttributes()
         entry.st_ino = attr.ino
         entry.generation = attr.generation
