@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from shinglefs.store.errors import StoreError, StoreFull
-from shinglefs.store.log import GC_STREAM, ZoneRole, ZoneState
+from shinglefs.store.zones import GC_STREAM, ZoneRole, ZoneState
 
 if TYPE_CHECKING:
     from shinglefs.store.log import SliceLog
@@ -56,8 +56,7 @@ def choose_victim(slice_log: SliceLog) -> int | None:
     live bytes out frees the rest). Never the GC or metadata append zones,
     metadata zones, zones being written, or zones a copy failed on.
     """
-    with slice_log._cv:
-        live = slice_log.index.zone_live.copy()
+    live = slice_log.live_per_zone()
     zs = slice_log.zs
     written = slice_log.z_wp - np.arange(slice_log.nz, dtype=np.int64) * zs
     role = slice_log.z_role
@@ -187,11 +186,11 @@ class ZoneCollector:
                         return False
                     # Copy only extents still where they were read from: a slice deleted
                     # (and perhaps re-created under its id) meanwhile is not copied.
-                    with slog._cv:
-                        items = [(sid, off, data, group)
-                                 for (sid, off, _len, dev, group), data in zip(chunk, payloads,
-                                                                                strict=True)
-                                 if data is not None and slog.index.location(sid, off) == dev]
+                    here = slog.still_at([(sid, off, dev) for sid, off, _l, dev, _g in chunk])
+                    items = [(sid, off, data, group)
+                             for (sid, off, _len, _dev, group), data, at in zip(
+                                 chunk, payloads, here, strict=True)
+                             if data is not None and at]
                     try:
                         written = slog.append(GC_STREAM, items, gc=True)
                     except StoreFull as exc:
@@ -206,9 +205,7 @@ class ZoneCollector:
                 if pause:
                     self._stop.wait(pause)
             with slog.io_lock:
-                with slog._cv:
-                    remaining = int(slog.index.zone_live[zone])
-                if remaining:
+                if slog.zone_live_bytes(zone):
                     return False
                 slog.reset_zones([zone])
                 self.victims_collected += 1

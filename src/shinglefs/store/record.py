@@ -62,7 +62,15 @@ class RecordType(enum.IntEnum):
 
 
 class RecordDecodeError(ValueError):
-    """A header block that is not a valid record (bad magic, version, crc or length)."""
+    """A header block that is not a valid record (bad magic, version, crc or length).
+
+    ``zeros`` is True when the block is all zeros where a header belongs: no
+    record was ever written there (the clean end of a log), not a corrupt one.
+    """
+
+    def __init__(self, message: str, *, zeros: bool = False) -> None:
+        super().__init__(message)
+        self.zeros = zeros
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +157,9 @@ def decode_header(block: bytes | bytearray | memoryview) -> RecordHeader:
     (magic, version, rtype, flags, slice_id, slice_offset, length, shift, group, seq,
      stored) = _HEADER.unpack_from(view, 0)
     if magic != MAGIC:
-        raise RecordDecodeError("bad magic" if any(view[:HEADER_SIZE]) else "zeros (no record)")
+        if any(view[:HEADER_SIZE]):
+            raise RecordDecodeError("bad magic")
+        raise RecordDecodeError("zeros (no record)", zeros=True)
     if version != VERSION:
         raise RecordDecodeError(f"unknown record version {version}")
     if shift != CRC_BLOCK_SHIFT or length > MAX_RECORD_PAYLOAD:

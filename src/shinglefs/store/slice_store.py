@@ -121,9 +121,7 @@ class SliceStore(SliceStoreAPI):
                                         self._indexed_length)
 
     def _indexed_length(self, slice_id: int) -> int:
-        with self._log._cv:
-            n = self._log.index.length(slice_id)
-        return 0 if n is None else n
+        return self._log.indexed_length(slice_id)
 
     def delete(self, slice_id: int) -> None:
         """Delete a slice (after its queued pieces are written); idempotent; durable at flush."""
@@ -211,13 +209,7 @@ class SliceStore(SliceStoreAPI):
         slog = self._log
         # Counters are read without the drive's io_lock: a batch in flight may be
         # half counted, never blocked on.
-        with slog._cv:
-            live = slog.index.zone_live
-            per_zone = {int(z): int(live[z]) for z in live.nonzero()[0]}
-            slices = slog.index.slices
-            live_bytes = slog.index.live_bytes
-            writable = slog.writable_bytes()
-            collecting = len(slog.gc_busy)
+        usage = slog.usage()
         user = slog.user_bytes
         device = slog.device_bytes
         return StoreStats(
@@ -227,15 +219,15 @@ class SliceStore(SliceStoreAPI):
             gc_bytes_copied=slog.gc_bytes,
             zone_resets=slog.zone_resets,
             checkpoint_bytes_written=slog.checkpoint_bytes_written,
-            slices=slices,
-            live_bytes=live_bytes,
+            slices=usage.slices,
+            live_bytes=usage.live_bytes,
             free_zones=slog.free_zones(),
             zones_by_condition=slog.zones_by_condition(),
-            live_bytes_per_zone=per_zone,
+            live_bytes_per_zone=usage.live_bytes_per_zone,
             group_zone_evictions=slog.evictions,
             capacity_bytes=slog.seq_zones * slog.zs,
-            writable_bytes=writable,
-            zones_collecting=collecting,
+            writable_bytes=usage.writable_bytes,
+            zones_collecting=usage.zones_collecting,
         )
 
     def checkpoint(self) -> int:
