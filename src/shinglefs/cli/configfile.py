@@ -29,7 +29,7 @@ import tomllib
 import types
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -90,6 +90,12 @@ class Settings:
     store: StoreConfig = field(default_factory=StoreConfig)
     client: ClientConfig = field(default_factory=ClientConfig)
     mount: MountSettings = field(default_factory=MountSettings)
+
+    def report(self) -> dict[str, Any]:
+        """The file read and the settings in force, for ``shinglefs status``."""
+        return {"config_file": str(self.path) if self.path is not None else None,
+                "config": {"store": asdict(self.store), "client": asdict(self.client),
+                           "mount": asdict(self.mount)}}
 
 
 # Checks of single keys beyond their type (the dataclass repeats them for flags).

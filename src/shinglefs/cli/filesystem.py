@@ -200,7 +200,7 @@ def _mount(meta_url: str, mountpoint: Path, settings: Settings, *, foreground: b
 
     mount(open_vfs, mountpoint, foreground=foreground, allow_other=settings.mount.allow_other,
           options=options, meta_url=meta_url, log_file=log_path,
-          status=lambda vfs: collect_status(vfs, meta_url=meta_url))
+          status=lambda vfs: {**collect_status(vfs, meta_url=meta_url), **settings.report()})
 
 
 # -- commands ---------------------------------------------------------------------------

@@ -115,7 +115,7 @@ def _print_status(status: dict[str, Any], title: str) -> None:
     summary = Table(title=title, show_header=False)
     summary.add_column("field")
     summary.add_column("value")
-    for key in ("mountpoint", "meta_url", "pid"):
+    for key in ("mountpoint", "meta_url", "pid", "config_file"):
         if status.get(key) is not None:
             summary.add_row(key, str(status[key]))
     summary.add_row("capacity", human(status["capacity_bytes"]))
