@@ -25,9 +25,9 @@ def test_unaligned_buffers_larger_than_the_bounce_buffer_land_intact(
                        conventional_zones=0, max_open_zones=2)
     try:
         if cls is EmulatedZonedDrive:
-            assert drive._dfd is not None  # ext4 under /tmp takes O_DIRECT
+            assert drive.writes_direct  # ext4 under /tmp takes O_DIRECT
         else:
-            assert drive._dfd is None
+            assert not drive.writes_direct
         # Pieces whose sizes and addresses are not block-aligned, together
         # block-aligned and longer than one bounce round.
         parts = [os.urandom(n) for n in (4095, 1, 3 * MiB + 17, BOUNCE_BYTES, MiB - 17)]

@@ -99,6 +99,17 @@ def default_conventional_zones(zone_count: int) -> int:
 BOUNCE_BYTES = 8 * 1024 * 1024  # O_DIRECT writes go out in rounds of at most this
 
 
+DIRECT_ENV = "SHINGLEFS_EMULATED_DIRECT"
+
+
+def direct_writes_from_env() -> bool:
+    """Whether emulated drives write with O_DIRECT: on unless ``SHINGLEFS_EMULATED_DIRECT=0``.
+
+    Read each time a drive is opened, never at import.
+    """
+    return os.environ.get(DIRECT_ENV, "1") != "0"
+
+
 def _open_direct(path: str) -> int | None:
     """A second descriptor of ``path`` opened O_DIRECT for writing, or None where
     the file system (tmpfs, some overlays) refuses it."""
@@ -116,8 +127,10 @@ class EmulatedZonedDrive(ZonedDrive):
     Build with ``create`` (new drive) or ``open`` (existing one), not the constructor.
     """
 
-    # Write with O_DIRECT where the backing file allows it (see __init__).
-    DIRECT_WRITES = os.environ.get("SHINGLEFS_EMULATED_DIRECT", "1") != "0"
+    # Write with O_DIRECT where the backing file allows it (see __init__). None:
+    # the environment (``DIRECT_ENV``, on unless "0") decides when a drive is
+    # opened; a subclass or a test may fix it to True or False.
+    DIRECT_WRITES: bool | None = None
 
     kind = "emulated"
 
@@ -143,7 +156,10 @@ class EmulatedZonedDrive(ZonedDrive):
         # buffer) where the file system allows it, as on a real zoned device:
         # no double caching, and no dirty-page throttling of the writer.
         # Reads stay buffered (the kernel keeps the two coherent).
-        self._dfd = _open_direct(path) if self.DIRECT_WRITES else None
+        direct = self.DIRECT_WRITES
+        if direct is None:
+            direct = direct_writes_from_env()
+        self._dfd = _open_direct(path) if direct else None
         self._bounce: mmap.mmap | None = None
         self._table = table
         self._closed = False
@@ -324,6 +340,11 @@ class EmulatedZonedDrive(ZonedDrive):
                 )
                 for z in range(start_zone, end)
             ]
+
+    @property
+    def writes_direct(self) -> bool:
+        """True while writes go around the page cache (O_DIRECT); False once refused or never on."""
+        return self._dfd is not None
 
     def open_zone_count(self) -> tuple[int, int]:
         """(implicitly open, explicitly open) sequential zones right now."""
