@@ -1,4 +1,10 @@
-"""Tunables of one client (one mounted or connected file system)."""
+"""Tunables of one client (one mounted or connected file system).
+
+``shinglefs format/mount/up`` fill a ``ClientConfig`` from the configuration
+file's ``[client]`` section and their flags (docs/configuration.md). The one
+environment variable, ``SHINGLEFS_READ_CACHE_MIB``, is read when a
+``ClientConfig`` is made without ``read_cache_bytes``, never at import.
+"""
 
 from __future__ import annotations
 
