@@ -1,0 +1,283 @@
+"""``shinglefs bench smr``: what a real SMR drive would take for exactly what our store did.
+
+The real slice store and write scheduler run on emulated drives with tracing
+on; each trace is then replayed through the HC620 host-managed SMR model
+(``shinglefs.sim``). Every fraction is modeled throughput of user bytes over
+the model's own single-stream sequential rate for the same bytes in the same
+zones (the "rated" rate, ~235 MiB/s write, ~238 MiB/s read at the outer
+diameter); host CPU time is not counted.
+
+Workloads (sizes for full / ``--quick``):
+
+- Checkpoint writes: R ranks (1, 4, 16, 64) each write one file (its own
+  lifetime group, as the client gives a large file) of total/R bytes in 1 MiB
+  pieces (FUSE's max_write) into 64 MiB slices, all at once: the pieces
+  arrive round robin over the ranks (``write_files``); then one flush.
+  Total 4 GiB / 1 GiB.
+- Uncoalesced baseline: the same 16-rank writes through the same scheduler
+  with coalescing off (every piece its own run and batch, no linger), so the
+  drive sees the pieces in the order they arrived.
+- DM-SMR baseline: the same 16-rank pieces in their arrival order, laid out
+  as a conventional file system would (each file contiguous in its own
+  extent, written where it is dirtied), replayed through the drive-managed
+  SMR model; fraction of that drive's own sequential rate.
+- Restore: the 16 ranks read their files back concurrently (64 MiB reads, the
+  client's readahead).
+- Epoch reads: a corpus of 8 files written by one writer, then read by 1, 4
+  and 8 concurrent readers (64 MiB reads); 2 GiB / 512 MiB.
+- ``ckpt_write_fraction_64_queue_1gib``: the 64-rank checkpoint with the
+  scheduler's queue at 1 GiB instead of 256 MiB (``StoreConfig.max_queue_bytes``):
+  with 64 groups the queue bound caps a run at about 256 MiB / 64 = 4 MiB.
+- ``cluster_100gb_seconds``: the cluster model (``sim.cluster``, real node
+  placement and schedulers on a sample): a 100 GB checkpoint on 12 nodes x 1
+  drive, 96 ranks, 25 GbE, one replica; ``cluster_scaling`` varies one
+  figure at a time; ``sizing_5pb`` is ``sim.sizing`` for 5 PB.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shinglefs.sim import DriveModel, archive_dmsmr, cluster, hc620
+from shinglefs.sim import workloads as sim_workloads
+from shinglefs.sim.sizing import size_cluster
+from shinglefs.sim.tracefile import Trace, write_trace
+from shinglefs.store import SliceStore
+from shinglefs.zoned import EmulatedZonedDrive
+from shinglefs.zoned.model import TraceRecord
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+PIECE = MiB
+SLICE = 64 * MiB
+READ = 64 * MiB
+ZONE = 256 * MiB
+UNCOALESCED = {"min_run_bytes": 0, "max_run_bytes": PIECE, "batch_bytes": PIECE, "linger_s": 0.0}
+
+
+@dataclass
+class TracedStore:
+    """An emulated drive with a fresh slice store on it, traced from creation on."""
+
+    path: Path
+    capacity: int
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.drive = EmulatedZonedDrive.create(
+            str(self.path), zone_size=ZONE, zone_count=self.capacity // ZONE + 12,
+            conventional_zones=2)
+        self.store = SliceStore.format(self.drive, gc_background=False, **self.config)
+        self.drive.start_trace()
+
+    def take_trace(self) -> list[TraceRecord]:
+        """The records since the last take (tracing goes on)."""
+        records = self.drive.stop_trace()
+        self.drive.start_trace()
+        return records
+
+    def close(self) -> None:
+        self.drive.stop_trace()
+        self.store.close()
+        self.drive.close_drive()
+        self.path.unlink()
+        Path(str(self.path) + ".zones").unlink()
+
+
+def _slice_id(rank: int, k: int) -> int:
+    return rank * 100_000 + k
+
+
+def write_files(store: SliceStore, sizes: list[int], data: memoryview,
+                arrivals: list[tuple[int, int, int]] | None = None) -> None:
+    """The ranks' files arrive piece by piece, round robin over the ranks; then one flush.
+
+    Round robin is how equally fast ranks writing at once interleave at the
+    store (and the hardest order to coalesce). One thread submits for all
+    ranks, so the order is exact and repeatable (threads would hand the store
+    bursts of one rank per GIL switch interval instead). ``arrivals`` collects
+    (rank, file offset, length) in submission order. Each file is its own
+    lifetime group, as the client gives a large file.
+    """
+    futures: list[Future[None]] = []
+    for pos in range(0, max(sizes), PIECE):
+        for rank, size in enumerate(sizes):
+            if pos >= size:
+                continue
+            n = min(PIECE, size - pos)
+            off = pos % SLICE
+            if arrivals is not None:
+                arrivals.append((rank, pos, n))
+            futures.append(store.submit(_slice_id(rank, pos // SLICE), off,
+                                        data[off % len(data):][:n], group=rank + 1))
+    for f in futures:
+        f.result()
+    store.flush()
+
+
+def read_files(store: SliceStore, sizes: list[int], ranks: list[int]) -> None:
+    """``ranks`` read their files concurrently, READ bytes at a time."""
+    def reader(rank: int) -> None:
+        buf = bytearray(READ)
+        for pos in range(0, sizes[rank], READ):
+            n = min(READ, sizes[rank] - pos, SLICE - pos % SLICE)
+            store.readinto(_slice_id(rank, pos // SLICE), pos % SLICE, memoryview(buf)[:n])
+
+    threads = [threading.Thread(target=reader, args=(r,)) for r in ranks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def rated(model: DriveModel, nbytes: int, op: str, start: int = 0) -> float:
+    """The model's single-stream sequential rate (MiB/s) for ``nbytes`` from ``start``."""
+    trace = sim_workloads.sequential(model, start // model.zone_size, max(nbytes, MiB), op=op)
+    r = model.replay(trace)
+    return r.write_mib_s if op == "write" else r.read_mib_s
+
+
+def fraction(model: DriveModel, records: list[TraceRecord], user_bytes: int, op: str,
+             zone_size: int = ZONE) -> tuple[float, dict[str, Any]]:
+    """Modeled user MiB/s of ``records`` over the rated rate; and the replay's figures."""
+    r = model.replay(records, zone_size=zone_size)
+    seconds = r.write_seconds if op == "write" else r.read_seconds
+    first = min((x.offset for x in records if x.op == op and x.zone >= 2), default=2 * ZONE)
+    mib_s = user_bytes / MiB / seconds if seconds else 0.0
+    return mib_s / rated(model, user_bytes, op, first), r.as_dict()
+
+
+def dmsmr_records(arrivals: list[tuple[int, int, int]], sizes: list[int],
+                  zone_size: int) -> list[TraceRecord]:
+    """The arrivals as a conventional file system lays them out: each file in its own extent.
+
+    Files are placed one after another from 1 GiB in, each rounded up to 1 MiB
+    (an ext4-like allocator gives a large file one contiguous extent); each
+    piece is written at its file offset, in the order it arrived.
+    """
+    base, starts = GiB, []
+    for size in sizes:
+        starts.append(base)
+        base += -(-size // MiB) * MiB
+    out = []
+    for rank, pos, n in arrivals:
+        lba = starts[rank] + pos
+        out.append(TraceRecord("write", lba // zone_size, lba, n, 0.0))
+    out.append(TraceRecord("flush", -1, 0, 0, 0.0))
+    return out
+
+
+def checkpoint(workdir: Path, ranks: int, total: int, data: memoryview,
+               config: dict[str, Any] | None = None, restore: bool = False,
+               keep_trace: Path | None = None) -> dict[str, Any]:
+    """Write a ``ranks``-rank checkpoint of ``total`` bytes; model its write (and read back)."""
+    sizes = [total // ranks] * ranks
+    arrivals: list[tuple[int, int, int]] = []
+    ts = TracedStore(workdir / f"ckpt{ranks}.drive", total, config or {})
+    m = hc620()
+    try:
+        t = time.perf_counter()
+        write_files(ts.store, sizes, data, arrivals)
+        host_s = time.perf_counter() - t
+        wrec = ts.take_trace()
+        if keep_trace is not None:
+            write_trace(Trace.of(ts.drive, wrec), keep_trace)
+        out: dict[str, Any] = {"host_s": round(host_s, 3), "records": len(wrec)}
+        out["fraction"], out["replay"] = fraction(m, wrec, total, "write")
+        runs = [n for _, n in ts.store.scheduler.runs_written]
+        out["mean_run_mib"] = round(float(np.mean(runs)) / MiB, 2) if runs else 0.0
+        if restore:
+            read_files(ts.store, sizes, list(range(ranks)))
+            out["restore_fraction"], out["restore_replay"] = fraction(
+                m, ts.take_trace(), total, "read")
+    finally:
+        ts.close()
+    out["arrivals"] = arrivals
+    out["sizes"] = sizes
+    return out
+
+
+def epoch(workdir: Path, total: int, data: memoryview, readers: tuple[int, ...],
+          files: int = 8) -> dict[int, float]:
+    """Write a corpus of ``files`` files (one writer), then model reads by N concurrent readers."""
+    sizes = [total // files] * files
+    ts = TracedStore(workdir / "corpus.drive", total)
+    m = hc620()
+    out = {}
+    try:
+        for rank in range(files):  # one writer: file after file
+            write_files(ts.store, [0] * rank + [sizes[rank]], data)
+        ts.take_trace()
+        for n in readers:
+            per = files // n
+            for k in range(per):  # every file read once per epoch, n at a time
+                read_files(ts.store, sizes, [k * n + i for i in range(n)])
+            out[n], _ = fraction(m, ts.take_trace(), total, "read")
+    finally:
+        ts.close()
+    return out
+
+
+def run(quick: bool, workdir: Path, **options: Any) -> dict:
+    total = int(options.get("total_bytes", (1 if quick else 4) * GiB))
+    corpus = int(options.get("corpus_bytes", (512 * MiB) if quick else 2 * GiB))
+    workdir.mkdir(parents=True, exist_ok=True)
+    data = memoryview(np.random.default_rng(7).integers(0, 256, 4 * MiB, np.uint8).tobytes())
+    step: Callable[[str], None] = options.get("progress") or (lambda _s: None)
+    out: dict[str, Any] = {"quick": quick, "checkpoint_bytes": total, "corpus_bytes": corpus,
+                           "model": hc620().name}
+    for ranks in (1, 4, 16, 64):
+        step(f"checkpoint {ranks} ranks")
+        res = checkpoint(workdir, ranks, total, data, restore=ranks == 16)
+        out[f"ckpt_write_fraction_{ranks}"] = round(res["fraction"], 3)
+        out[f"ckpt_mean_run_mib_{ranks}"] = res["mean_run_mib"]
+        out[f"ckpt_zone_switches_{ranks}"] = res["replay"]["zone_switches"]
+        if ranks == 16:
+            out["restore_read_fraction"] = round(res["restore_fraction"], 3)
+            sixteen = res
+    step("uncoalesced 16 ranks")
+    unco = checkpoint(workdir, 16, total, data, config=UNCOALESCED)
+    out["ckpt_write_fraction_16_uncoalesced"] = round(unco["fraction"], 3)
+    out["ckpt_zone_switches_16_uncoalesced"] = unco["replay"]["zone_switches"]
+    step("DM-SMR 16 ranks")
+    dm = archive_dmsmr()
+    recs = dmsmr_records(sixteen["arrivals"], sixteen["sizes"], dm.zone_size)
+    r = dm.replay(recs)
+    out["dmsmr_write_fraction_16"] = round(
+        total / MiB / r.write_seconds / rated(dm, total, "write", GiB), 3)
+    out["dmsmr_media_cache_gib_16"] = round(r.media_cache_bytes / GiB, 2)
+    step("epoch reads")
+    for n, frac in epoch(workdir, corpus, data, (1, 4, 8)).items():
+        out[f"epoch_read_fraction_{n}"] = round(frac, 3)
+    step("64 ranks, 1 GiB queue")
+    big = checkpoint(workdir, 64, total, data, config={"max_queue_bytes": GiB})
+    out["ckpt_write_fraction_64_queue_1gib"] = round(big["fraction"], 3)
+    out["ckpt_mean_run_mib_64_queue_1gib"] = big["mean_run_mib"]
+    step("cluster model")
+    sample = int(options.get("cluster_sample_bytes", (32 if quick else 64) * MiB))
+    head = cluster.headline(workdir, sample)
+    out["cluster_100gb_seconds"] = round(head.seconds, 1)
+    out["cluster_100gb"] = head.as_dict()
+    out["cluster_scaling"] = [
+        {"nodes": e.spec.nodes, "drives_per_node": e.spec.drives_per_node, "ranks": e.spec.ranks,
+         "replicas": e.spec.replicas, "seconds": round(e.seconds, 1), "bottleneck": e.bottleneck,
+         "drive_fraction": round(e.drive_fraction, 3)}
+        for e in cluster.scaling(workdir, sample)]
+    out["sizing_5pb"] = size_cluster(5 * 10**15)
+    out["targets"] = {"ckpt_write_fraction_16": 0.95, "ckpt_write_fraction_64": 0.9,
+                      "epoch_read_fraction_8": 0.85, "restore_read_fraction": 0.85,
+                      "cluster_100gb_seconds": 72}
+    out["targets_met"] = {
+        k: (out[k] <= v if k == "cluster_100gb_seconds" else out[k] >= v)
+        for k, v in out["targets"].items()}
+    out["host"] = os.uname().nodename
+    return out

@@ -1,0 +1,36 @@
+"""``shinglefs bench smr`` on small sizes: every field, the baselines below ShingleFS."""
+
+from __future__ import annotations
+
+import pytest
+
+from shinglefs.bench import smr
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    return smr.run(True, tmp_path_factory.mktemp("smr"), total_bytes=256 * MiB,
+                   corpus_bytes=128 * MiB, cluster_sample_bytes=8 * MiB)
+
+
+def test_every_field_of_the_issue_is_reported(result):
+    for key in ("epoch_read_fraction_8", "ckpt_write_fraction_16", "ckpt_write_fraction_64",
+                "ckpt_write_fraction_16_uncoalesced", "dmsmr_write_fraction_16",
+                "restore_read_fraction", "cluster_100gb_seconds"):
+        assert isinstance(result[key], float), key
+        assert result[key] > 0, key
+    assert set(result["targets_met"]) == set(result["targets"])
+
+
+def test_coalescing_beats_the_uncoalesced_and_dmsmr_baselines(result):
+    assert result["ckpt_write_fraction_16"] > result["ckpt_write_fraction_16_uncoalesced"]
+    assert result["ckpt_write_fraction_16"] > result["dmsmr_write_fraction_16"]
+    assert result["ckpt_zone_switches_16"] < result["ckpt_zone_switches_16_uncoalesced"]
+
+
+def test_fractions_are_fractions(result):
+    for key, value in result.items():
+        if "fraction" in key and isinstance(value, float):
+            assert 0 < value <= 1.001, (key, value)
