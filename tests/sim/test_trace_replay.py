@@ -91,3 +91,28 @@ def test_an_unknown_model_is_a_usage_error(tmp_path):
     path.write_text("")
     out = CliRunner().invoke(_app(), ["sim", "replay", str(path), "--model", "tape"])
     assert isinstance(out.exception, UsageError)
+
+
+def test_size_prints_drives_cost_and_the_seed_claim_with_its_prices(tmp_path):
+    prices = tmp_path / "prices.json"
+    prices.write_text('{"drive_usd": 450, "nvme_usd_per_tb_month": 120}')
+    out = CliRunner().invoke(_app(), ["size", "--dataset", "200TB", "--checkpoint", "100GB",
+                                      "--every", "1000", "--steps-per-hour", "600", "--keep", "5",
+                                      "--price-file", str(prices), "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    assert doc["drives"] == 15  # 200.6 TB / (15 TB x 0.9)
+    assert doc["prices"]["drive_usd"] == 450
+    assert doc["monthly_usd"]["drives"] == pytest.approx(15 * 450 / 60)
+    assert doc["checkpoint_seconds"] > 0
+    assert "80 TB" in doc["seed_claim"]["claim"]
+    text = CliRunner().invoke(_app(), ["size", "--dataset", "200TB", "--checkpoint", "100GB"])
+    assert "seed claim" in text.output and "prices:" in text.output
+
+
+def test_size_refuses_an_unknown_price(tmp_path):
+    prices = tmp_path / "prices.json"
+    prices.write_text('{"tape_usd": 1}')
+    out = CliRunner().invoke(_app(), ["size", "--dataset", "1TB", "--checkpoint", "1GB",
+                                      "--price-file", str(prices)])
+    assert isinstance(out.exception, UsageError)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -71,5 +72,113 @@ def calibrate(as_json: bool = typer.Option(False, "--json", help="print one JSON
                    f" model {p.modeled:8.1f}")
 
 
+SEED_CLAIM_SMR_TB = 200
+SEED_CLAIM_NVME_TB = 80
+
+
+def _capacity(text: str, what: str) -> int:
+    from shinglefs.sim.sizing import parse_capacity
+
+    try:
+        return parse_capacity(text)
+    except ValueError as exc:
+        raise UsageError(f"--{what}: {exc}", hint="decimal units as drives are sold: 200TB") from exc
+
+
+def _prices(path: Path | None) -> Any:
+    from dataclasses import fields, replace
+
+    from shinglefs.sim.sizing import Prices
+
+    prices = Prices()
+    if path is None:
+        return prices
+    try:
+        given = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read price file {path}: {exc}") from exc
+    known = {f.name for f in fields(Prices)}
+    unknown = set(given) - known if isinstance(given, dict) else {"(not an object)"}
+    if unknown:
+        raise UsageError(f"price file {path}: unknown keys {sorted(unknown)}",
+                         hint=f"known keys: {', '.join(sorted(known))}")
+    return replace(prices, **{k: float(v) for k, v in given.items()})
+
+
+def size(
+    dataset: str = typer.Option(..., "--dataset", help="corpus size, e.g. 200TB"),
+    checkpoint: str = typer.Option(..., "--checkpoint", help="one checkpoint, e.g. 100GB"),
+    every: int = typer.Option(1000, "--every", help="steps between checkpoints"),
+    steps_per_hour: float = typer.Option(600, "--steps-per-hour"),
+    keep: int = typer.Option(5, "--keep", help="checkpoints kept"),
+    replicas: int = typer.Option(1, "--replicas"),
+    drives_per_node: int = typer.Option(24, "--drives-per-node"),
+    ranks: int = typer.Option(96, "--ranks", help="ranks writing a checkpoint at once"),
+    price_file: Path | None = typer.Option(None, "--price-file",
+                                           help="JSON object overriding any price"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Drives, nodes, zones, write amplification, checkpoint time and monthly cost vs managed NVMe."""
+    import math
+    import tempfile
+
+    from shinglefs.sim import cluster
+    from shinglefs.sim.sizing import SizingAssumptions, Workload, plan
+
+    if min(every, keep + 1, replicas, drives_per_node, ranks) <= 0 or steps_per_hour <= 0:
+        raise UsageError("--every, --steps-per-hour, --replicas, --drives-per-node and --ranks "
+                         "must be positive, --keep not negative")
+    w = Workload(_capacity(dataset, "dataset"), _capacity(checkpoint, "checkpoint"), every,
+                 steps_per_hour, keep, replicas)
+    prices = _prices(price_file)
+    out: dict[str, Any] = plan(
+        w, SizingAssumptions(replicas=replicas, drives_per_node=drives_per_node), prices)
+    nodes, drives = int(out["nodes"]), int(out["drives"])
+    spec = cluster.ClusterSpec(nodes=nodes, drives_per_node=math.ceil(drives / nodes),
+                               clients=max(1, ranks // 8), ranks=ranks, replicas=replicas)
+    with tempfile.TemporaryDirectory(prefix="shinglefs-size-") as tmp:
+        est = cluster.estimate(spec, w.checkpoint_bytes,
+                               cluster.NodeSampler(Path(tmp), 16 * 1024 * 1024))
+    out["checkpoint_seconds"] = round(est.seconds, 1)
+    out["checkpoint_bottleneck"] = est.bottleneck
+    out["cluster"] = est.as_dict()["spec"]
+    # the seed's claim: 200 TB on SMR costs about what 80 TB of managed NVMe costs
+    claim: dict[str, Any] = plan(Workload(SEED_CLAIM_SMR_TB * 10**12, w.checkpoint_bytes, every, steps_per_hour,
+                          keep, replicas),
+                 SizingAssumptions(replicas=replicas, drives_per_node=drives_per_node), prices)
+    out["seed_claim"] = {
+        "claim": f"{SEED_CLAIM_SMR_TB} TB on SMR ~ {SEED_CLAIM_NVME_TB} TB of managed NVMe a month",
+        "smr_monthly_usd": claim["monthly_usd"]["total"],
+        "nvme_80tb_monthly_usd": SEED_CLAIM_NVME_TB * prices.nvme_usd_per_tb_month,
+        "nvme_tb_for_the_same_money": claim["nvme_tb_for_the_same_money"],
+    }
+    if as_json:
+        typer.echo(json.dumps(out))
+        return
+    _print_plan(out)
+
+
+def _print_plan(out: dict[str, Any]) -> None:
+    tb = 1e12
+    typer.echo(f"usable       {out['usable_bytes'] / tb:,.1f} TB (dataset + kept checkpoints + 1)")
+    typer.echo(f"drives       {out['drives']} x HC620 15 TB"
+               f" in {out['nodes']} nodes; {out['zones']:,} zones")
+    typer.echo(f"write ampl.  {out['expected_write_amplification']} (groups map to zones)")
+    typer.echo(f"checkpoint   {out['checkpoint_seconds']} s (bottleneck: "
+               f"{out['checkpoint_bottleneck']}); {out['checkpoints_per_hour']} per hour")
+    typer.echo("monthly cost (USD): " + ", ".join(f"{k} {v:,.0f}"
+                                               for k, v in out["monthly_usd"].items()))
+    typer.echo(f"per usable TB-month ${out['usd_per_usable_tb_month']}; managed NVMe for the "
+               f"same capacity ${out['nvme_monthly_usd_same_capacity']:,.0f}; the same money buys "
+               f"{out['nvme_tb_for_the_same_money']} TB of managed NVMe")
+    c = out["seed_claim"]
+    typer.echo(f"seed claim   {c['claim']}: SMR ${c['smr_monthly_usd']:,.0f} vs NVMe 80 TB "
+               f"${c['nvme_80tb_monthly_usd']:,.0f} (the SMR cost buys "
+               f"{c['nvme_tb_for_the_same_money']} TB of NVMe)")
+    typer.echo("prices:      " + json.dumps(out["prices"]))
+    typer.echo("assumptions: " + json.dumps(out["assumptions"]) + " " + json.dumps(out["cluster"]))
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(sim_app, name="sim")
+    app.command("size")(size)
