@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from shinglefs.cli.configfile import Settings, check_chunk_size, load_settings, size_flag
 from shinglefs.cli.errors import NoSpaceError
 from shinglefs.cli.status import collect_status, human, require_shingle_mount
 from shinglefs.errors import PathError, UsageError
 
 if TYPE_CHECKING:
+    from shinglefs.cli.configfile import Settings
     from shinglefs.client.vfs import VFS
 
 GiB = 1024**3
@@ -106,6 +106,8 @@ def mount_settings(config: Path | None, *, allow_other: bool | None, options: li
                    gc_free_zones: int | None) -> Settings:
     """The configuration file under the flags of ``mount``/``up`` (a flag given wins;
     ``-o`` given replaces the file's options)."""
+    from shinglefs.cli.configfile import load_settings, size_flag
+
     return load_settings(config, {
         "mount": {"allow_other": allow_other, "options": tuple(options) or None,
                   "log_file": str(log_file) if log_file is not None else None},
@@ -221,6 +223,7 @@ def format_command(
     config: Path | None = CONFIG_OPTION,
 ) -> None:
     """Create a file system: the metadata format record and a slice store on each drive."""
+    from shinglefs.cli.configfile import check_chunk_size, load_settings, size_flag
     from shinglefs.client.filesystem import absolute_meta_url, format_filesystem
 
     chunk = size_flag("--chunk-size", chunk_size)
