@@ -34,3 +34,18 @@ def test_fractions_are_fractions(result):
     for key, value in result.items():
         if "fraction" in key and isinstance(value, float):
             assert 0 < value <= 1.001, (key, value)
+
+
+def test_every_rank_count_has_both_baselines(result):
+    for ranks in (1, 4, 16, 64):
+        for key in (f"ckpt_write_fraction_{ranks}", f"ckpt_write_fraction_{ranks}_uncoalesced",
+                    f"dmsmr_write_fraction_{ranks}"):
+            assert 0 < result[key] <= 1.001, key
+
+
+def test_checkpoint_churn_with_retention_resets_zones_without_copying(result):
+    series = result["churn"]
+    assert [s["round"] for s in series] == list(range(1, len(series) + 1))
+    assert series[-1]["zone_resets"] > 0
+    assert all(s["waf"] < 1.01 for s in series)
+    assert series[-1]["user_gib"] > series[0]["user_gib"]

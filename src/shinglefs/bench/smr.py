@@ -47,9 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from shinglefs.sim import DriveModel, archive_dmsmr, cluster, hc620
-from shinglefs.sim import workloads as sim_workloads
-from shinglefs.sim.sizing import size_cluster
+from shinglefs.sim import DmSmrDiskModel, HmSmrDiskModel, archive_dmsmr, cluster, hc620
+from shinglefs.sim.sizing import size_cluster, tier_costs
 from shinglefs.sim.tracefile import Trace, write_trace
 from shinglefs.store import SliceStore
 from shinglefs.zoned import EmulatedZonedDrive
@@ -98,7 +97,7 @@ def _slice_id(rank: int, k: int) -> int:
 
 
 def write_files(store: SliceStore, sizes: list[int], data: memoryview,
-                arrivals: list[tuple[int, int, int]] | None = None) -> None:
+                arrivals: list[tuple[int, int, int]] | None = None, first_rank: int = 0) -> None:
     """The ranks' files arrive piece by piece, round robin over the ranks; then one flush.
 
     Round robin is how equally fast ranks writing at once interleave at the
@@ -106,17 +105,19 @@ def write_files(store: SliceStore, sizes: list[int], data: memoryview,
     ranks, so the order is exact and repeatable (threads would hand the store
     bursts of one rank per GIL switch interval instead). ``arrivals`` collects
     (rank, file offset, length) in submission order. Each file is its own
-    lifetime group, as the client gives a large file.
+    lifetime group, as the client gives a large file (group = rank + 1; ranks
+    are numbered from ``first_rank``).
     """
     futures: list[Future[None]] = []
     for pos in range(0, max(sizes), PIECE):
-        for rank, size in enumerate(sizes):
+        for index, size in enumerate(sizes):
             if pos >= size:
                 continue
+            rank = first_rank + index
             n = min(PIECE, size - pos)
             off = pos % SLICE
             if arrivals is not None:
-                arrivals.append((rank, pos, n))
+                arrivals.append((index, pos, n))
             futures.append(store.submit(_slice_id(rank, pos // SLICE), off,
                                         data[off % len(data):][:n], group=rank + 1))
     for f in futures:
@@ -139,14 +140,12 @@ def read_files(store: SliceStore, sizes: list[int], ranks: list[int]) -> None:
         t.join()
 
 
-def rated(model: DriveModel, nbytes: int, op: str, start: int = 0) -> float:
-    """The model's single-stream sequential rate (MiB/s) for ``nbytes`` from ``start``."""
-    trace = sim_workloads.sequential(model, start // model.zone_size, max(nbytes, MiB), op=op)
-    r = model.replay(trace)
-    return r.write_mib_s if op == "write" else r.read_mib_s
+def rated(model: HmSmrDiskModel | DmSmrDiskModel, nbytes: int, op: str, start: int) -> float:
+    """The model's media rate (MiB/s) over ``nbytes`` from ``start``: one sequential stream."""
+    return model.geometry.rate(start + nbytes // 2, write=op == "write") / MiB
 
 
-def fraction(model: DriveModel, records: list[TraceRecord], user_bytes: int, op: str,
+def fraction(model: HmSmrDiskModel, records: list[TraceRecord], user_bytes: int, op: str,
              zone_size: int = ZONE) -> tuple[float, dict[str, Any]]:
     """Modeled user MiB/s of ``records`` over the rated rate; and the replay's figures."""
     r = model.replay(records, zone_size=zone_size)
@@ -215,7 +214,7 @@ def epoch(workdir: Path, total: int, data: memoryview, readers: tuple[int, ...],
     out = {}
     try:
         for rank in range(files):  # one writer: file after file
-            write_files(ts.store, [0] * rank + [sizes[rank]], data)
+            write_files(ts.store, [sizes[rank]], data, first_rank=rank)
         ts.take_trace()
         for n in readers:
             per = files // n
@@ -227,14 +226,54 @@ def epoch(workdir: Path, total: int, data: memoryview, readers: tuple[int, ...],
     return out
 
 
-def run(quick: bool, workdir: Path, **options: Any) -> dict:
-    total = int(options.get("total_bytes", (1 if quick else 4) * GiB))
-    corpus = int(options.get("corpus_bytes", (512 * MiB) if quick else 2 * GiB))
-    workdir.mkdir(parents=True, exist_ok=True)
-    data = memoryview(np.random.default_rng(7).integers(0, 256, 4 * MiB, np.uint8).tobytes())
-    step: Callable[[str], None] = options.get("progress") or (lambda _s: None)
-    out: dict[str, Any] = {"quick": quick, "checkpoint_bytes": total, "corpus_bytes": corpus,
-                           "model": hc620().name}
+def churn(workdir: Path, quick: bool, data: memoryview) -> list[dict[str, Any]]:
+    """Corpus growth plus checkpoint churn with retention; the store's counters after each round.
+
+    Each round appends one corpus file and writes an 8-rank checkpoint; the
+    checkpoint of round r-3 is deleted (keep 3). The drive holds about a third
+    of what is written, so zones are reset and reused; GC runs in the
+    background as in production. Each round's trace is replayed through the
+    HC620 model.
+    """
+    rounds, ranks = (12, 8) if quick else (24, 8)
+    zone, rank_bytes, corpus_step = (32 * MiB, 16 * MiB, 32 * MiB) if quick else \
+        (256 * MiB, 64 * MiB, 256 * MiB)
+    zones = (rounds * corpus_step + 4 * ranks * rank_bytes) // zone + 16
+    path = workdir / "churn.drive"
+    drive = EmulatedZonedDrive.create(str(path), zone_size=zone, zone_count=zones,
+                                      conventional_zones=2)
+    store = SliceStore.format(drive)
+    m, series = hc620(), []
+    try:
+        for rnd in range(rounds):
+            drive.start_trace()
+            base = 1_000 + rnd * 100  # ranks of this round: base (corpus), base+1.. (ckpt)
+            write_files(store, [corpus_step], data, first_rank=base)  # the corpus grows
+            write_files(store, [rank_bytes] * ranks, data, first_rank=base + 1)
+            if rnd >= 3:  # keep 3: drop the checkpoint of round rnd-3 (group = rank + 1)
+                for g in range(ranks):
+                    store.delete_group(1_000 + (rnd - 3) * 100 + 1 + g + 1)
+            store.flush()
+            r = m.replay(drive.stop_trace(), zone_size=zone)
+            st = store.stats()
+            series.append({"round": rnd + 1, "user_gib": round(st.user_bytes_written / GiB, 3),
+                           "waf": round(st.write_amplification, 4),
+                           "gc_mib_copied": round(st.gc_bytes_copied / MiB, 1),
+                           "zone_resets": st.zone_resets,
+                           "modeled_mib_s": round(r.write_mib_s, 1)})
+    finally:
+        store.close()
+        drive.close_drive()
+        path.unlink()
+        Path(str(path) + ".zones").unlink()
+    return series
+
+
+def checkpoints(out: dict[str, Any], workdir: Path, total: int, data: memoryview,
+                step: Callable[[str], None]) -> None:
+    """ShingleFS, uncoalesced and DM-SMR fractions for 1, 4, 16 and 64 ranks; restore of 16."""
+    dm = archive_dmsmr()
+    dm_rated = rated(dm, total, "write", GiB)
     for ranks in (1, 4, 16, 64):
         step(f"checkpoint {ranks} ranks")
         res = checkpoint(workdir, ranks, total, data, restore=ranks == 16)
@@ -243,27 +282,40 @@ def run(quick: bool, workdir: Path, **options: Any) -> dict:
         out[f"ckpt_zone_switches_{ranks}"] = res["replay"]["zone_switches"]
         if ranks == 16:
             out["restore_read_fraction"] = round(res["restore_fraction"], 3)
-            sixteen = res
-    step("uncoalesced 16 ranks")
-    unco = checkpoint(workdir, 16, total, data, config=UNCOALESCED)
-    out["ckpt_write_fraction_16_uncoalesced"] = round(unco["fraction"], 3)
-    out["ckpt_zone_switches_16_uncoalesced"] = unco["replay"]["zone_switches"]
-    step("DM-SMR 16 ranks")
-    dm = archive_dmsmr()
-    recs = dmsmr_records(sixteen["arrivals"], sixteen["sizes"], dm.zone_size)
-    r = dm.replay(recs)
-    out["dmsmr_write_fraction_16"] = round(
-        total / MiB / r.write_seconds / rated(dm, total, "write", GiB), 3)
-    out["dmsmr_media_cache_gib_16"] = round(r.media_cache_bytes / GiB, 2)
-    step("epoch reads")
-    for n, frac in epoch(workdir, corpus, data, (1, 4, 8)).items():
-        out[f"epoch_read_fraction_{n}"] = round(frac, 3)
+        unco = checkpoint(workdir, ranks, total, data, config=UNCOALESCED)
+        out[f"ckpt_write_fraction_{ranks}_uncoalesced"] = round(unco["fraction"], 3)
+        out[f"ckpt_zone_switches_{ranks}_uncoalesced"] = unco["replay"]["zone_switches"]
+        r = dm.replay(dmsmr_records(res["arrivals"], res["sizes"], dm.zone_size))
+        out[f"dmsmr_write_fraction_{ranks}"] = round(total / MiB / r.write_seconds / dm_rated, 3)
+        out[f"dmsmr_media_cache_gib_{ranks}"] = round(r.media_cache_bytes / GiB, 2)
     step("64 ranks, 1 GiB queue")
     big = checkpoint(workdir, 64, total, data, config={"max_queue_bytes": GiB})
     out["ckpt_write_fraction_64_queue_1gib"] = round(big["fraction"], 3)
     out["ckpt_mean_run_mib_64_queue_1gib"] = big["mean_run_mib"]
-    step("cluster model")
+
+
+TARGETS = {"ckpt_write_fraction_16": 0.95, "ckpt_write_fraction_64": 0.9,
+           "epoch_read_fraction_8": 0.85, "restore_read_fraction": 0.85,
+           "cluster_100gb_seconds": 72}
+
+
+def run(quick: bool, workdir: Path, **options: Any) -> dict:
+    total = int(options.get("total_bytes", (1 if quick else 4) * GiB))
+    corpus = int(options.get("corpus_bytes", (512 * MiB) if quick else 2 * GiB))
     sample = int(options.get("cluster_sample_bytes", (32 if quick else 64) * MiB))
+    workdir.mkdir(parents=True, exist_ok=True)
+    data = memoryview(np.random.default_rng(7).integers(0, 256, 4 * MiB, np.uint8).tobytes())
+    step: Callable[[str], None] = options.get("progress") or (lambda _s: None)
+    out: dict[str, Any] = {"quick": quick, "checkpoint_bytes": total, "corpus_bytes": corpus,
+                           "model": hc620().name}
+    checkpoints(out, workdir, total, data, step)
+    step("epoch reads")
+    for n, frac in epoch(workdir, corpus, data, (1, 4, 8)).items():
+        out[f"epoch_read_fraction_{n}"] = round(frac, 3)
+    if options.get("churn", True):
+        step("churn with retention")
+        out["churn"] = churn(workdir, quick, data)
+    step("cluster model")
     head = cluster.headline(workdir, sample)
     out["cluster_100gb_seconds"] = round(head.seconds, 1)
     out["cluster_100gb"] = head.as_dict()
@@ -273,11 +325,9 @@ def run(quick: bool, workdir: Path, **options: Any) -> dict:
          "drive_fraction": round(e.drive_fraction, 3)}
         for e in cluster.scaling(workdir, sample)]
     out["sizing_5pb"] = size_cluster(5 * 10**15)
-    out["targets"] = {"ckpt_write_fraction_16": 0.95, "ckpt_write_fraction_64": 0.9,
-                      "epoch_read_fraction_8": 0.85, "restore_read_fraction": 0.85,
-                      "cluster_100gb_seconds": 72}
-    out["targets_met"] = {
-        k: (out[k] <= v if k == "cluster_100gb_seconds" else out[k] >= v)
-        for k, v in out["targets"].items()}
+    out["tier_usd_per_tb_month"] = tier_costs()
+    out["targets"] = dict(TARGETS)
+    out["targets_met"] = {k: (out[k] <= v if k == "cluster_100gb_seconds" else out[k] >= v)
+                          for k, v in TARGETS.items()}
     out["host"] = os.uname().nodename
     return out

@@ -153,3 +153,27 @@ def plan(w: Workload, a: SizingAssumptions | None = None,
         "assumptions": asdict(a),
         "prices": asdict(p),
     }
+
+
+#: (drive price USD, drive capacity bytes, watts) of each tier; assumed street prices.
+TIERS = {
+    "HM-SMR (ShingleFS)": (300.0, 15 * 10**12, 7.0),
+    "CMR HDD": (330.0, 16 * 10**12, 7.5),
+    "self-hosted NVMe": (700.0, 7_680 * 10**9, 12.0),
+}
+
+
+def tier_costs(usable_bytes: int = 200 * 10**12, p: Prices | None = None,
+               drives_per_node: int = 24) -> dict[str, float]:
+    """USD per usable TB-month of each tier for ``usable_bytes`` (and managed NVMe's price)."""
+    from dataclasses import replace
+
+    p = p or Prices()
+    out = {}
+    for name, (price, capacity, watts) in TIERS.items():
+        drives = math.ceil(usable_bytes / (capacity * SizingAssumptions().fill_fraction))
+        nodes = math.ceil(drives / drives_per_node)
+        cost = monthly_cost(drives, nodes, replace(p, drive_usd=price, drive_watts=watts))
+        out[name] = round(cost["total"] / (usable_bytes / 1e12), 2)
+    out["managed NVMe"] = p.nvme_usd_per_tb_month
+    return out
