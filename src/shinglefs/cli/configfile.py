@@ -31,7 +31,7 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from shinglefs.cli.errors import ConfigFileError
 from shinglefs.client.config import READ_CACHE_ENV, ClientConfig
@@ -45,8 +45,6 @@ CONFIG_ENV = "SHINGLEFS_CONFIG"
 CONFIG_NAME = "shinglefs.toml"
 SYSTEM_CONFIG = Path("/etc/shinglefs") / CONFIG_NAME
 MiB = 1024 * 1024
-
-T = TypeVar("T")
 
 
 def check_chunk_size(chunk_size: int) -> int:
@@ -162,7 +160,7 @@ def _describe(hint: Any) -> str:
         if typing.get_origin(t) is tuple:
             parts.append("a list of strings")
         else:
-            parts.append(names.get(t, getattr(t, "__name__", str(t))))
+            parts.append(names.get(t, str(t)))
     return " or ".join(parts)
 
 
@@ -216,12 +214,12 @@ def _unknown(path: str, name: str, known: list[str], what: str) -> ConfigFileErr
                            hint=f"{hint}{what}s here: {', '.join(known)} (docs/configuration.md)")
 
 
-def check_section(path: str, section: str, cls: type[T], values: Any) -> dict[str, Any]:
+def check_section(path: str, section: str, cls: type[Any], values: Any) -> dict[str, Any]:
     """The keys of one ``[section]`` checked against ``cls``'s fields and typed."""
     if not isinstance(values, dict):
         raise ConfigFileError(path, f"expected a [{section}] table, got {values!r}", key=section)
     hints = typing.get_type_hints(cls)
-    known = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+    known = [f.name for f in fields(cls)]
     checked: dict[str, Any] = {}
     for key, value in values.items():
         if key not in known:
