@@ -71,6 +71,38 @@ def test_vectored_write_lands_buffers_back_to_back(drive: ZonedDrive) -> None:
     assert drive.read(start, 6 * BS) == b"".join(bytes(p) for p in parts)
 
 
+def test_readv_fills_buffers_back_to_back_whatever_the_readv_ability(drive: ZonedDrive) -> None:
+    zone = writable_zone(drive)
+    start = drive.zone_start(zone)
+    data = pattern(5, seed=11)
+    drive.write(zone, start, data)
+    head, rest = bytearray(BS), bytearray(4 * BS)
+    assert drive.readv(start, [memoryview(head), memoryview(rest)]) == 5 * BS
+    assert bytes(head) + bytes(rest) == data
+
+
+def test_prefetch_never_fails_and_changes_nothing(drive: ZonedDrive) -> None:
+    zone = writable_zone(drive)
+    start = drive.zone_start(zone)
+    data = pattern(2, seed=12)
+    drive.write(zone, start, data)
+    drive.prefetch(start, 2 * BS)
+    drive.prefetch(start, 0)
+    assert drive.read(start, 2 * BS) == data
+
+
+def test_discard_zeroes_a_range_or_is_declared_missing(drive: ZonedDrive) -> None:
+    zone = drive.zone_count - 1
+    start = drive.zone_start(zone)
+    if not drive.abilities.discard:
+        with pytest.raises(ZoneTypeError):
+            drive.discard(start, BS)
+        return
+    drive.write(zone, start, pattern(2, seed=13))
+    drive.discard(start, BS)
+    assert drive.read(start, BS) == bytes(BS)
+
+
 def test_readinto_fills_a_caller_buffer(drive: ZonedDrive) -> None:
     zone = writable_zone(drive)
     start = drive.zone_start(zone)

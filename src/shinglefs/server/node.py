@@ -466,8 +466,8 @@ class StorageNode:
         other submitters may take the room first."""
         drives = [drive_id] if drive_id is not None else self.drive_ids
         for drive in drives:
-            scheduler = getattr(self._store(drive), "scheduler", None)
-            if scheduler is not None and not scheduler.has_room(nbytes):
+            store = self._store(drive)
+            if store.abilities.scheduler and not store.scheduler.has_room(nbytes):
                 return False
         return True
 
@@ -475,9 +475,9 @@ class StorageNode:
         """A caller is about to wait for the queued pieces of ``slice_id``: write
         them now in the calling thread when the drive's writer is idle, else
         have the writer take them at once instead of lingering to coalesce."""
-        scheduler = getattr(self._store(drive_id), "scheduler", None)
-        if scheduler is not None and not scheduler.write_inline(slice_id):
-            scheduler.expedite(slice_id)
+        store = self._store(drive_id)
+        if store.abilities.scheduler and not store.scheduler.write_inline(slice_id):
+            store.scheduler.expedite(slice_id)
 
     def read(self, slice_id: int, offset: int, length: int, drive_id: int | None = None) -> bytes:
         """Bytes ``[offset, offset+length)`` of a slice (short at its end).

@@ -8,7 +8,13 @@ writers into long sequential appends.
 May call: ``shinglefs.zoned``.
 """
 
-from shinglefs.store.api import MAX_SLICE_SIZE, SliceStoreAPI, StoreStats
+from shinglefs.store.api import (
+    MAX_SLICE_SIZE,
+    SliceStoreAPI,
+    StoreAbilities,
+    StoreStats,
+    WriteQueue,
+)
 from shinglefs.store.config import StoreConfig
 from shinglefs.store.errors import (
     ChecksumMismatch,
@@ -21,7 +27,7 @@ from shinglefs.store.errors import (
     StoreIOError,
 )
 from shinglefs.store.gc import ZoneCollector, choose_victim, cost_benefit
-from shinglefs.store.index import SliceIndex
+from shinglefs.store.index import Extent, SliceIndex
 from shinglefs.store.log import SliceLog
 from shinglefs.store.record import RecordHeader, RecordType
 from shinglefs.store.recovery import DiscardedTail, RecoveryReport
@@ -32,6 +38,7 @@ __all__ = [
     "MAX_SLICE_SIZE",
     "ChecksumMismatch",
     "DiscardedTail",
+    "Extent",
     "RecordHeader",
     "RecordType",
     "RecoveryReport",
@@ -41,6 +48,7 @@ __all__ = [
     "SliceOrderError",
     "SliceStore",
     "SliceStoreAPI",
+    "StoreAbilities",
     "StoreClosed",
     "StoreConfig",
     "StoreError",
@@ -48,6 +56,7 @@ __all__ = [
     "StoreFull",
     "StoreIOError",
     "StoreStats",
+    "WriteQueue",
     "WriteScheduler",
     "ZoneCollector",
     "choose_victim",

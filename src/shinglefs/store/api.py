@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
 
 from shinglefs.zoned.fileio import Payload
 from shinglefs.zoned.model import Buffer
@@ -57,6 +58,37 @@ class StoreStats:
     zones_collecting: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class StoreAbilities:
+    """What a slice store offers beyond the abstract methods (``SliceStoreAPI.abilities``).
+
+    Callers test a flag, never ``getattr``.
+
+    - ``scheduler``: writes queue in a per-drive write scheduler, reachable as
+      ``store.scheduler`` (a ``WriteQueue``): a caller may ask it for queue
+      room or have a slice's queued pieces written at once.
+    """
+
+    scheduler: bool = False
+
+
+class WriteQueue(Protocol):
+    """The part of a store's write scheduler the storage node uses (``WriteScheduler``)."""
+
+    def has_room(self, nbytes: int) -> bool:
+        """Would ``submit`` of ``nbytes`` queue them without waiting (a hint)?"""
+        ...
+
+    def write_inline(self, slice_id: int) -> bool:
+        """Write the queued run holding ``slice_id``'s pieces in the calling thread
+        when no other thread is writing; False when it could not (``expedite``)."""
+        ...
+
+    def expedite(self, slice_id: int) -> None:
+        """Have the writer take ``slice_id``'s queued pieces at once instead of lingering."""
+        ...
+
+
 class SliceStoreAPI(ABC):
     """What the storage node needs of a per-drive slice store. Thread-safe.
 
@@ -66,6 +98,15 @@ class SliceStoreAPI(ABC):
     MAX_SLICE_SIZE), ``StoreFull`` (no zone can take the bytes even after GC),
     and the drive's own ``shinglefs.zoned.errors`` wrapped as ``StoreIOError``.
     """
+
+    #: what this store offers beyond the abstract methods (see ``StoreAbilities``)
+    abilities: ClassVar[StoreAbilities] = StoreAbilities()
+
+    @property
+    def scheduler(self) -> WriteQueue:
+        """The store's write queue. Only a store with ``abilities.scheduler`` has one;
+        this default raises ``NotImplementedError``."""
+        raise NotImplementedError(f"{type(self).__name__} has no write scheduler")
 
     @abstractmethod
     def submit(

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from shinglefs.store.errors import StoreError, StoreFull
+from shinglefs.store.index import Extent
 from shinglefs.store.zones import GC_STREAM, ZoneRole, ZoneState
 
 if TYPE_CHECKING:
@@ -164,44 +165,15 @@ class ZoneCollector:
             chunk_limit = slog.config.gc_chunk_bytes
             i = 0
             while i < len(extents):
-                chunk: list[tuple[int, int, int, int, int]] = []
+                chunk: list[Extent] = []
                 size = 0
-                while i < len(extents) and (not chunk or size + extents[i][2] <= chunk_limit):
+                while i < len(extents) and (not chunk or size + extents[i].length <= chunk_limit):
                     chunk.append(extents[i])
-                    size += extents[i][2]
+                    size += extents[i].length
                     i += 1
-                payloads: list[bytearray | None] = []
-                for sid, off, length, dev, _group in chunk:
-                    try:
-                        payloads.append(slog.read_extent(sid, off, length, dev))
-                    except StoreError as exc:
-                        if slog.contains(sid):
-                            log.error("gc of %s zone %d: cannot copy slice %#x: %s",
-                                      slog.name, zone, sid, exc)
-                            slog.gc_failed.add(zone)
-                            return False
-                        payloads.append(None)  # deleted meanwhile
-                with slog.io_lock:
-                    if slog.closed:
-                        return False
-                    # Copy only extents still where they were read from: a slice deleted
-                    # (and perhaps re-created under its id) meanwhile is not copied.
-                    here = slog.still_at([(sid, off, dev) for sid, off, _l, dev, _g in chunk])
-                    items = [(sid, off, data, group)
-                             for (sid, off, _len, _dev, group), data, at in zip(
-                                 chunk, payloads, here, strict=True)
-                             if data is not None and at]
-                    try:
-                        written = slog.append(GC_STREAM, items, gc=True)
-                    except StoreFull as exc:
-                        log.warning("gc of %s zone %d: no room for copies: %s", slog.name,
-                                    zone, exc)
-                        return False
-                    slog.flush_drive()
-                    sources = {(sid, off): dev for sid, off, _l, dev, _g in chunk}
-                    moves = [(sid, off, sources[(sid, off)], dev)
-                             for sid, off, _l, dev, _g in written]
-                    slog.relocate(moves)
+                payloads = self._read_chunk(zone, chunk)
+                if payloads is None or not self._copy_chunk(zone, chunk, payloads):
+                    return False
                 if pause:
                     self._stop.wait(pause)
             with slog.io_lock:
@@ -212,3 +184,46 @@ class ZoneCollector:
                 return True
         finally:
             slog.gc_busy.discard(zone)
+
+    def _read_chunk(self, zone: int, chunk: list[Extent]) -> list[bytearray | None] | None:
+        """The verified payloads of ``chunk`` (None for a slice deleted meanwhile); None when
+        a live extent cannot be read: the zone is marked failed and never collected again."""
+        slog = self.log
+        payloads: list[bytearray | None] = []
+        for e in chunk:
+            try:
+                payloads.append(slog.read_extent(e.slice_id, e.offset, e.length, e.dev))
+            except StoreError as exc:
+                if slog.contains(e.slice_id):
+                    log.error("gc of %s zone %d: cannot copy slice %#x: %s",
+                              slog.name, zone, e.slice_id, exc)
+                    slog.gc_failed.add(zone)
+                    return None
+                payloads.append(None)  # deleted meanwhile
+        return payloads
+
+    def _copy_chunk(self, zone: int, chunk: list[Extent],
+                    payloads: list[bytearray | None]) -> bool:
+        """Append the copies to the GC stream, flush, then switch the index to them
+        (each switch only if the extent is still where it was read from). False when
+        the log closed or no room is left for the copies."""
+        slog = self.log
+        with slog.io_lock:
+            if slog.closed:
+                return False
+            # Copy only extents still where they were read from: a slice deleted
+            # (and perhaps re-created under its id) meanwhile is not copied.
+            here = slog.still_at(chunk)
+            items = [(e.slice_id, e.offset, data, e.group)
+                     for e, data, at in zip(chunk, payloads, here, strict=True)
+                     if data is not None and at]
+            try:
+                written = slog.append(GC_STREAM, items, gc=True)
+            except StoreFull as exc:
+                log.warning("gc of %s zone %d: no room for copies: %s", slog.name, zone, exc)
+                return False
+            slog.flush_drive()
+            sources = {(e.slice_id, e.offset): e.dev for e in chunk}
+            slog.relocate([(w.slice_id, w.offset, sources[(w.slice_id, w.offset)], w.dev)
+                           for w in written])
+        return True

@@ -24,7 +24,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -36,6 +36,16 @@ except (OSError, AttributeError):  # pragma: no cover - not glibc
 
 _DTYPES = {"sid": np.uint64, "off": np.uint32, "len": np.uint32, "dev": np.uint64,
            "grp": np.uint32}
+
+
+class Extent(NamedTuple):
+    """One data record of a slice, as the index, the append path and GC name it."""
+
+    slice_id: int
+    offset: int  # within the slice
+    length: int  # payload bytes
+    dev: int  # device offset of the record (its header block)
+    group: int  # lifetime group label
 
 
 class SliceIndex:
@@ -152,12 +162,12 @@ class SliceIndex:
                 yield sid
         yield from sorted(tail)
 
-    def extents_in_zone(self, zone: int) -> list[tuple[int, int, int, int, int]]:
-        """Live ``(slice id, offset, length, device offset, group label)`` in ``zone``."""
+    def extents_in_zone(self, zone: int) -> list[Extent]:
+        """The live extents in ``zone``, in device order."""
         start = np.uint64(zone * self.zone_size)
         end = np.uint64((zone + 1) * self.zone_size)
         labels = self.group_labels
-        found: list[tuple[int, int, int, int, int]] = []
+        found: list[Extent] = []
         for sid, off, length, dev, grp in ((self._sid, self._off, self._len, self._dev,
                                             self._grp),
                                            (self._t_sid[: self._t_n], self._t_off[: self._t_n],
@@ -166,10 +176,10 @@ class SliceIndex:
             if not dev.size:
                 continue
             idx = np.flatnonzero((dev >= start) & (dev < end) & (length != 0))
-            found.extend(zip(sid[idx].tolist(), off[idx].tolist(), length[idx].tolist(),
-                             dev[idx].tolist(), [labels[g] for g in grp[idx].tolist()],
-                             strict=True))
-        found.sort(key=lambda x: x[3])
+            found.extend(map(Extent._make, zip(
+                sid[idx].tolist(), off[idx].tolist(), length[idx].tolist(), dev[idx].tolist(),
+                [labels[g] for g in grp[idx].tolist()], strict=True)))
+        found.sort(key=lambda x: x.dev)
         return found
 
     def groups_of(self, sid: int) -> set[int]:

@@ -31,6 +31,7 @@ import numpy as np
 from shinglefs.store.checkpoint import CheckpointArea, encode_checkpoint
 from shinglefs.store.config import StoreConfig
 from shinglefs.store.errors import DriveTooSmall, StoreIOError
+from shinglefs.store.index import Extent
 from shinglefs.store.reads import LogReads
 from shinglefs.store.record import (
     BLOCK,
@@ -133,14 +134,14 @@ class SliceLog(LogReads):
 
     # ================================================================= appending
     def append(self, key: StreamKey, items: Sequence[tuple[int, int, Any, int]], *,
-               gc: bool = False) -> list[tuple[int, int, int, int, int]]:
+               gc: bool = False) -> list[Extent]:
         """Write data records for ``items`` = ``(slice id, offset, bytes, group)`` to a stream
         (bytes: a buffer, a sequence of buffers or a ``Payload``).
 
         Consecutive pieces of one slice become one record (up to 64 MiB and the
         zone's room); records that fit in the stream's zone go out as one
-        vectored write. Returns the extents written ``(sid, off, len, dev,
-        group)``, not yet in the index. Caller holds ``io_lock``.
+        vectored write. Returns the extents written, not yet in the index
+        (``publish`` makes them readable). Caller holds ``io_lock``.
         """
         records = _coalesce(items, gc)
         if not records:
@@ -151,7 +152,7 @@ class SliceLog(LogReads):
         # take one of the data streams' reserved zones.
         self._continuing = any(off > 0 for _sid, off, _data, _group in items)
         self._ensure_space(key, total)
-        extents: list[tuple[int, int, int, int, int]] = []
+        extents: list[Extent] = []
         ri = 0
         while ri < len(records):
             z = self._zone_for(key, records[ri][4])
@@ -160,7 +161,7 @@ class SliceLog(LogReads):
         return extents
 
     def _append_run(self, z: int, key: StreamKey, records: list[list[Any]], ri: int,
-                    gc: bool) -> tuple[int, list[tuple[int, int, int, int, int]]]:
+                    gc: bool) -> tuple[int, list[Extent]]:
         """Write ``records[ri:]`` that fit in zone ``z`` as one vectored write (a record
         that does not fit is split at the zone's end, except a GC copy); returns the
         index of the first record left and the extents written."""
@@ -169,7 +170,7 @@ class SliceLog(LogReads):
         pos = start
         room = self.room(z)
         iov: list[Any] = []
-        written: list[tuple[int, int, int, int, int]] = []
+        written: list[Extent] = []
         fresh: list[tuple[int, RecordHeader]] = []
         seq_first = self._seq
         while ri < len(records) and room >= MIN_ROOM:
@@ -196,7 +197,7 @@ class SliceLog(LogReads):
             pad = padding(take)
             if pad.nbytes:
                 iov.append(pad)
-            written.append((sid, off, take, pos, group))
+            written.append(Extent(sid, off, take, pos, group))
             footprint = record_footprint(take)
             pos += footprint
             room -= footprint
@@ -206,9 +207,9 @@ class SliceLog(LogReads):
         self._write(z, start, iov, pos - start, key, seq_first)
         self._cache_headers(fresh)
         if gc:
-            self.gc_bytes += sum(w[2] for w in written)
+            self.gc_bytes += sum(w.length for w in written)
         else:
-            self.user_bytes += sum(w[2] for w in written)
+            self.user_bytes += sum(w.length for w in written)
         return ri, written
 
     def _write(self, z: int, start: int, iov: list[Any], nbytes: int, key: StreamKey,
@@ -260,11 +261,11 @@ class SliceLog(LogReads):
         return seq
 
     # ================================================================= publishing
-    def publish(self, extents: Sequence[tuple[int, int, int, int, int]]) -> None:
+    def publish(self, extents: Sequence[Extent]) -> None:
         """Make written extents readable (index them). Caller holds ``io_lock``."""
         with self._cv:
-            for sid, off, length, dev, group in extents:
-                self.index.add(sid, off, length, dev, group)
+            for e in extents:
+                self.index.add(e.slice_id, e.offset, e.length, e.dev, e.group)
         self.pinned.clear()
 
     def relocate(self, moves: Sequence[tuple[int, int, int, int]]) -> int:

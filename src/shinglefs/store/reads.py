@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from shinglefs.store.errors import ChecksumMismatch, SliceNotFound, StoreIOError
+from shinglefs.store.index import Extent
 from shinglefs.store.record import (
     BLOCK,
     CRC_BLOCK,
@@ -95,7 +96,7 @@ class LogReads(LogZones):
         """Hint the drive that ``[offset, offset + length)`` of a slice is read
         soon (the records' spans; ``drive.prefetch``, e.g. ``WILLNEED``).
         Returns at once; an unknown slice or a drive without hints is ignored."""
-        if self._prefetch is None or length <= 0:
+        if not self.read_hints or length <= 0:
             return
         with self._cv:
             extents = self.index.extents(sid) or []
@@ -105,8 +106,8 @@ class LogReads(LogZones):
             b = min(end, e_off + e_len) - e_off
             if a < b:
                 lo = a // BLOCK * BLOCK  # whole blocks; the header block with the first
-                self._prefetch(dev + (0 if lo == 0 else HEADER_BLOCK + lo),
-                               align_up(b) - lo + (HEADER_BLOCK if lo == 0 else 0))
+                self.drive.prefetch(dev + (0 if lo == 0 else HEADER_BLOCK + lo),
+                                    align_up(b) - lo + (HEADER_BLOCK if lo == 0 else 0))
 
     def _cached_header(self, dev: int) -> RecordHeader | None:
         with self._cv:
@@ -158,14 +159,13 @@ class LogReads(LogZones):
 
     def read_raw_v(self, pos: int, views: list[memoryview]) -> None:
         """Read ``views`` back to back from ``pos``: one vectored read where the drive has one."""
-        readv = self._readv
-        if readv is None:
+        if not self.vectored_reads:
             for view in views:
                 self.read_raw(pos, view)
                 pos += view.nbytes
             return
         try:
-            readv(pos, views)
+            self.drive.readv(pos, views)
         except ZoneError as exc:
             raise StoreIOError(f"read failed: {exc}", drive=self.name, zone=pos // self.zs,
                                offset=pos, cause=exc) from exc
@@ -247,11 +247,11 @@ class LogReads(LogZones):
         Random reads never trigger it.
         """
         end = dev + record_footprint(e_len)
-        if self._prefetch is not None and lo == 0 and getattr(self._tls, "seq_end", -1) == dev:
+        if self.read_hints and lo == 0 and getattr(self._tls, "seq_end", -1) == dev:
             z = dev // self.zs
             n = min(end - dev, int(self.z_wp[z]) - end, (z + 1) * self.zs - end)
             if n > 0:
-                self._prefetch(end, n)
+                self.drive.prefetch(end, n)
         self._tls.seq_end = end
 
     def read_extent(self, sid: int, e_off: int, e_len: int, dev: int) -> bytearray:
@@ -260,8 +260,8 @@ class LogReads(LogZones):
         self._read_extent(sid, e_off, e_len, dev, 0, e_len, memoryview(buf))
         return buf
 
-    def live_extents(self, z: int) -> list[tuple[int, int, int, int, int]]:
-        """``(sid, off, len, dev, group label)`` of the live extents in zone ``z``."""
+    def live_extents(self, z: int) -> list[Extent]:
+        """The live extents in zone ``z``, in device order."""
         with self._cv:
             return self.index.extents_in_zone(z)
 
@@ -291,11 +291,11 @@ class LogReads(LogZones):
         with self._cv:
             return int(self.index.zone_live[z])
 
-    def still_at(self, extents: Sequence[tuple[int, int, int]]) -> list[bool]:
-        """For each ``(sid, off, dev)``: is that piece of the slice still indexed at ``dev``?
+    def still_at(self, extents: Sequence[Extent]) -> list[bool]:
+        """For each extent: is that piece of its slice still indexed at its ``dev``?
 
         Answered under one hold of the index lock. The caller holds ``io_lock``
         when the answer must stay true until it acts (GC copying an extent).
         """
         with self._cv:
-            return [self.index.location(sid, off) == dev for sid, off, dev in extents]
+            return [self.index.location(e.slice_id, e.offset) == e.dev for e in extents]

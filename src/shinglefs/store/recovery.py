@@ -397,4 +397,4 @@ def _end_emulated_zone(slog: SliceLog, z: int, pos: int, reason: TailReason,
                     slog.name, pos, reason.text)
     if pos < end:
         # Unflushed blocks may have landed out of order: clear the rest of the zone.
-        slog.drive_call(slog.drive.discard, pos, end - pos)  # type: ignore[attr-defined]
+        slog.drive_call(slog.drive.discard, pos, end - pos)

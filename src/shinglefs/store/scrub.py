@@ -111,7 +111,7 @@ def scrub_drive(store: SliceStore, state_path: Path, *, rate_bytes: float | None
     for zone in range(log.first_seq_zone, log.nz):
         if (zone + 1) * log.zs <= state.position:
             continue
-        for sid, off, length, dev, _group in sorted(log.live_extents(zone), key=lambda e: e[3]):
+        for sid, off, length, dev, _group in sorted(log.live_extents(zone), key=lambda e: e.dev):
             if dev < state.position or sid in state.damaged:
                 continue
             if stop is not None and stop():

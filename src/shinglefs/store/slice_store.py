@@ -9,7 +9,13 @@ from concurrent.futures import Future
 from typing import Any
 
 from shinglefs.errors import UsageError
-from shinglefs.store.api import MAX_SLICE_SIZE, PieceBytes, SliceStoreAPI, StoreStats
+from shinglefs.store.api import (
+    MAX_SLICE_SIZE,
+    PieceBytes,
+    SliceStoreAPI,
+    StoreAbilities,
+    StoreStats,
+)
 from shinglefs.store.config import StoreConfig
 from shinglefs.store.errors import SliceNotFound, StoreClosed
 from shinglefs.store.gc import ZoneCollector
@@ -39,13 +45,15 @@ class SliceStore(SliceStoreAPI):
     loses an acknowledged durable one.
     """
 
+    abilities = StoreAbilities(scheduler=True)
+
     def __init__(self, slice_log: SliceLog) -> None:
         self._log = slice_log
         cfg = slice_log.config
         self.name = slice_log.name
         self.collector = ZoneCollector(slice_log)
         slice_log.collector = self.collector
-        self.scheduler = WriteScheduler(
+        self._scheduler = WriteScheduler(
             slice_log, max_queue_bytes=cfg.max_queue_bytes, min_run_bytes=cfg.min_run_bytes,
             max_run_bytes=cfg.max_run_bytes, batch_bytes=cfg.batch_bytes,
             linger_s=cfg.linger_s)
@@ -53,6 +61,11 @@ class SliceStore(SliceStoreAPI):
             self.collector.start()
         self._closed = False
         self._close_lock = threading.Lock()
+
+    @property
+    def scheduler(self) -> WriteScheduler:
+        """The drive's write scheduler (``abilities.scheduler``)."""
+        return self._scheduler
 
     # ================================================================= lifecycle
     @classmethod

@@ -109,10 +109,10 @@ class LogZones:
         self.checkpoint_bytes_base = 0
         self.collector: Any = None  # set by the store: ZoneCollector for inline GC
         self._tls = threading.local()
-        # Optional drive calls (the emulated drive has them): one read into several
-        # buffers; a read-ahead hint for sequential scans.
-        self._readv: Any = getattr(drive, "readv", None)
-        self._prefetch: Any = getattr(drive, "prefetch", None)
+        # Optional drive calls the read path uses when the drive has them natively:
+        # one read into several buffers; a read-ahead hint for sequential scans.
+        self.vectored_reads = drive.abilities.readv
+        self.read_hints = drive.abilities.prefetch
         self.closed = False
 
 
@@ -133,7 +133,7 @@ class LogZones:
         the ordering rules (flush, readers gone, generation persisted) are theirs.
         """
         if self.wp_emulated:
-            self.drive_call(self.drive.discard, self.zone_start(z), self.zs)  # type: ignore[attr-defined]
+            self.drive_call(self.drive.discard, self.zone_start(z), self.zs)
         else:
             self.drive_call(self.drive.reset, z)
 

@@ -38,6 +38,7 @@ from shinglefs.zoned.model import (
     BLOCK_SIZE,
     DEFAULT_ZONE_SIZE,
     Buffer,
+    DriveAbilities,
     DriveOrZoneOpen,
     TraceRecord,
     ZoneCondition,
@@ -60,6 +61,7 @@ class ConventionalDrive(ZonedDrive):
 
     kind = "conventional"
     is_zoned = False
+    abilities = DriveAbilities(discard=True)
     max_open_zones = 0
 
     def __init__(self, path: str, fd: int, geometry: Geometry, name: str) -> None:

@@ -78,6 +78,7 @@ from shinglefs.zoned.model import (
     BLOCK_SIZE,
     DEFAULT_ZONE_SIZE,
     Buffer,
+    DriveAbilities,
     DriveOrZoneOpen,
     TraceRecord,
     ZoneCondition,
@@ -133,6 +134,7 @@ class EmulatedZonedDrive(ZonedDrive):
     DIRECT_WRITES: bool | None = None
 
     kind = "emulated"
+    abilities = DriveAbilities(readv=True, prefetch=True)
 
     def __init__(
         self,

@@ -30,7 +30,9 @@ import mmap
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, ClassVar, Self
+
+from shinglefs.zoned.errors import ZoneTypeError
 
 # Anything exposing the buffer protocol as bytes (collections.abc.Buffer is 3.12+).
 Buffer = bytes | bytearray | memoryview | mmap.mmap
@@ -107,6 +109,27 @@ class TraceRecord:
     time: float
 
 
+@dataclass(frozen=True, slots=True)
+class DriveAbilities:
+    """Optional drive calls a backend implements natively (``ZonedDrive.abilities``).
+
+    The calls themselves are part of every drive's interface; a flag says
+    whether calling them is worth it. Callers test a flag, never ``getattr``.
+
+    - ``readv``: ``readv`` fills several buffers with one vectored read (else
+      it is one ``readinto`` per buffer).
+    - ``prefetch``: ``prefetch`` queues a read-ahead of a range (else it does
+      nothing).
+    - ``discard``: ``discard`` frees a byte range, which then reads as zeros
+      (a TRIM; else it raises ``ZoneTypeError``). The slice log needs it on a
+      drive without write pointers, where it stands for a zone reset.
+    """
+
+    readv: bool = False
+    prefetch: bool = False
+    discard: bool = False
+
+
 class DriveOrZoneOpen:
     """``Backend.open(path)`` on the class opens a drive; ``drive.open(zone)`` opens a zone.
 
@@ -144,6 +167,8 @@ class ZonedDrive(ABC):
     kind: str = "zoned"
     #: False when every zone is CONVENTIONAL (random aligned writes anywhere, no write pointers)
     is_zoned: bool = True
+    #: which optional calls (``readv``, ``prefetch``, ``discard``) this backend implements natively
+    abilities: ClassVar[DriveAbilities] = DriveAbilities()
 
     @property
     def capacity(self) -> int:
@@ -189,6 +214,37 @@ class ZonedDrive(ABC):
     @abstractmethod
     def readinto(self, offset: int, buffer: memoryview) -> int:
         """Read ``len(buffer)`` bytes at ``offset`` into ``buffer``; returns the count."""
+
+    def readv(self, offset: int, buffers: Sequence[Buffer]) -> int:
+        """Fill ``buffers`` back to back from ``offset``; returns the bytes read.
+
+        The rules of ``readinto`` hold for the whole span. This default reads
+        one buffer at a time; a backend with ``abilities.readv`` does one
+        vectored read.
+        """
+        pos = offset
+        for buffer in buffers:
+            view = memoryview(buffer)
+            if view.ndim != 1 or view.itemsize != 1:
+                view = view.cast("B")
+            pos += self.readinto(pos, view)
+        return pos - offset
+
+    def prefetch(self, offset: int, length: int) -> None:
+        """Hint that ``[offset, offset + length)`` is read soon; returns at once, never fails.
+
+        This default ignores the hint (``abilities.prefetch`` is False).
+        """
+        return None
+
+    def discard(self, offset: int, length: int) -> None:
+        """Free ``[offset, offset + length)``: it reads as zeros; volatile until ``flush``.
+
+        Only a backend with ``abilities.discard`` implements it; this default
+        raises ``ZoneTypeError``.
+        """
+        raise ZoneTypeError("this drive cannot discard a byte range", drive=self.name,
+                            zone=self.zone_of(offset), offset=offset)
 
     @abstractmethod
     def write(self, zone: int, offset: int, data: Buffer | Sequence[Buffer]) -> None:
