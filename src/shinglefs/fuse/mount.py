@@ -467,7 +467,7 @@ def serve(
 
 
 def mount(
-    vfs: VFS | Callable[[], VFS],
+    open_vfs: Callable[[], VFS],
     mountpoint: str | os.PathLike[str],
     *,
     foreground: bool = True,
@@ -478,31 +478,25 @@ def mount(
     log_file: str | os.PathLike[str] | None = None,
     status: Callable[[VFS], dict[str, Any]] | None = None,
 ) -> None:
-    """Mount a file system; in the foreground, return when it is unmounted.
+    """Mount the file system ``open_vfs()`` opens; in the foreground, return when
+    it is unmounted (an open VFS is served directly by ``serve``).
 
-    ``vfs`` is an open VFS or a function opening one. Background mode
-    (``foreground=False``) needs the function: the process forks first, the
-    child opens the VFS and mounts, and this call returns in the parent only
-    when the mount serves (raising the child's error otherwise). The child
-    logs to ``log_file`` (default: ``/run/shinglefs/<hash>.log``).
-    ``allow_other``: other users may use the mount; None (the default) means
-    yes when mounting as root (``resolve_allow_other``).
+    The mount opens the file system itself, after the checks: in background
+    mode (``foreground=False``) the process forks first, the child opens the
+    VFS and mounts, and this call returns in the parent only when the mount
+    serves (raising the child's error otherwise). The child logs to
+    ``log_file`` (default: ``/run/shinglefs/<hash>.log``). ``allow_other``:
+    other users may use the mount; None (the default) means yes when mounting
+    as root (``resolve_allow_other``).
     """
-    from shinglefs.client.vfs import VFS
-
     path = check_mountpoint(mountpoint)
     check_fuse()
     allow_other = resolve_allow_other(allow_other)
     if foreground:
-        opened = vfs if isinstance(vfs, VFS) else vfs()
-        serve(opened, path, allow_other=allow_other, options=options, meta_url=meta_url,
+        serve(open_vfs(), path, allow_other=allow_other, options=options, meta_url=meta_url,
               name=name, status=status)
         return
-    if isinstance(vfs, VFS):
-        raise MountFailedError(
-            "background mounting needs a function that opens the file system, not an open VFS",
-            hint="pass a callable, or mount in the foreground")
-    _daemonize_and_serve(vfs, path, allow_other=allow_other, options=list(options),
+    _daemonize_and_serve(open_vfs, path, allow_other=allow_other, options=list(options),
                          meta_url=meta_url, name=name, status=status,
                          log_file=str(log_file) if log_file else str(state_path(path).with_suffix(".log")))
 
