@@ -282,3 +282,25 @@ log_file = "{log_file}"
     finally:
         assert run("umount", str(work / "mnt"), cwd=work).returncode == 0
     assert (work / "data").exists() and mount_entry(work / "mnt") is None
+
+
+@pytest.mark.fuse
+def test_up_reads_the_file_and_a_bad_key_formats_nothing(work: Path) -> None:
+    data = work / "updata"
+    bad = write(work / "bad.toml", "[client]\nread_cache_bytes = true\n")
+    line = one_error(run("up", str(data), str(work / "mnt"), "--config", str(bad), cwd=work), 22)
+    assert "client.read_cache_bytes: expected an integer" in line
+    assert not (data / "meta.db").exists() and mount_entry(work / "mnt") is None
+    config = write(work / "up.toml", "[store]\ngc_free_zones = 6\n[client]\n"
+                   "read_cache_bytes = \"64M\"\n[mount]\noptions = [\"noatime\"]\n")
+    result = run("up", str(data), str(work / "mnt"), "--read-cache", "96M", cwd=work,
+                 env={CONFIG_ENV: str(config)})
+    assert result.returncode == 0, result.stderr
+    try:
+        report = json.loads(run("status", str(work / "mnt"), "--json", cwd=work).stdout)
+        assert report["config_file"] == str(config)
+        assert report["config"]["store"]["gc_free_zones"] == 6
+        assert report["config"]["client"]["read_cache_bytes"] == 96 * MiB  # the flag won
+        assert report["config"]["mount"]["options"] == ["noatime"]
+    finally:
+        assert run("umount", str(work / "mnt"), cwd=work).returncode == 0
