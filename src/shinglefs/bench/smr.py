@@ -230,15 +230,18 @@ def churn(workdir: Path, quick: bool, data: memoryview) -> list[dict[str, Any]]:
     """Corpus growth plus checkpoint churn with retention; the store's counters after each round.
 
     Each round appends one corpus file and writes an 8-rank checkpoint; the
-    checkpoint of round r-3 is deleted (keep 3). The drive holds about a third
-    of what is written, so zones are reset and reused; GC runs in the
-    background as in production. Each round's trace is replayed through the
+    checkpoint of round r-3 is deleted (keep 3). The drive holds 1.25 times the
+    peak of live zones (each file starts its own zone) plus 12 spare, far less
+    than the zones the rounds take in all, so zones are reset and reused; GC
+    runs in the background as in production. Each round's trace is replayed through the
     HC620 model.
     """
     rounds, ranks = (12, 8) if quick else (24, 8)
     zone, rank_bytes, corpus_step = (32 * MiB, 16 * MiB, 32 * MiB) if quick else \
         (256 * MiB, 64 * MiB, 256 * MiB)
-    zones = (rounds * corpus_step + 4 * ranks * rank_bytes) // zone + 16
+    per_file = -(-(rank_bytes + MiB) // zone)  # zones a file takes (records add headers)
+    peak = rounds * -(-(corpus_step + MiB) // zone) + 4 * ranks * per_file
+    zones = int(peak * 1.25) + 12
     path = workdir / "churn.drive"
     drive = EmulatedZonedDrive.create(str(path), zone_size=zone, zone_count=zones,
                                       conventional_zones=2)
