@@ -36,6 +36,7 @@ import crc32c
 import numpy as np
 
 from shinglefs.store.errors import StoreFormatError
+from shinglefs.zoned.fileio import sync_data
 from shinglefs.zoned.model import ZonedDrive
 
 MAGIC = b"SHCK"
@@ -189,7 +190,7 @@ class CheckpointArea:
 
     def sync(self) -> None:
         if self._fd is not None:
-            os.fdatasync(self._fd)
+            sync_data(self._fd)
         else:
             self.drive.flush()
 

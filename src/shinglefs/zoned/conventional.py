@@ -114,7 +114,7 @@ class ConventionalDrive(ZonedDrive):
             raise UsageError(f"cannot create {data}: {exc.strerror}") from None
         try:
             os.ftruncate(fd, geometry.capacity)
-            os.fsync(fd)
+            fileio.sync_file(fd)
             ZoneTable.create(data + ".zones", geometry, name).close()
         except BaseException:
             os.close(fd)
@@ -283,14 +283,14 @@ class ConventionalDrive(ZonedDrive):
         self._check_open()
         if self._trace is not None:
             self._trace.append(TraceRecord("flush", -1, 0, 0, time.perf_counter()))
-        fileio.fdatasync(self._fd)
+        fileio.sync_data(self._fd)
 
     def close_drive(self) -> None:
         """Flush and release the file; further calls raise DriveClosedError. Idempotent."""
         with self._lock:
             if self._closed:
                 return
-            fileio.fdatasync(self._fd)
+            fileio.sync_data(self._fd)
             self._closed = True
             os.close(self._fd)
 

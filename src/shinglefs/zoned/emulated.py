@@ -257,7 +257,7 @@ class EmulatedZonedDrive(ZonedDrive):
             except OSError as exc:
                 raise UsageError(f"cannot create {path}: {exc.strerror}") from None
             os.ftruncate(fd, geometry.capacity)
-            os.fsync(fd)
+            fileio.sync_file(fd)
         try:
             table = ZoneTable.create(table_path, geometry, name)
             if is_device:
@@ -739,7 +739,7 @@ class EmulatedZonedDrive(ZonedDrive):
                 conv_flushed = len(self._conv_unflushed)
                 last_write = self._last_write
             try:
-                fileio.fdatasync(self._fd)
+                fileio.sync_data(self._fd)
                 changed = False
                 for z, wp in snapshot:
                     if self._durable_wp[z] != wp:
@@ -844,7 +844,7 @@ class EmulatedZonedDrive(ZonedDrive):
             for off, length in self._conv_unflushed:
                 for a, b in _subtract((off, off + length), kept):
                     fileio.discard(self._fd, a, b - a)
-            fileio.fdatasync(self._fd)
+            fileio.sync_data(self._fd)
             if torn_result is not None and not self._is_conventional(torn_result[0]):
                 zone = torn_result[0]
                 if new_wp[zone] != self._durable_wp[zone]:

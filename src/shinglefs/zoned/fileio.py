@@ -3,8 +3,8 @@
 Everything here moves whole buffers with one system call where the kernel
 allows it (``pwritev``/``preadv`` on memoryviews: no Python-level copies, no
 per-block loops) and retries only on short transfers. Durability calls
-(``fdatasync``, directory ``fsync``, hole punching) live here rather than
-scattered through the backends.
+(``sync_data``, ``sync_file``, ``sync_dir``; hole punching) live here rather
+than scattered through the drives, the zone tables and the store's checkpoints.
 """
 
 from __future__ import annotations
@@ -187,13 +187,26 @@ def discard(fd: int, offset: int, length: int, *, must_zero: bool = True) -> boo
     return False
 
 
-def fdatasync(fd: int) -> None:
-    """Flush file data (and the metadata needed to read it) to stable storage."""
+# Durability calls. Every fsync/fdatasync of the drives, zone tables and store
+# checkpoints goes through these three, so that a platform difference (macOS's
+# F_FULLFSYNC, a sync_file_range variant) or an instrumented test has one place.
+
+
+def sync_data(fd: int) -> None:
+    """``fdatasync``: the file's data, and the metadata needed to read it back, are
+    on stable storage when this returns. Raises ``OSError``."""
     os.fdatasync(fd)
 
 
-def fsync_dir(path: str) -> None:
-    """Make a rename or create in directory ``path`` durable."""
+def sync_file(fd: int) -> None:
+    """``fsync``: the file's data and all its metadata (size, times) are on stable
+    storage when this returns. Raises ``OSError``."""
+    os.fsync(fd)
+
+
+def sync_dir(path: str) -> None:
+    """``fsync`` of directory ``path``: a create, rename or unlink in it is durable
+    when this returns. Raises ``OSError``."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

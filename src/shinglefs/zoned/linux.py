@@ -535,12 +535,12 @@ class LinuxZonedDrive(ZonedDrive):
         self._check_open()
         if self._trace is not None:
             self._trace.append(TraceRecord("flush", -1, 0, 0, time.perf_counter()))
-        fileio.fdatasync(self._fd)
+        fileio.sync_data(self._fd)
 
     def close_drive(self) -> None:
         if self._closed:
             return
-        fileio.fdatasync(self._fd)
+        fileio.sync_data(self._fd)
         self._closed = True
         os.close(self._fd)
         if self._bounce is not None:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import crc32c
 
 from shinglefs.zoned.errors import DriveFormatError
-from shinglefs.zoned.fileio import fdatasync, fsync_dir
+from shinglefs.zoned.fileio import sync_data, sync_dir, sync_file
 from shinglefs.zoned.model import ZoneCondition
 
 MAGIC = b"SHGLZTBL"
@@ -127,9 +127,9 @@ class ZoneTable:
             os.ftruncate(fd, HEADER_SIZE + 2 * slot_size)
             table = cls(tmp, fd, geometry, 0, drive)
             table._write_slot([0] * geometry.zone_count)
-            os.fsync(fd)
+            sync_file(fd)
             os.rename(tmp, path)
-            fsync_dir(os.path.dirname(os.path.abspath(path)))
+            sync_dir(os.path.dirname(os.path.abspath(path)))
         except BaseException:
             os.close(fd)
             try:
@@ -233,7 +233,7 @@ class ZoneTable:
             raise DriveFormatError(f"zone table {path} not found", drive=drive) from None
         try:
             os.pwrite(fd, identity.encode(), IDENTITY_OFFSET)
-            fdatasync(fd)
+            sync_data(fd)
         finally:
             os.close(fd)
 
@@ -265,7 +265,7 @@ class ZoneTable:
             _SLOT_HEADER.pack(generation, crc, len(entries)) + body,
             HEADER_SIZE + slot * self._slot_size,
         )
-        fdatasync(self._fd)
+        sync_data(self._fd)
         self._generation = generation
 
     def close(self) -> None:
