@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import typer
+from tests.sim.clikit import sim_app as _app
 from typer.testing import CliRunner
 
-from shinglefs.cli import sim as sim_cli
 from shinglefs.errors import UsageError
 from shinglefs.sim import hc620
 from shinglefs.sim.tracefile import Trace, read_trace, write_trace
@@ -55,17 +54,6 @@ def test_replaying_a_recorded_trace_models_the_bytes_the_drive_saw(recorded):
     assert r.bytes_written == written >= 16 * MiB
     assert r.bytes_read >= 16 * MiB
     assert 0 < r.seconds < 5
-
-
-def _app() -> typer.Typer:
-    app = typer.Typer()
-
-    @app.callback()
-    def _root() -> None:
-        pass
-
-    sim_cli.register(app)
-    return app
 
 
 def test_sim_replay_command_prints_json_for_every_model(recorded, tmp_path):
