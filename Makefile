@@ -22,7 +22,9 @@ lint: setup
 	$(BIN)/mypy src/shinglefs
 
 bench: setup
-	$(BIN)/shinglefs bench all --report docs/benchmarks.md
+	@mkdir -p bench-data
+	$(BIN)/shinglefs bench all --json --report docs/benchmarks.md > bench-data/bench.json
+	$(BIN)/shinglefs sim plots bench-data/bench.json --out docs/img --append-to docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) demo-data bench-data .pytest_cache .hypothesis
