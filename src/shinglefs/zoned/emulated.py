@@ -48,45 +48,35 @@ Persistence and crash model (what is guaranteed):
 
 from __future__ import annotations
 
-import mmap
 import os
 import random
 import stat
-import threading
 import time
-from array import array
-from collections import OrderedDict
-from collections.abc import Sequence
 
 from shinglefs.errors import UsageError
 from shinglefs.zoned import fileio
-from shinglefs.zoned.errors import (
-    DriveClosedError,
-    DriveFormatError,
-    OutOfRangeError,
-    TooManyOpenZones,
-    UnalignedIOError,
-    WritePointerViolation,
-    ZoneBoundaryError,
-    ZoneError,
-    ZoneFullError,
-    ZoneOfflineError,
-    ZoneReadOnlyError,
-    ZoneTypeError,
-)
+from shinglefs.zoned.directio import BOUNCE_BYTES, DIRECT_ENV, direct_writes_from_env
+from shinglefs.zoned.emulated_io import EmulatedIO
+from shinglefs.zoned.emulated_zones import EmulatedZones
+from shinglefs.zoned.errors import DriveFormatError
 from shinglefs.zoned.model import (
     BLOCK_SIZE,
     DEFAULT_ZONE_SIZE,
-    Buffer,
     DriveAbilities,
     DriveOrZoneOpen,
     TraceRecord,
     ZoneCondition,
-    ZonedDrive,
-    ZoneInfo,
-    ZoneType,
 )
 from shinglefs.zoned.zonetable import Geometry, ZoneTable
+
+__all__ = [
+    "BOUNCE_BYTES",
+    "DEFAULT_MAX_OPEN_ZONES",
+    "DIRECT_ENV",
+    "EmulatedZonedDrive",
+    "default_conventional_zones",
+    "direct_writes_from_env",
+]
 
 DEFAULT_MAX_OPEN_ZONES = 128
 _TERMINAL = (ZoneCondition.READ_ONLY, ZoneCondition.OFFLINE)
@@ -97,97 +87,17 @@ def default_conventional_zones(zone_count: int) -> int:
     return 0 if zone_count < 2 else max(1, zone_count // 100)
 
 
-BOUNCE_BYTES = 8 * 1024 * 1024  # O_DIRECT writes go out in rounds of at most this
-
-
-DIRECT_ENV = "SHINGLEFS_EMULATED_DIRECT"
-
-
-def direct_writes_from_env() -> bool:
-    """Whether emulated drives write with O_DIRECT: on unless ``SHINGLEFS_EMULATED_DIRECT=0``.
-
-    Read each time a drive is opened, never at import.
-    """
-    return os.environ.get(DIRECT_ENV, "1") != "0"
-
-
-def _open_direct(path: str) -> int | None:
-    """A second descriptor of ``path`` opened O_DIRECT for writing, or None where
-    the file system (tmpfs, some overlays) refuses it."""
-    if not hasattr(os, "O_DIRECT"):
-        return None
-    try:
-        return os.open(path, os.O_WRONLY | os.O_DIRECT)
-    except OSError:
-        return None
-
-
-class EmulatedZonedDrive(ZonedDrive):
+class EmulatedZonedDrive(EmulatedIO):
     """A host-managed SMR drive emulated on a file; see the module docstring for the model.
 
     Build with ``create`` (new drive) or ``open`` (existing one), not the constructor.
+    Its code: zone state and commands in ``EmulatedZones`` (emulated_zones.py),
+    data I/O in ``EmulatedIO`` (emulated_io.py); here construction, ``flush``,
+    closing and the crash emulation (what survives a power cut).
     """
-
-    # Write with O_DIRECT where the backing file allows it (see __init__). None:
-    # the environment (``DIRECT_ENV``, on unless "0") decides when a drive is
-    # opened; a subclass or a test may fix it to True or False.
-    DIRECT_WRITES: bool | None = None
 
     kind = "emulated"
     abilities = DriveAbilities(readv=True, prefetch=True)
-
-    def __init__(
-        self,
-        path: str,
-        fd: int,
-        table: ZoneTable,
-        wp_offsets: list[int],
-        failed: list[ZoneCondition | None],
-        name: str,
-    ) -> None:
-        g = table.geometry
-        self.path = path
-        self.name = name
-        self.zone_size = g.zone_size
-        self.zone_count = g.zone_count
-        self.conventional_zones = g.conventional_zones
-        self.max_open_zones = g.max_open_zones
-        self.block_size = g.block_size
-        self._fd = fd
-        # Writes go around the page cache (O_DIRECT through an aligned bounce
-        # buffer) where the file system allows it, as on a real zoned device:
-        # no double caching, and no dirty-page throttling of the writer.
-        # Reads stay buffered (the kernel keeps the two coherent).
-        direct = self.DIRECT_WRITES
-        if direct is None:
-            direct = direct_writes_from_env()
-        self._dfd = _open_direct(path) if direct else None
-        self._bounce: mmap.mmap | None = None
-        self._table = table
-        self._closed = False
-        # Serialises state changes and sequential writes. _persist_lock (taken
-        # first when both are needed) serialises zone table saves so a flush's
-        # snapshot can never overwrite a later reset.
-        self._lock = threading.RLock()
-        self._persist_lock = threading.Lock()
-        zs = self.zone_size
-        self._wp = [z * zs + off for z, off in enumerate(wp_offsets)]
-        self._durable_wp = list(self._wp)
-        self._failed = list(failed)
-        # The zone table as saved (encoded durable pointers and failed marks), and
-        # the zones written or finished since the last flush: a flush re-encodes
-        # only those, so its cost does not grow with the zone count.
-        self._entries = array("Q", [ZoneTable.encode(off, f) for off, f in zip(wp_offsets, failed,
-                                                                                strict=True)])
-        self._unflushed: set[int] = set()
-        self._cond: list[ZoneCondition] = [
-            self._resting_condition(z) for z in range(self.zone_count)
-        ]
-        self._implicit_open: OrderedDict[int, None] = OrderedDict()  # LRU order
-        self._explicit_open: set[int] = set()
-        self._conv_unflushed: list[tuple[int, int]] = []
-        self._last_write: tuple[int, int, int] | None = None  # zone, start, end
-        self._trace: list[TraceRecord] | None = None
 
     # -- construction ---------------------------------------------------------------------
     @classmethod
@@ -299,432 +209,8 @@ class EmulatedZonedDrive(ZonedDrive):
             )
         return cls(path, fd, table, wps, failed, name)
 
-    # -- zone descriptors -----------------------------------------------------------------
-    def _is_conventional(self, zone: int) -> bool:
-        return zone < self.conventional_zones
-
-    def _resting_condition(self, zone: int) -> ZoneCondition:
-        """Condition after power-on: failed mark, else derived from the write pointer."""
-        failed = self._failed[zone]
-        if failed is not None:
-            return failed
-        if self._is_conventional(zone):
-            return ZoneCondition.NOT_WP
-        start = zone * self.zone_size
-        wp = self._wp[zone]
-        if wp == start:
-            return ZoneCondition.EMPTY
-        if wp == start + self.zone_size:
-            return ZoneCondition.FULL
-        return ZoneCondition.CLOSED
-
-    def report_zones(self, start_zone: int = 0, count: int | None = None) -> list[ZoneInfo]:
-        self._check_open()
-        if not 0 <= start_zone < self.zone_count:
-            raise OutOfRangeError(
-                f"zone {start_zone} not in 0..{self.zone_count - 1}", drive=self.name,
-                zone=start_zone,
-            )
-        end = self.zone_count if count is None else min(self.zone_count, start_zone + count)
-        zs = self.zone_size
-        with self._lock:
-            return [
-                ZoneInfo(
-                    index=z,
-                    start=z * zs,
-                    size=zs,
-                    capacity=zs,
-                    write_pointer=z * zs if self._is_conventional(z) else self._wp[z],
-                    type=ZoneType.CONVENTIONAL
-                    if self._is_conventional(z)
-                    else ZoneType.SEQUENTIAL_WRITE_REQUIRED,
-                    condition=self._cond[z],
-                )
-                for z in range(start_zone, end)
-            ]
-
-    @property
-    def writes_direct(self) -> bool:
-        """True while writes go around the page cache (O_DIRECT); False once refused or never on."""
-        return self._dfd is not None
-
-    def open_zone_count(self) -> tuple[int, int]:
-        """(implicitly open, explicitly open) sequential zones right now."""
-        with self._lock:
-            return len(self._implicit_open), len(self._explicit_open)
-
-    # -- checks ---------------------------------------------------------------------------
-    def _check_open(self) -> None:
-        if self._closed:
-            raise DriveClosedError("the drive is closed", drive=self.name)
-
-    def _check_zone(self, zone: int) -> None:
-        if not 0 <= zone < self.zone_count:
-            raise OutOfRangeError(
-                f"zone {zone} not in 0..{self.zone_count - 1}", drive=self.name, zone=zone
-            )
-
-    def _check_usable(self, zone: int, offset: int | None) -> None:
-        cond = self._cond[zone]
-        if cond is ZoneCondition.OFFLINE:
-            raise ZoneOfflineError("zone is OFFLINE", drive=self.name, zone=zone, offset=offset)
-        if cond is ZoneCondition.READ_ONLY:
-            raise ZoneReadOnlyError(
-                "zone is READ_ONLY", drive=self.name, zone=zone, offset=offset,
-                hint="read its data off and stop writing this zone",
-            )
-
-    def _check_sequential(self, zone: int, op: str) -> None:
-        if self._is_conventional(zone):
-            raise ZoneTypeError(
-                f"{op} is not defined for a conventional zone", drive=self.name, zone=zone
-            )
-
-    # -- open-zone accounting (caller holds _lock) --------------------------------------
-    def _take_open_resource(self, zone: int, explicit: bool) -> None:
-        """Make room for one more open zone, implicitly closing an IMPLICIT_OPEN one if needed."""
-        limit = self.max_open_zones
-        if limit == 0 or len(self._implicit_open) + len(self._explicit_open) < limit:
-            return
-        for victim in self._implicit_open:
-            if victim != zone:
-                self._release_open(victim)
-                self._cond[victim] = self._closed_condition(victim)
-                return
-        kind = "explicitly" if explicit else "implicitly"
-        raise TooManyOpenZones(
-            f"cannot open the zone {kind}: all {limit} open zones are explicitly open",
-            drive=self.name, zone=zone, offset=self._wp[zone],
-            hint="close or finish an explicitly opened zone first",
-        )
-
-    def _release_open(self, zone: int) -> None:
-        self._implicit_open.pop(zone, None)
-        self._explicit_open.discard(zone)
-
-    def _closed_condition(self, zone: int) -> ZoneCondition:
-        return ZoneCondition.EMPTY if self._wp[zone] == zone * self.zone_size else ZoneCondition.CLOSED
-
-    # -- I/O ------------------------------------------------------------------------------
-    def write(self, zone: int, offset: int, data: Buffer | Sequence[Buffer]) -> None:
-        self._check_open()
-        views = fileio.as_views(data)
-        length = sum(v.nbytes for v in views)
-        self._write_views(zone, offset, views, length)
-
-    def append(self, zone: int, data: Buffer | Sequence[Buffer]) -> int:
-        self._check_open()
-        self._check_zone(zone)
-        self._check_sequential(zone, "append")
-        views = fileio.as_views(data)
-        length = sum(v.nbytes for v in views)
-        with self._lock:
-            offset = self._wp[zone]
-            self._write_views(zone, offset, views, length)
-        return offset
-
-    def _write_views(self, zone: int, offset: int, views: list[memoryview], length: int) -> None:
-        self._check_zone(zone)
-        bs = self.block_size
-        if offset % bs or length % bs:
-            raise UnalignedIOError(
-                f"write of {length} bytes is not aligned to {bs} bytes",
-                drive=self.name, zone=zone, offset=offset,
-            )
-        start = zone * self.zone_size
-        end = start + self.zone_size
-        if not start <= offset <= end:
-            raise ZoneBoundaryError(
-                f"offset is outside the zone [{start}, {end})", drive=self.name, zone=zone,
-                offset=offset,
-            )
-        with self._lock:
-            self._check_open()
-            self._check_usable(zone, offset)
-            if self._is_conventional(zone):
-                if offset + length > end:
-                    raise ZoneBoundaryError(
-                        f"write of {length} bytes crosses the zone end {end}",
-                        drive=self.name, zone=zone, offset=offset,
-                    )
-                self._pwritev(zone, views, offset, length)
-                if length:
-                    self._conv_unflushed.append((offset, length))
-                    self._last_write = (zone, offset, offset + length)
-                return
-            cond = self._cond[zone]
-            if cond is ZoneCondition.FULL:
-                raise ZoneFullError(
-                    "zone is FULL", drive=self.name, zone=zone, offset=offset,
-                    hint="reset the zone before writing it again",
-                )
-            wp = self._wp[zone]
-            if offset != wp:
-                raise WritePointerViolation(
-                    f"write is not at the write pointer {wp}", drive=self.name, zone=zone,
-                    offset=offset,
-                )
-            if offset + length > end:
-                raise ZoneBoundaryError(
-                    f"write of {length} bytes crosses the zone end {end}",
-                    drive=self.name, zone=zone, offset=offset,
-                )
-            if length == 0:
-                return
-            opening = cond in (ZoneCondition.EMPTY, ZoneCondition.CLOSED)
-            if opening:
-                self._take_open_resource(zone, explicit=False)
-            self._pwritev(zone, views, offset, length)  # on failure the zone is as it was
-            if opening:
-                self._implicit_open[zone] = None
-                self._cond[zone] = ZoneCondition.IMPLICIT_OPEN
-            elif cond is ZoneCondition.IMPLICIT_OPEN:
-                self._implicit_open.move_to_end(zone)
-            self._wp[zone] = offset + length
-            self._unflushed.add(zone)
-            self._last_write = (zone, offset, offset + length)
-            if offset + length == end:
-                self._release_open(zone)
-                self._cond[zone] = ZoneCondition.FULL
-
-    def _pwritev(self, zone: int, views: list[memoryview], offset: int, length: int) -> None:
-        # Traced here, after every rule passed: the trace holds the I/O the media saw.
-        if self._trace is not None:
-            self._trace.append(TraceRecord("write", zone, offset, length, time.perf_counter()))
-        try:
-            if self._dfd is not None and self._direct_write(views, offset, length):
-                return
-            fileio.pwritev_all(self._fd, views, offset)
-        except OSError as exc:
-            raise ZoneError(
-                f"write failed: {exc.strerror}", drive=self.name, zone=zone, offset=offset,
-                errno=exc.errno,
-            ) from exc
-
-    def _direct_write(self, views: list[memoryview], offset: int, length: int) -> bool:
-        """Write ``views`` at ``offset`` with O_DIRECT, in bounce-buffer rounds
-        (``_lock`` held; offset and length are block-aligned). False: the file
-        refuses O_DIRECT (EINVAL), which is then given up for good."""
-        assert self._dfd is not None
-        if self._bounce is None:
-            self._bounce = mmap.mmap(-1, BOUNCE_BYTES)  # page-aligned
-        bounce = memoryview(self._bounce)
-        pending = list(views)
-        done = 0
-        try:
-            while done < length:
-                fill = 0
-                while pending and fill < BOUNCE_BYTES:
-                    view = pending[0]
-                    take = min(view.nbytes, BOUNCE_BYTES - fill)
-                    bounce[fill : fill + take] = view[:take]
-                    fill += take
-                    if take == view.nbytes:
-                        pending.pop(0)
-                    else:
-                        pending[0] = view[take:]
-                written = 0
-                while written < fill:
-                    n = os.pwrite(self._dfd, bounce[written:fill], offset + done + written)
-                    if n <= 0:
-                        raise OSError(5, "O_DIRECT write wrote nothing")
-                    written += n
-                done += fill
-        except OSError as exc:
-            if exc.errno != 22 or done:  # EINVAL before any byte: no O_DIRECT here
-                raise
-            os.close(self._dfd)
-            self._dfd = None
-            return False
-        finally:
-            bounce.release()
-        return True
-
-    def read(self, offset: int, length: int) -> bytes:
-        self._check_open()
-        self._check_read(offset, length)
-        zone = offset // self.zone_size
-        if (
-            length
-            and (offset + length - 1) // self.zone_size == zone
-            and self._cond[zone] is not ZoneCondition.OFFLINE
-            and (self._is_conventional(zone) or offset + length <= self._wp[zone])
-            and length < 0x7FFFF000
-        ):
-            # Fast path: wholly written bytes of one zone; pread builds the bytes object.
-            if self._trace is not None:
-                self._trace.append(TraceRecord("read", zone, offset, length, time.perf_counter()))
-            try:
-                data = os.pread(self._fd, length, offset)
-            except OSError as exc:
-                raise ZoneError(
-                    f"read failed: {exc.strerror}", drive=self.name, zone=zone, offset=offset,
-                    errno=exc.errno,
-                ) from exc
-            if len(data) == length:
-                return data
-        buffer = bytearray(length)
-        self.readinto(offset, memoryview(buffer))
-        return bytes(buffer)
-
-    def readinto(self, offset: int, buffer: memoryview) -> int:
-        return self.readv(offset, [buffer])
-
-    def readv(self, offset: int, buffers: Sequence[Buffer]) -> int:
-        """Fill ``buffers`` back to back from ``offset`` with one vectored read; returns the bytes.
-
-        The same rules as ``readinto`` for the whole span (4 KiB aligned
-        offset and total length; bytes past a write pointer read as zeros), so
-        a record's header block and payload can arrive in one system call.
-        """
-        self._check_open()
-        views = fileio.as_views(buffers)
-        length = sum(v.nbytes for v in views)
-        self._check_read(offset, length)
-        if length == 0:
-            return 0
-        zs = self.zone_size
-        first = offset // zs
-        last = (offset + length - 1) // zs
-        if self._trace is not None:
-            self._trace.append(TraceRecord("read", first, offset, length, time.perf_counter()))
-        # Snapshot write pointers before reading: bytes written meanwhile past the
-        # snapshot read as zeros, never as stale garbage.
-        zero_ranges: list[tuple[int, int]] = []
-        for z in range(first, last + 1):
-            if self._cond[z] is ZoneCondition.OFFLINE:
-                raise ZoneOfflineError(
-                    "zone is OFFLINE", drive=self.name, zone=z, offset=max(offset, z * zs)
-                )
-            if self._is_conventional(z):
-                continue
-            seg_start = max(offset, z * zs)
-            seg_end = min(offset + length, (z + 1) * zs)
-            wp = self._wp[z]
-            if wp < seg_end:
-                zero_ranges.append((max(wp, seg_start) - offset, seg_end - offset))
-        try:
-            if len(views) == 1:
-                fileio.preadv_all(self._fd, views[0], offset)
-            else:
-                fileio.preadv_views_all(self._fd, views, offset)
-        except OSError as exc:
-            raise ZoneError(
-                f"read failed: {exc.strerror}", drive=self.name, zone=first, offset=offset,
-                errno=exc.errno,
-            ) from exc
-        for a, b in zero_ranges:
-            _zero_span(views, a, b)
-        return length
-
-    def prefetch(self, offset: int, length: int) -> None:
-        """Hint that ``[offset, offset + length)`` will be read soon; returns without waiting.
-
-        Only a hint to the backing file (``posix_fadvise(WILLNEED)``: the
-        kernel queues the read): no rule is checked, no state changes, and
-        errors are ignored, so a caller may prefetch speculatively.
-        """
-        if length <= 0 or self._closed:
-            return
-        try:
-            os.posix_fadvise(self._fd, offset, length, os.POSIX_FADV_WILLNEED)
-        except (OSError, AttributeError):
-            pass
-
-    def _check_read(self, offset: int, length: int) -> None:
-        bs = self.block_size
-        if offset % bs or length % bs:
-            raise UnalignedIOError(
-                f"read of {length} bytes is not aligned to {bs} bytes",
-                drive=self.name, zone=self.zone_of(offset), offset=offset,
-            )
-        if offset < 0 or length < 0 or offset + length > self.capacity:
-            raise OutOfRangeError(
-                f"read of {length} bytes is outside the drive (capacity {self.capacity})",
-                drive=self.name, offset=offset,
-            )
-
-    # -- zone management ------------------------------------------------------------------
-    def reset(self, zone: int) -> None:
-        """Make ``zone`` EMPTY, durably; its old bytes are discarded (read as zeros)."""
-        self._check_open()
-        self._check_zone(zone)
-        self._check_sequential(zone, "reset")
-        start = zone * self.zone_size
-        with self._persist_lock, self._lock:
-            self._check_open()
-            self._check_usable(zone, start)
-            self._trace_command("reset", zone)
-            old_wp = self._wp[zone]
-            self._release_open(zone)
-            self._wp[zone] = start
-            self._cond[zone] = ZoneCondition.EMPTY
-            if self._last_write is not None and self._last_write[0] == zone:
-                self._last_write = None
-            if self._durable_wp[zone] != start:
-                self._set_durable(zone, start)
-                self._table.save_entries(self._entries)
-            # Space only: bytes past the write pointer already read as zeros.
-            fileio.discard(self._fd, start, old_wp - start, must_zero=False)
-
-    def open_zone(self, zone: int) -> None:
-        """Explicitly open ``zone`` (EMPTY, IMPLICIT_OPEN or CLOSED -> EXPLICIT_OPEN)."""
-        self._check_open()
-        self._check_zone(zone)
-        self._check_sequential(zone, "open")
-        with self._lock:
-            self._check_open()
-            self._check_usable(zone, self._wp[zone])
-            self._trace_command("open", zone)
-            cond = self._cond[zone]
-            if cond is ZoneCondition.EXPLICIT_OPEN:
-                return
-            if cond is ZoneCondition.FULL:
-                raise ZoneFullError(
-                    "cannot open a FULL zone", drive=self.name, zone=zone, offset=self._wp[zone]
-                )
-            if cond is ZoneCondition.IMPLICIT_OPEN:
-                del self._implicit_open[zone]
-            else:
-                self._take_open_resource(zone, explicit=True)
-            self._explicit_open.add(zone)
-            self._cond[zone] = ZoneCondition.EXPLICIT_OPEN
-
     # ``EmulatedZonedDrive.open(path)`` opens a drive; ``drive.open(zone)`` opens a zone.
-    open = DriveOrZoneOpen(open_drive, open_zone)
-
-    def close(self, zone: int) -> None:
-        self._check_open()
-        self._check_zone(zone)
-        self._check_sequential(zone, "close")
-        with self._lock:
-            self._check_open()
-            self._check_usable(zone, self._wp[zone])
-            self._trace_command("close", zone)
-            if self._cond[zone].is_open:
-                self._release_open(zone)
-                self._cond[zone] = self._closed_condition(zone)
-
-    def finish(self, zone: int) -> None:
-        """Make ``zone`` FULL (write pointer at its end); volatile until ``flush``."""
-        self._check_open()
-        self._check_zone(zone)
-        self._check_sequential(zone, "finish")
-        with self._lock:
-            self._check_open()
-            self._check_usable(zone, self._wp[zone])
-            self._trace_command("finish", zone)
-            if self._cond[zone] is ZoneCondition.FULL:
-                return
-            end = (zone + 1) * self.zone_size
-            old_wp = self._wp[zone]
-            self._release_open(zone)
-            # Bytes between the old pointer and the end may hold garbage from an
-            # earlier crash; after FINISH they are readable, so make them zeros.
-            fileio.discard(self._fd, old_wp, end - old_wp)
-            self._wp[zone] = end
-            self._unflushed.add(zone)
-            self._cond[zone] = ZoneCondition.FULL
+    open = DriveOrZoneOpen(open_drive, EmulatedZones.open_zone)
 
     def flush(self) -> None:
         """Make every completed write durable: data ``fdatasync``, then the write pointers."""
@@ -756,11 +242,6 @@ class EmulatedZonedDrive(ZonedDrive):
                 if self._last_write == last_write:
                     self._last_write = None
 
-    def _set_durable(self, zone: int, wp: int) -> None:
-        """Record ``wp`` as ``zone``'s durable pointer (saved by the caller's next table save)."""
-        self._durable_wp[zone] = wp
-        self._entries[zone] = ZoneTable.encode(wp - zone * self.zone_size, self._failed[zone])
-
     def close_drive(self) -> None:
         """Flush, then release the files; further calls raise DriveClosedError. Idempotent."""
         if self._closed:
@@ -774,12 +255,9 @@ class EmulatedZonedDrive(ZonedDrive):
                 return
             self._closed = True
             os.close(self._fd)
-            if self._dfd is not None:
-                os.close(self._dfd)
-                self._dfd = None
-            if self._bounce is not None:
-                self._bounce.close()
-                self._bounce = None
+            if self._direct is not None:
+                self._direct.close()
+                self._direct = None
             self._table.close()
 
     # -- failures and crashes (tests) ----------------------------------------------------
@@ -854,24 +332,12 @@ class EmulatedZonedDrive(ZonedDrive):
         self._release()
         return torn_result
 
-    # -- tracing ---------------------------------------------------------------------------
-    def _trace_command(self, op: str, zone: int) -> None:
-        """Record a zone command (offset: the write pointer it found)."""
-        if self._trace is not None:
-            self._trace.append(TraceRecord(op, zone, self._wp[zone], 0, time.perf_counter()))
-
-    def start_trace(self) -> None:
-        self._trace = []
-
-    def stop_trace(self) -> list[TraceRecord]:
-        records, self._trace = self._trace or [], None
-        return records
-
     def __repr__(self) -> str:
         return (
             f"EmulatedZonedDrive({self.path!r}, zones={self.zone_count}x{self.zone_size}, "
             f"conventional={self.conventional_zones}, max_open={self.max_open_zones})"
         )
+
 
 
 def _subtract(extent: tuple[int, int], hole: tuple[int, int] | None) -> list[tuple[int, int]]:
@@ -885,17 +351,3 @@ def _subtract(extent: tuple[int, int], hole: tuple[int, int] | None) -> list[tup
     if hole[1] < b:
         out.append((hole[1], b))
     return out
-
-
-def _zero_span(views: list[memoryview], start: int, end: int) -> None:
-    """Zero bytes ``[start, end)`` of the concatenation of ``views``."""
-    pos = 0
-    for view in views:
-        n = view.nbytes
-        a = max(start, pos)
-        b = min(end, pos + n)
-        if a < b:
-            fileio.zero_fill(view, a - pos, b - pos)
-        pos += n
-        if pos >= end:
-            break
