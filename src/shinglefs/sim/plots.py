@@ -47,9 +47,9 @@ def _epoch(plt: Any, r: dict[str, Any], path: Path) -> Path:
            color="tab:blue", label="ShingleFS on HM-SMR (modeled)")
     ax.axhline(1.0, color="gray", ls="--", label="rated sequential read")
     ax.axhline(0.85, color="tab:red", ls=":", label="target 0.85")
-    ax.set(xlabel="concurrent readers", ylabel="fraction of rated", ylim=(0, 1.1),
+    ax.set(xlabel="concurrent readers", ylabel="fraction of rated", ylim=(0, 1.4),
            title="Epoch reads")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper right")
     return _save(fig, path)
 
 
@@ -65,9 +65,9 @@ def _checkpoint(plt: Any, r: dict[str, Any], path: Path) -> Path:
         ax.bar(xs, [r.get(key.format(n), 0) for n in ranks], width, label=label)
     ax.axhline(0.95, color="tab:red", ls=":", label="target 0.95 (16 ranks)")
     ax.set_xticks(range(len(ranks)), [str(n) for n in ranks])
-    ax.set(xlabel="concurrent ranks", ylabel="fraction of rated write", ylim=(0, 1.15),
+    ax.set(xlabel="concurrent ranks", ylabel="fraction of rated write", ylim=(0, 1.45),
            title="Checkpoint write")
-    ax.legend(fontsize=7, loc="lower left")
+    ax.legend(fontsize=7, loc="upper right", ncol=2)
     return _save(fig, path)
 
 
