@@ -45,7 +45,7 @@ def test_a_group_stays_on_its_drive_and_new_groups_go_to_the_freest(node: Storag
     first = node.write(1, 0, b"a" * MiB, group=10)
     assert node.write(2, 0, b"b" * MiB, group=10) == first
     assert node.write(3, 0, b"c" * MiB, group=10) == first
-    node._stats_cache.clear()
+    node.refresh_stats()
     other = node.write(4, 0, b"d" * MiB, group=11)
     assert other != first  # the other drive has more free bytes
     assert node.place(5, 10) == first

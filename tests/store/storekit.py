@@ -34,7 +34,7 @@ def crash(store: SliceStore, *, torn: bool = False, keep_blocks: int | None = No
     store.scheduler.close()
     store.collector.stop()
     drive.simulate_power_cut(torn=torn, keep_blocks=keep_blocks)  # type: ignore[attr-defined]
-    store._closed = True
+    store.mark_lost()
     return SliceStore.open(EmulatedZonedDrive.open(path), **config)
 
 

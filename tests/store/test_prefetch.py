@@ -36,7 +36,7 @@ def test_a_hint_covers_the_asked_range_of_each_record_in_whole_blocks(tmp_path: 
         store.write(7, 0, data, group=1)
         store.write(7, 3 * MiB, payload(2, MiB), group=1)
         store.flush()
-        [(e_off, e_len, dev)] = [e for e in store._log.index.extents(7) if e[0] == 0]
+        [(e_off, e_len, dev)] = [e for e in store.slice_log.index.extents(7) if e[0] == 0]
         assert (e_off, e_len) == (0, 3 * MiB)
         drive.hints.clear()
         store.prefetch(7, 0, 100)  # the head of the first record: header block included
@@ -47,7 +47,7 @@ def test_a_hint_covers_the_asked_range_of_each_record_in_whole_blocks(tmp_path: 
         assert drive.hints == [(start, MiB + BLOCK)]  # up to 2 MiB + 10, block-aligned
         drive.hints.clear()
         store.prefetch(7, 2 * MiB, 2 * MiB)  # spans several records: one hint each
-        spanned = [e for e in store._log.index.extents(7) if e[0] < 4 * MiB and e[0] + e[1] > 2 * MiB]
+        spanned = [e for e in store.slice_log.index.extents(7) if e[0] < 4 * MiB and e[0] + e[1] > 2 * MiB]
         assert len(spanned) >= 2 and len(drive.hints) == len(spanned)
         assert sorted(drive.hints)[0][0] == dev + HEADER_BLOCK + 2 * MiB
         assert store.read(7, 0, 3 * MiB) == data  # hints change nothing

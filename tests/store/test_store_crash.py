@@ -61,7 +61,7 @@ def test_corrupt_record_in_the_log_stops_replay_of_its_zone(store, tmp_path):
     store.scheduler.close()
     store.collector.stop()
     store.drive.simulate_power_cut()
-    store._closed = True
+    store.mark_lost()
     # Slice 2's record follows slice 1's (4 KiB header + 20,000 bytes padded to 20 KiB).
     second = z * MiB + 6 * 4096
     with open(path, "r+b") as f:
@@ -132,10 +132,10 @@ def test_torn_checkpoint_falls_back_to_the_previous_one(store):
     log.checkpoint()
     log.area.sync = real_sync
     drive.simulate_power_cut(torn=True, keep_blocks=1)
-    store._closed = True
+    store.mark_lost()
     drive = EmulatedZonedDrive.open(path)
     area = CheckpointArea(drive, drive.zone_count)
-    header = decode_header(area._read(area._slot_offset((good + 1) % 2), 4096))
+    header = decode_header(area.read_slot((good + 1) % 2, 4096))
     assert header is not None and header[0] == good + 1  # its header survived, its body did not
     store = SliceStore.open(drive)
     try:

@@ -175,7 +175,7 @@ def test_write_now_does_nothing_while_a_flush_waits(store):
     flusher = threading.Thread(target=lambda: flushed.append(_flush(store)))
     try:
         flusher.start()
-        wait_until(lambda: store.scheduler._barriers, "the flush barrier is registered")
+        wait_until(lambda: store.scheduler.flush_waiting, "the flush barrier is registered")
         assert store.write_now(31, 0, b"z" * 100, group=3) is None
         assert_nothing_queued(store, 31, 0)
     finally:
@@ -325,26 +325,26 @@ def test_node_write_now_places_the_slice_and_returns_a_completed_future(node):
     assert more is not None and more[0] == drive_id and more[1].exception() is None
     assert node.read(80, 0, 60_000) == data + b"more"
     # Nothing is left counted as pending once the future completed.
-    assert node._pending_bytes == dict.fromkeys(node.drive_ids, 0)
+    assert {d: node.pending_bytes(d) for d in node.drive_ids} == dict.fromkeys(node.drive_ids, 0)
 
 
 def test_node_write_now_refused_leaves_free_space_accounting_unchanged(node):
     # Queue a piece of group 9 on its drive; it stays queued (long linger).
     drive_id, queued = node.submit(90, 0, b"q" * 4096, group=9)
-    before_free = node._estimated_free(drive_id)[0]
+    before_free = node.estimated_free_bytes(drive_id)
     before_stats = node.stats()
-    before_pending = dict(node._pending_bytes)
+    before_pending = {d: node.pending_bytes(d) for d in node.drive_ids}
 
     assert node.write_now(91, 0, b"n" * 100_000, group=9) is None
-    assert node._estimated_free(drive_id)[0] == before_free
-    assert node._pending_bytes == before_pending
+    assert node.estimated_free_bytes(drive_id) == before_free
+    assert {d: node.pending_bytes(d) for d in node.drive_ids} == before_pending
     assert node.stats().free_bytes == before_stats.free_bytes
     assert node.stats().live_bytes == before_stats.live_bytes
     assert not node.contains(91)
 
     with pytest.raises(SliceOrderError):
         node.write_now(92, 5, b"bad", group=4)
-    assert node._pending_bytes == before_pending
+    assert {d: node.pending_bytes(d) for d in node.drive_ids} == before_pending
 
     node.flush([drive_id])
     assert queued.result(timeout=30) is None

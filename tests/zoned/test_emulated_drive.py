@@ -228,7 +228,7 @@ def test_flush_alternates_table_slots_and_a_torn_slot_falls_back(
     emulated.flush()
     emulated.append(SEQ, blocks(1, 2))
     emulated.flush()
-    newest = emulated._table._generation % 2
+    newest = emulated.zone_table.generation % 2
     slot_size = (os.path.getsize(emulated.path + ".zones") - HEADER_SIZE) // 2
     emulated.simulate_process_crash()  # no further flush
     with open(emulated.path + ".zones", "r+b") as f:  # tear the newest slot

@@ -247,6 +247,20 @@ class StorageNode:
         self._since_stats[drive_id] = 0
         return stats
 
+    def pending_bytes(self, drive_id: int) -> int:
+        """Bytes submitted to ``drive_id`` whose futures have not completed yet."""
+        with self._lock:
+            return self._pending_bytes[drive_id]
+
+    def estimated_free_bytes(self, drive_id: int) -> int:
+        """What placement believes ``drive_id`` can still take: its (cached) writable
+        bytes less what was submitted since they were read."""
+        return self._estimated_free(drive_id)[0]
+
+    def refresh_stats(self) -> None:
+        """Forget the cached per-drive stats: the next placement reads fresh figures."""
+        self._stats_cache.clear()
+
     def _estimated_free(self, drive_id: int) -> tuple[int, StoreStats]:
         """Free bytes of a drive: its (cached) stats minus what was submitted since."""
         stats = self._store_stats(drive_id)

@@ -259,6 +259,10 @@ class CheckpointArea:
                 hint="create the drive with more conventional zones")
         self._write(self._backup_offset(slot) + offset, parts)
 
+    def read_slot(self, slot: int, length: int) -> bytearray:
+        """The first ``length`` bytes of checkpoint slot ``slot`` as stored (unverified)."""
+        return self._read(self._slot_offset(slot), length)
+
     def read_backup(self, slot: int, offset: int, length: int) -> bytearray:
         """``length`` bytes from ``offset`` of metadata backup slot ``slot``."""
         return self._read(self._backup_offset(slot) + offset, length)

@@ -182,15 +182,6 @@ class SliceIndex:
         found.sort(key=lambda x: x.dev)
         return found
 
-    def groups_of(self, sid: int) -> set[int]:
-        codes: set[int] = set()
-        lo, hi = self._base_range(sid)
-        if hi > lo:
-            codes.update(self._grp[self._base_live(lo, hi)].tolist())
-        for r in self._tail.get(sid, ()):
-            codes.add(int(self._t_grp[r]))
-        return {self.group_labels[c] for c in codes}
-
     # -- updates -----------------------------------------------------------------------
     def _zone_add(self, dev: int, length: int) -> None:
         self.zone_live[dev // self.zone_size] += length

@@ -101,6 +101,7 @@ class WriteScheduler:
         self._stopped = False
         self.batches = 0
         self.runs_written: list[tuple[int, int]] = []  # (group, bytes) of the last 4096 runs
+        self.queued_bytes_peak = 0  # the most bytes ever queued at once (back pressure bounds it)
         self._thread = threading.Thread(target=self._run, name=f"writer-{slice_log.name}",
                                         daemon=True)
         self._thread.start()
@@ -132,6 +133,7 @@ class WriteScheduler:
             if durable:
                 self._group_durable[group] += 1
             self._queued_bytes += n
+            self.queued_bytes_peak = max(self.queued_bytes_peak, self._queued_bytes)
             self._cond.notify_all()
             return piece.future
 
@@ -288,6 +290,12 @@ class WriteScheduler:
         """The slice's length counting queued pieces, or None when none is queued."""
         with self._cond:
             return self._expected.get(slice_id)
+
+    @property
+    def flush_waiting(self) -> bool:
+        """A ``flush`` is waiting for the writes queued before it (``write_now`` declines meanwhile)."""
+        with self._cond:
+            return bool(self._barriers)
 
     def has_room(self, nbytes: int) -> bool:
         """Would ``submit`` of ``nbytes`` queue them without waiting (a hint)?"""

@@ -104,6 +104,16 @@ class SliceStore(SliceStoreAPI):
         self.collector.stop()
         self._log.close()
 
+    def mark_lost(self) -> None:
+        """The drive died under this store (a test's power cut or process crash).
+
+        Every later call raises ``StoreClosed`` and ``close`` does nothing: no
+        flush, no checkpoint, no write reaches the drive. The caller has
+        stopped the scheduler and the collector itself, before the cut.
+        """
+        with self._close_lock:
+            self._closed = True
+
     def __enter__(self) -> SliceStore:
         return self
 

@@ -209,6 +209,11 @@ class EmulatedZonedDrive(EmulatedIO):
             )
         return cls(path, fd, table, wps, failed, name)
 
+    @property
+    def zone_table(self) -> ZoneTable:
+        """The drive's persisted zone table (``<path>.zones``), for tools and tests."""
+        return self._table
+
     # ``EmulatedZonedDrive.open(path)`` opens a drive; ``drive.open(zone)`` opens a zone.
     open = DriveOrZoneOpen(open_drive, EmulatedZones.open_zone)
 

@@ -108,6 +108,11 @@ class ZoneTable:
         self._slot_size = _slot_size(geometry.zone_count)
         self._drive = drive
 
+    @property
+    def generation(self) -> int:
+        """The number of the newest saved table; it lives in slot ``generation % 2``."""
+        return self._generation
+
     # -- creation and loading ------------------------------------------------------------
     @classmethod
     def create(cls, path: str, geometry: Geometry, drive: str) -> ZoneTable:
