@@ -5,7 +5,15 @@ mapped to zones, the compact slice index with its checkpoints, recovery after a
 crash, zone GC, and the per-drive write scheduler that coalesces concurrent
 writers into long sequential appends.
 
-May call: ``shinglefs.zoned``.
+Rooms: ``api.py`` the contract (``SliceStoreAPI``, ``StoreStats``,
+``StoreAbilities``), ``config.py`` the tunables, ``slice_store.py`` the store
+of one drive; the log itself in ``log.py`` (``SliceLog``: appends, deletes,
+checkpoints), ``zones.py`` (zone table, streams, space, resets), ``reads.py``
+(verified reads, index queries) and ``recovery.py``; ``record.py``,
+``index.py``, ``checkpoint.py`` the formats; ``scheduler.py``, ``gc.py``,
+``scrub.py``, ``metabackup.py`` the work on top.
+
+May call: ``shinglefs.zoned`` and ``shinglefs.errors``.
 """
 
 from shinglefs.store.api import (

@@ -4,7 +4,9 @@ Owns: zone types and conditions with the ZBC transitions, the rules a
 host-managed drive enforces (writes only at the write pointer, 4 KiB aligned,
 never across a zone), and I/O tracing for the SMR timing model. Backends: an
 emulated host-managed SMR drive on a file, Linux zoned block devices through
-the kernel ioctls, and conventional drives (flash or CMR).
+the kernel ioctls, and conventional drives (flash or CMR). Optional calls a
+backend implements natively are declared in ``ZonedDrive.abilities``
+(``DriveAbilities``); durability calls (fsync, fdatasync) live in ``fileio``.
 
 May call: nothing of ShingleFS but ``shinglefs.errors``.
 """
