@@ -42,6 +42,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from shinglefs.meta import schema
 from shinglefs.meta.errors import FsError, MetaUnavailable, MetaURLError, NotFormatted
 from shinglefs.meta.schema import Dialect
+from shinglefs.zoned.fileio import sync_dir, sync_file
 
 T = TypeVar("T")
 Mode = Literal["write", "read", "single", "autocommit"]
@@ -307,18 +308,15 @@ class SqliteBackend:
         except OSError as exc:
             raise MetaUnavailable(f"{self.where}: cannot open {wal} to sync it: {exc}") from exc
         try:
-            os.fsync(fd)
+            sync_file(fd)
         except OSError as exc:
             raise MetaUnavailable(f"{self.where}: fsync of {wal} failed: {exc}") from exc
         finally:
             os.close(fd)
-        dfd = os.open(self.path.parent, os.O_RDONLY)
         try:
-            os.fsync(dfd)
+            sync_dir(str(self.path.parent))
         except OSError as exc:
             raise MetaUnavailable(f"{self.where}: fsync of {self.path.parent} failed: {exc}") from exc
-        finally:
-            os.close(dfd)
 
     def close(self) -> None:
         self._closed = True
