@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from shinglefs.meta.api import (
+    INLINE_SLICE_BIT,
     InodeAttr,
     MetaStore,
     Replica,
@@ -73,12 +74,22 @@ class FinishedSlice:
     chunk_offset: int
     slice_id: int
     length: int
-    drive_id: int
+    drive_id: int | None  # None: an inline slice (its bytes travel in ``inline``)
     group: int
     registered: bool = True  # False: meta learns its replica in the commit itself
     durable: bool = False  # True: the store already flushed it (no flush needed here)
+    inline: bytes | None = None  # the bytes of an inline slice, committed into meta
+
+    @classmethod
+    def inline_slice(cls, ino: int, chunk_index: int, chunk_offset: int, slice_id: int,
+                     data: bytes) -> FinishedSlice:
+        """A slice whose bytes go into meta with its reference (``SliceCommit.inline``):
+        ``slice_id`` becomes an inline id; nothing to flush, nothing on a drive."""
+        return cls(ino, chunk_index, chunk_offset, slice_id | INLINE_SLICE_BIT, len(data),
+                   None, 0, durable=True, inline=data)
 
     def to_commit(self, file_end: int) -> SliceCommit:
+        registered = self.registered or self.drive_id is None
         return SliceCommit(
             self.ino,
             self.chunk_index,
@@ -86,7 +97,8 @@ class FinishedSlice:
             file_end,
             group=self.group,
             slice_length=self.length,
-            replicas=() if self.registered else (Replica(LOCAL_SERVER, str(self.drive_id)),),
+            replicas=() if registered else (Replica(LOCAL_SERVER, str(self.drive_id)),),
+            inline=self.inline,
         )
 
 
@@ -155,7 +167,8 @@ class OrderedCommits:
 
     def _commit_batch(self, batch: Sequence[_Waiting]) -> None:
         try:
-            needed = sorted({w.finished.drive_id for w in batch if not w.finished.durable})
+            needed = sorted({w.finished.drive_id for w in batch
+                             if not w.finished.durable and w.finished.drive_id is not None})
             if needed:
                 self._flush_drives(needed)
                 self.drive_flushes += len(needed)

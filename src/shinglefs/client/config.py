@@ -47,6 +47,11 @@ class ClientConfig:
     file_buffer_bytes: int = 16 * MiB  # per open file: pending + in flight
     total_buffer_bytes: int = 256 * MiB  # all files of this client
     small_file_bytes: int = 4 * MiB  # a file whose first slice ends below this is "small"
+    # A whole file of at most this many bytes, written in one go (nothing of it
+    # streamed yet at its flush/close), is committed inline: its bytes go into
+    # meta with its reference, in one transaction, and never to a drive
+    # (docs/client.md, "Inline files"). One block by default; 0 turns it off.
+    inline_max_bytes: int = 4096
     read_extent: int = 4 * MiB  # unit of drive reads and of the shared read cache
     readahead_bytes: int = 64 * MiB  # how far a sequential reader is read ahead (>= 8 MiB)
     read_cache_bytes: int = field(default_factory=read_cache_default)  # $SHINGLEFS_READ_CACHE_MIB

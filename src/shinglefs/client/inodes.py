@@ -105,6 +105,7 @@ def cut(pieces: list[ReadPiece], start: int, end: int) -> list[ReadPiece]:
                 length=hi - lo,
                 slice_id=p.slice_id,
                 slice_offset=p.slice_offset + shift if p.slice_id is not None else 0,
+                inline=p.inline[shift:shift + hi - lo] if p.inline is not None else None,
             )
         )
     return out

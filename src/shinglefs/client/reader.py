@@ -7,7 +7,8 @@ needs an extent another reader is already fetching waits on the same future,
 so concurrent readers of a file never read the same bytes from a drive twice;
 readahead inserts futures that background threads fill.
 
-Holes (``ReadPiece.slice_id is None``) read as zeros and touch no drive.
+Holes (``ReadPiece.slice_id is None``) read as zeros and touch no drive;
+inline slices (``ReadPiece.inline``) come with their bytes from meta.
 
 Sequential detection is per handle (:class:`ReadState`): a read starting where
 the previous one ended extends a streak; from the second sequential read on,
@@ -329,6 +330,8 @@ def assemble(pieces: Iterable[ReadPiece], cache: SliceReader, offset: int,
 
 
 def _piece_bytes(piece: ReadPiece, cache: SliceReader) -> bytes | memoryview:
+    if piece.inline is not None:
+        return piece.inline  # an inline slice: meta handed over its bytes
     if piece.slice_id is None:
         return bytes(piece.length)
     data = cache.read(piece.slice_id, piece.slice_offset, piece.length)
@@ -341,7 +344,7 @@ def prefetch_pieces(pieces: Iterable[ReadPiece], cache: ExtentCache) -> int:
     """Start background reads for the slice parts of ``pieces``; returns bytes requested."""
     requested = 0
     for piece in pieces:
-        if piece.slice_id is not None and piece.length > 0:
+        if piece.slice_id is not None and piece.inline is None and piece.length > 0:
             cache.prefetch(piece.slice_id, piece.slice_offset, piece.length)
             requested += piece.length
     return requested

@@ -87,13 +87,15 @@ class ReadPath:
         sid = pieces[0].slice_id if len(pieces) == 1 else None
         if sid is not None:
             p = pieces[0]
-            data = self.cache.peek(sid, p.slice_offset, p.length)
+            data = p.inline if p.inline is not None else self.cache.peek(
+                sid, p.slice_offset, p.length)
             if data is None or len(data) != p.length:
                 return None
             return data
         out = bytearray()
         for p in pieces:
             part = (bytes(p.length) if p.slice_id is None
+                    else p.inline if p.inline is not None
                     else self.cache.peek(p.slice_id, p.slice_offset, p.length))
             if part is None or len(part) != p.length:
                 return None

@@ -508,6 +508,8 @@ class FileWriter:
             first = exc
         if s.length == 0:
             self.open_slice = None
+        elif first is None and self._fits_inline(s):
+            self._commit_inline(s)
         else:
             durable = bool(s.pending)
             try:
@@ -522,6 +524,32 @@ class FileWriter:
             self._commit_open(s, durable)
         if first is not None:
             raise first
+
+    def _fits_inline(self, s: OpenSlice) -> bool:
+        """Is ``s`` a whole small file, written at once: it starts the file, covers
+        everything committed before, and none of it has left the buffer?"""
+        return (0 < s.length <= self._config.inline_max_bytes and s.start == 0
+                and not s.submitted and s.drive_id is None
+                and self._committed_size <= s.end and not self._settling)
+
+    def _commit_inline(self, s: OpenSlice) -> None:
+        """Commit ``s`` as an inline slice: its bytes go into meta with its
+        reference in one transaction (no drive write, no flush: nothing to
+        order). ``s`` stays the open slice until committed; a failed commit
+        drops it (its bytes were only in this buffer)."""
+        parts = s.pending.take()
+        data = b"".join(parts)
+        self._release(len(data))
+        finished = FinishedSlice.inline_slice(self.ino, s.chunk_index, s.start, s.slice_id, data)
+        try:
+            self._commit(finished, s.end)
+        except BaseException:
+            self.open_slice = None
+            self._error = None  # reported now, by this raise
+            raise
+        self.open_slice = None
+        self._committed_size = max(self._committed_size, s.end)
+        self.slices_committed += 1
 
     def _drop_open(self, s: OpenSlice) -> None:
         """The open slice ``s`` failed: forget it and delete what it stored."""
@@ -564,6 +592,9 @@ class FileWriter:
                 return True
             if s.submitted or s.drive_id is not None:
                 return False
+            if self._fits_inline(s):
+                self._commit_inline(s)
+                return True
             if s.group is None:
                 s.group = self._decide_group(s, True)
             n = len(s.pending)

@@ -39,6 +39,7 @@ from shinglefs.meta.records import (
     CHUNK_SIZE,
     F_OK,
     FIRST_COOKIE,
+    INLINE_SLICE_BIT,
     LINK_MAX,
     NAME_MAX,
     R_OK,
@@ -75,6 +76,7 @@ from shinglefs.meta.records import (
     SliceState,
     StatFs,
     UnlinkResult,
+    is_inline_slice,
 )
 
 
@@ -526,6 +528,7 @@ __all__ = [
     "CHUNK_SIZE",
     "FIRST_COOKIE",
     "F_OK",
+    "INLINE_SLICE_BIT",
     "LINK_MAX",
     "NAME_MAX",
     "RENAME_EXCHANGE",
@@ -563,4 +566,5 @@ __all__ = [
     "SliceState",
     "StatFs",
     "UnlinkResult",
+    "is_inline_slice",
 ]

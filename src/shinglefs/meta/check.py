@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shinglefs.meta import schema as S
-from shinglefs.meta.api import ROOT_INO, MetaStore
+from shinglefs.meta.api import ROOT_INO, MetaStore, is_inline_slice
 from shinglefs.meta.backend import Backend, Mode, Tx
 
 DIR_LO, DIR_HI = stat.S_IFDIR, stat.S_IFDIR + 0o010000  # mode range of directories
@@ -249,11 +249,16 @@ def _orphans(tx: Tx, ctx: CheckContext) -> list[Finding]:
 
 
 def deref_slices(tx: Tx, counts: dict[int, int]) -> None:
-    """Drop ``counts`` references per slice; a slice at zero is queued for deletion."""
+    """Drop ``counts`` references per slice; a slice at zero is queued for deletion
+    (an inline slice is deleted with its bytes at once, as ``SqlCore._deref`` does)."""
     now = time.time_ns()
     for sid, n in sorted(counts.items()):
         row = tx.one(S.DEREF_SLICE, (n, sid))
         if row is not None and row[0] <= 0:
+            if is_inline_slice(sid):
+                tx.run(S.DEL_INLINE, (sid,))
+                tx.run(S.DEL_SLICE, (sid,))
+                continue
             tx.run(S.DOOM_SLICE, (sid,))
             tx.run(S.QUEUE_DELETION, (sid, now))
 
@@ -375,6 +380,32 @@ def _slice_refcounts(tx: Tx, ctx: CheckContext) -> list[Finding]:
     return out
 
 
+def _inline_slices(tx: Tx, ctx: CheckContext) -> list[Finding]:
+    """Inline slices: references need bytes meta holds; bytes need a slice row."""
+    out = []
+    rows = tx.all(
+        "SELECT r.slice_id, MAX(r.slice_offset + r.length), MAX(LENGTH(b.data)) "
+        "FROM chunk_refs r LEFT JOIN inline_slices b ON b.slice_id = r.slice_id "
+        "GROUP BY r.slice_id"
+    )
+    for sid, need, have in rows:
+        if is_inline_slice(sid) and (have is None or have < need):
+            out.append(Finding(f"inline slice {sid:#x}: files reference {need} bytes, meta "
+                               f"holds {have or 0}", repairable=False))
+    rows = tx.all("SELECT b.slice_id FROM inline_slices b LEFT JOIN slices s "
+                  "ON s.id = b.slice_id WHERE s.id IS NULL")
+    out += [Finding(f"inline bytes of unknown slice {r[0]:#x}", (r[0],)) for r in rows]
+    return out
+
+
+def _drop_inline(ctx: CheckContext, found: list[Finding]) -> None:
+    def txn(tx: Tx) -> None:
+        for f in found:
+            tx.run(S.DEL_INLINE, f.key)
+
+    ctx.run(txn)
+
+
 def _fix_refcounts(ctx: CheckContext, found: list[Finding]) -> None:
     now = time.time_ns()
 
@@ -430,7 +461,10 @@ NAMESPACE_PASSES = [
     CheckPass("dir_nlink", _dir_nlink, _set_nlink),
     CheckPass("chunk_nrefs", _chunk_nrefs, _fix_chunks),
 ]
-SLICE_PASSES = [CheckPass("slice_refcounts", _slice_refcounts, _fix_refcounts)]
+SLICE_PASSES = [
+    CheckPass("slice_refcounts", _slice_refcounts, _fix_refcounts),
+    CheckPass("inline_slices", _inline_slices, _drop_inline),
+]
 COUNTER_PASSES = [CheckPass("counters", _counters, _fix_counters)]
 META_PASSES = SESSION_PASSES + NAMESPACE_PASSES + SLICE_PASSES + COUNTER_PASSES
 

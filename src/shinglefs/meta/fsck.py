@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shinglefs.meta import schema as S
-from shinglefs.meta.api import Replica, SliceRef
+from shinglefs.meta.api import INLINE_SLICE_BIT, Replica, SliceRef, is_inline_slice
 from shinglefs.meta.backend import Tx
 from shinglefs.meta.check import (
     COUNTER_PASSES,
@@ -59,9 +59,11 @@ def _held_length(ctx: CheckContext, sid: int) -> int | None:
 
 
 def _needed(tx: Tx) -> list[tuple[int, int]]:
-    """(slice id, bytes the references need) for every referenced slice."""
+    """(slice id, bytes the references need) for every referenced slice on a drive
+    (inline slices live in meta: ``check.py``'s ``inline_slices`` pass)."""
     return [(r[0], r[1]) for r in tx.all(
-        "SELECT slice_id, MAX(slice_offset + length) FROM chunk_refs GROUP BY slice_id")]
+        "SELECT slice_id, MAX(slice_offset + length) FROM chunk_refs GROUP BY slice_id")
+        if not is_inline_slice(r[0])]
 
 
 def _missing_slices(tx: Tx, ctx: CheckContext) -> list[Finding]:
@@ -192,7 +194,7 @@ def _fix_replicas(ctx: CheckContext, found: list[Finding]) -> None:
 
 def _slice_ids(tx: Tx, ctx: CheckContext) -> list[Finding]:
     row = tx.one("SELECT next_id FROM ids WHERE name = 'slice'")
-    top = tx.one("SELECT COALESCE(MAX(id), 0) FROM slices")[0]
+    top = tx.one("SELECT COALESCE(MAX(id), 0) FROM slices WHERE id < ?", (INLINE_SLICE_BIT,))[0]
     if ctx.held:
         top = max([top, *(max(d, default=0) for d in ctx.held.values())])
     if row is not None and row[0] <= top:

@@ -18,6 +18,15 @@ from typing import Final
 
 ROOT_INO: Final = 1
 CHUNK_SIZE: Final = 64 * 1024 * 1024
+INLINE_SLICE_BIT: Final = 1 << 62
+"""Set in the id of an *inline slice*: a small slice whose bytes live in the
+metadata itself (``SliceCommit.inline``), never on a drive. Regular slice ids
+stay below it."""
+
+
+def is_inline_slice(slice_id: int) -> bool:
+    """Whether ``slice_id`` names an inline slice (its bytes are in meta)."""
+    return bool(slice_id & INLINE_SLICE_BIT)
 BLOCK_SIZE: Final = 4096
 NAME_MAX: Final = 255
 SYMLINK_MAX: Final = 4095
@@ -149,12 +158,14 @@ ChunkPiece = SliceRef
 @dataclass(frozen=True, slots=True)
 class ReadPiece:
     """A resolved run of file bytes: ``length`` bytes at ``file_offset`` are
-    ``slice_id`` bytes from ``slice_offset``, or zeros when ``slice_id`` is None (a hole)."""
+    ``slice_id`` bytes from ``slice_offset``, or zeros when ``slice_id`` is None (a hole).
+    For an inline slice ``inline`` holds exactly those ``length`` bytes."""
 
     file_offset: int
     length: int
     slice_id: int | None
     slice_offset: int = 0
+    inline: bytes | None = None
 
     @property
     def is_hole(self) -> bool:
@@ -204,7 +215,10 @@ class Replica:
 class SliceCommit:
     """One slice reference to commit (``MetaStore.commit_slices``): ``piece`` into
     chunk ``chunk_index`` of ``ino``, growing the file to at least ``new_size``;
-    the other fields as in ``commit_slice``."""
+    the other fields as in ``commit_slice``. ``inline``: the whole slice's bytes,
+    stored in meta in the same transaction (``piece.slice_id`` must be an
+    inline slice id, see ``INLINE_SLICE_BIT``); data and reference then become
+    visible and durable together, so no drive flush has to precede the commit."""
 
     ino: int
     chunk_index: int
@@ -214,6 +228,7 @@ class SliceCommit:
     slice_length: int | None = None
     replicas: tuple[Replica, ...] = ()
     mtime_ns: int | None = None
+    inline: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,6 +339,7 @@ __all__ = [
     "CHUNK_SIZE",
     "FIRST_COOKIE",
     "F_OK",
+    "INLINE_SLICE_BIT",
     "LINK_MAX",
     "NAME_MAX",
     "RENAME_EXCHANGE",
@@ -360,4 +376,5 @@ __all__ = [
     "SliceState",
     "StatFs",
     "UnlinkResult",
+    "is_inline_slice",
 ]

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Version 1 kept the drive list as the root xattr below; opening a version-1
 # database migrates it into the drives table (engine/format.py).
 # Version 2 had no drives.uuid column (the drive identity written in each
 # drive's header); opening a version-2 database adds it, NULL for every drive.
+# Version 3 had no inline_slices table (small files whose bytes live in meta);
+# opening a version-3 database creates it, empty (the DDL is idempotent).
 V1_DRIVES_XATTR = b"trusted.shinglefs.drives"
 
 # Inode columns in the order InodeAttr takes them.
@@ -144,6 +146,11 @@ DDL = [
     ){without_rowid}""",
     "CREATE INDEX IF NOT EXISTS open_files_ino ON open_files (ino)",
 ]
+INLINE_DDL = """CREATE TABLE IF NOT EXISTS inline_slices (
+    slice_id BIGINT PRIMARY KEY,
+    data {blob} NOT NULL
+)"""
+DDL.append(INLINE_DDL)
 DRIVES_DDL = """CREATE TABLE IF NOT EXISTS drives (
     id INTEGER PRIMARY KEY,
     spec TEXT NOT NULL,
@@ -155,6 +162,7 @@ DDL.append(DRIVES_DDL)
 TABLES = [
     "format", "ids", "counters", "inodes", "dentries", "xattrs", "chunks", "chunk_refs",
     "slices", "slice_replicas", "deletions", "sessions", "open_files", "drives",
+    "inline_slices",
 ]  # fmt: skip
 
 
@@ -367,6 +375,9 @@ INS_REPLICA = (
 )
 DEL_REPLICAS = "DELETE FROM slice_replicas WHERE slice_id = ?"
 DEL_SLICE = "DELETE FROM slices WHERE id = ?"
+INS_INLINE = "INSERT INTO inline_slices (slice_id, data) VALUES (?, ?)"
+SEL_INLINE = "SELECT data FROM inline_slices WHERE slice_id = ?"
+DEL_INLINE = "DELETE FROM inline_slices WHERE slice_id = ?"
 QUEUE_DELETION = (
     "INSERT INTO deletions (slice_id, queued_ns, lease_ns) VALUES (?, ?, 0) "
     "ON CONFLICT (slice_id) DO NOTHING"

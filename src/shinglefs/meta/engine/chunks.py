@@ -7,6 +7,12 @@ whose count reaches zero is queued for deletion (``SqlCore._deref``). Every
 change to a chunk bumps its version, which compaction (``replace_chunk``)
 compares to refuse a chunk that changed since it was read. Commits lock inode
 rows in ascending order (no deadlock between two batches).
+
+Inline slices (``SliceCommit.inline``, ids with ``INLINE_SLICE_BIT``) keep
+their bytes in ``inline_slices``, written in the transaction that commits
+their reference; ``read_map`` returns those bytes in the piece
+(``ReadPiece.inline``), and a dereferenced inline slice is deleted in the
+same transaction (``SqlCore._deref``): there is no drive copy to collect.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from shinglefs.meta.records import (
     SliceInfo,
     SliceRef,
     SliceState,
+    is_inline_slice,
 )
 
 
@@ -144,6 +151,15 @@ class ChunkOps(SqlCore):
 
     def _check_commit(self, c: SliceCommit) -> None:
         self._check_piece(c.piece)
+        if (c.inline is not None) != is_inline_slice(c.piece.slice_id):
+            raise FsError(E.EINVAL, f"slice {c.piece.slice_id:#x}: inline bytes go with an "
+                          "inline slice id, and only with one")
+        if c.inline is not None and (
+            c.slice_length not in (None, len(c.inline))
+            or c.piece.slice_offset + c.piece.length > len(c.inline)
+        ):
+            raise FsError(E.EINVAL, f"inline slice {c.piece.slice_id:#x}: {len(c.inline)} bytes "
+                          f"do not hold piece {c.piece}")
         if c.chunk_index < 0 or c.new_size < 0:
             raise FsError(E.EINVAL, f"negative chunk index {c.chunk_index} or size {c.new_size}")
         piece_end = c.chunk_index * self._chunk_size + c.piece.chunk_offset + c.piece.length
@@ -160,7 +176,11 @@ class ChunkOps(SqlCore):
         p = c.piece
         tx.run(S.INS_REF, (c.ino, c.chunk_index, version, p.slice_id, p.chunk_offset, p.length,
                            p.slice_offset))
-        self._ref_slice(tx, p, c.group, c.slice_length)
+        if c.inline is not None and tx.one(S.SEL_INLINE, (p.slice_id,)) is None:
+            tx.run(S.INS_INLINE, (p.slice_id, c.inline))
+            self._ref_slice(tx, p, c.group, len(c.inline))
+        else:
+            self._ref_slice(tx, p, c.group, c.slice_length)
         for rep in c.replicas:
             tx.run(S.INS_REPLICA, (p.slice_id, rep.server, rep.drive))
         size = max(a.size, c.new_size)
@@ -223,9 +243,12 @@ class ChunkOps(SqlCore):
                 return []
             rows = tx.all(S.SEL_REFS, (ino, offset // cs, (end - 1) // cs))
             by_chunk: dict[int, list[SliceRef]] = {}
+            inline = False
             for ci, _seq, sid, coff, ln, soff in rows:
                 by_chunk.setdefault(ci, []).append(SliceRef(sid, coff, ln, soff))
-            return resolve(by_chunk, cs, offset, end)
+                inline = inline or is_inline_slice(sid)
+            pieces = resolve(by_chunk, cs, offset, end)
+            return _with_inline_bytes(tx, pieces) if inline else pieces
 
         return self._run(txn, "read")
 
@@ -285,3 +308,20 @@ class ChunkOps(SqlCore):
             return ChunkMap(ino, chunk_index, new_version, tuple(pieces))
 
         return self._run(txn)
+
+
+def _with_inline_bytes(tx: Tx, pieces: list[ReadPiece]) -> list[ReadPiece]:
+    """``pieces`` with the bytes of their inline slices attached (``ReadPiece.inline``)."""
+    blobs: dict[int, bytes] = {}
+    out = []
+    for p in pieces:
+        if p.slice_id is not None and is_inline_slice(p.slice_id):
+            blob = blobs.get(p.slice_id)
+            if blob is None:
+                row = tx.one(S.SEL_INLINE, (p.slice_id,))
+                if row is None:
+                    raise FsError(E.EIO, f"inline slice {p.slice_id:#x} has no bytes in meta")
+                blob = blobs[p.slice_id] = bytes(row[0])
+            p = replace(p, inline=blob[p.slice_offset:p.slice_offset + p.length])
+        out.append(p)
+    return out

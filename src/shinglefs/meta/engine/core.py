@@ -31,7 +31,7 @@ from shinglefs.meta import schema as S
 from shinglefs.meta.api import MetaStore
 from shinglefs.meta.backend import Backend, Mode, Tx
 from shinglefs.meta.errors import FsError, NotFormatted
-from shinglefs.meta.records import CHUNK_SIZE, FormatInfo, InodeAttr
+from shinglefs.meta.records import CHUNK_SIZE, FormatInfo, InodeAttr, is_inline_slice
 
 T = TypeVar("T")
 ID_BATCH = {"inode": 1024, "slice": 1024, "session": 1}
@@ -144,10 +144,15 @@ class SqlCore(MetaStore):
         tx.run(S.ADD_COUNTERS, (used_delta, inode_delta, self._shard))
 
     def _deref(self, tx: Tx, counts: Counter[int], now: int) -> None:
-        """Drop references; a slice reaching zero is queued for deletion."""
+        """Drop references; a slice reaching zero is queued for deletion, or, an
+        inline slice (no drive copy), deleted with its bytes at once."""
         for sid, n in sorted(counts.items()):
             row = tx.one(S.DEREF_SLICE, (n, sid))
             if row is not None and row[0] <= 0:
+                if is_inline_slice(sid):
+                    tx.run(S.DEL_INLINE, (sid,))
+                    tx.run(S.DEL_SLICE, (sid,))
+                    continue
                 tx.run(S.DOOM_SLICE, (sid,))
                 tx.run(S.QUEUE_DELETION, (sid, now))
 

@@ -75,13 +75,14 @@ class FormatOps(SqlCore):
             info = self.format_info()
         except NotFormatted:
             return
-        if info.schema_version in (1, 2):
-            try:
-                self._migrate_v1() if info.schema_version == 1 else self._migrate_v2()
-            except BaseException:
-                self._b.close()
-                raise
-            info = self.format_info()
+        migrations = {1: self._migrate_v1, 2: self._migrate_v2, 3: self._migrate_v3}
+        try:
+            while info.schema_version in migrations:
+                migrations[info.schema_version]()
+                info = self.format_info()
+        except BaseException:
+            self._b.close()
+            raise
         if info.schema_version != S.SCHEMA_VERSION:
             self._b.close()
             raise SchemaVersionError(
@@ -144,7 +145,8 @@ class FormatOps(SqlCore):
     # ---- migrations ------------------------------------------------------------------------
 
     def _migrate_v1(self) -> None:
-        """Version 1 -> 2: the drive list moves from the root xattr into ``drives``."""
+        """Version 1 -> 3: the drive list moves from the root xattr into ``drives``
+        (created with version 3's ``uuid`` column)."""
         self._run(functools.partial(_run_ddl, ddl=S.DRIVES_DDL), "autocommit")
 
         def txn(tx: Tx) -> None:
@@ -163,7 +165,7 @@ class FormatOps(SqlCore):
                 for i, spec in enumerate(specs):
                     tx.run(S.INS_DRIVE, (i, spec, None))
                 tx.run(S.DEL_XATTR, (ROOT_INO, S.V1_DRIVES_XATTR))
-            tx.run(S.SET_SCHEMA_VERSION, (S.SCHEMA_VERSION,))
+            tx.run(S.SET_SCHEMA_VERSION, (3,))
 
         self._run(txn)
 
@@ -175,7 +177,19 @@ class FormatOps(SqlCore):
             if row is None or row[4] != 2:
                 return  # migrated concurrently
             tx.run(S.ADD_DRIVES_UUID)
-            tx.run(S.SET_SCHEMA_VERSION, (S.SCHEMA_VERSION,))
+            tx.run(S.SET_SCHEMA_VERSION, (3,))
+
+        self._run(txn)
+
+    def _migrate_v3(self) -> None:
+        """Version 3 -> 4: the ``inline_slices`` table (small files stored in meta), empty."""
+        self._run(functools.partial(_run_ddl, ddl=S.INLINE_DDL), "autocommit")
+
+        def txn(tx: Tx) -> None:
+            row = tx.one(S.SEL_FORMAT)
+            if row is None or row[4] != 3:
+                return  # migrated concurrently
+            tx.run(S.SET_SCHEMA_VERSION, (4,))
 
         self._run(txn)
 
