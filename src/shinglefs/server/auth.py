@@ -45,7 +45,8 @@ from shinglefs.server.wire import (
     Header,
     Kind,
     Limits,
-    read_frame,
+    decode_header,
+    recv_exactly,
     send_frame,
 )
 
@@ -120,13 +121,17 @@ class FrameOpener:
 
 def _expect(sock: socket.socket, kind: Kind, size: int, limits: Limits,
             header_buf: bytearray) -> tuple[Header, bytearray]:
+    """Read one handshake step; its kind and size are checked before its payload is read."""
     try:
-        header, payload = read_frame(sock, header_buf, limits)
+        recv_exactly(sock, header_buf)
+        header = decode_header(header_buf, limits)
+        if header.kind != kind or header.payload_len != size:
+            raise FrameError(f"handshake expected {kind.name} with {size} bytes, got kind "
+                             f"{header.kind} with {header.payload_len}")
+        payload = bytearray(size)
+        recv_exactly(sock, payload)
     except PeerClosed as exc:
         raise AuthFailed(f"the peer closed the connection during the handshake ({exc})") from None
-    if header.kind != kind or header.payload_len != size:
-        raise FrameError(f"handshake expected {kind.name} with {size} bytes, got kind "
-                         f"{header.kind} with {header.payload_len}")
     return header, payload
 
 
