@@ -23,7 +23,8 @@ forged; one with a good MAC but an unexpected ``seq`` is stale or replayed.
 Both raise ``FrameRejected``, and the receiver closes the connection.
 
 What it does not do: payloads are not authenticated or encrypted (TLS, when
-configured, does that), and the secret is symmetric — anyone holding it is a
+configured with ``tls_server_context``/``tls_client_context``, does that), and
+the secret is symmetric — anyone holding it is a
 member of the cluster.
 """
 
@@ -33,6 +34,7 @@ import hashlib
 import hmac
 import secrets
 import socket
+import ssl
 from dataclasses import replace
 
 from shinglefs.server.errors import AuthFailed, FrameError, FrameRejected, PeerClosed
@@ -182,3 +184,30 @@ def server_handshake(sock: socket.socket, secret: bytes,
     sealer = FrameSealer(s2c)
     send_frame(sock, sealer.seal(Header(Kind.WELCOME, arg=limits.max_piece)))
     return sealer, FrameOpener(c2s)
+
+
+def tls_server_context(certfile: str, keyfile: str, cafile: str | None = None) -> ssl.SSLContext:
+    """A server-side TLS context (TLS 1.2 or later) for ``SliceServer(ssl_context=...)``.
+
+    ``cafile``: also require and verify a client certificate signed by it
+    (mutual TLS); the cluster-secret handshake runs inside TLS either way.
+    Raises ``OSError``/``ssl.SSLError`` for unreadable or mismatched files."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(certfile, keyfile)
+    if cafile is not None:
+        context.load_verify_locations(cafile)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def tls_client_context(cafile: str, certfile: str | None = None,
+                       keyfile: str | None = None) -> ssl.SSLContext:
+    """A client-side TLS context for ``RemoteNode(ssl_context=...)``: the server's
+    certificate must chain to ``cafile`` and name the address dialled (or
+    ``server_hostname``); ``certfile``/``keyfile``: our certificate for mutual TLS."""
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=cafile)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if certfile is not None:
+        context.load_cert_chain(certfile, keyfile)
+    return context

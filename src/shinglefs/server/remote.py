@@ -111,6 +111,10 @@ class _Channel:
         except (OSError, ssl.SSLError) as exc:
             sock.close()
             raise ServerUnreachable(label, f"handshake failed: {exc}") from None
+        except FrameError as exc:
+            sock.close()
+            raise ServerUnreachable(label, f"not a slice server (or not speaking TLS as "
+                                           f"asked): {exc}") from None
         except BaseException:
             sock.close()
             raise

@@ -285,10 +285,12 @@ class _Connection:
         except (AuthFailed, FrameError, FrameRejected) as exc:
             log.warning("connection from %s refused and closed: %s: %s", self.peer,
                         type(exc).__name__, exc)
+        except ssl.SSLError as exc:
+            log.warning("connection from %s refused and closed: TLSError: %s", self.peer, exc)
         except TimeoutError:
             log.warning("connection from %s closed: AuthFailed: no handshake within %g s",
                         self.peer, server.handshake_timeout)
-        except (OSError, ssl.SSLError) as exc:
+        except OSError as exc:
             if not self._closed.is_set():
                 log.info("connection from %s closed: %s", self.peer, exc)
         except Exception:  # a bug must not take the server down with it
