@@ -76,25 +76,19 @@ def calibrate(as_json: bool = typer.Option(False, "--json", help="print one JSON
 def plots(
     result: Path = typer.Argument(..., help="JSON of `bench smr --json` (or `bench all --json`)"),
     out: Path = typer.Option(Path("docs/img"), "--out", help="folder for the PNG files"),
-    append_to: Path | None = typer.Option(None, "--append-to",
-                                          help="append a section showing them to this report"),
 ) -> None:
-    """PNG plots of the SMR benchmark, each claim beside its baseline."""
-    from shinglefs.sim.plots import markdown, write_plots
+    """PNG plots of the SMR benchmark, each claim beside its baseline (the report: `bench report`)."""
+    from shinglefs.sim.plots import write_plots
 
     try:
         doc = json.loads(result.read_text())
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read benchmark JSON {result}: {exc}") from exc
-    if "smr" not in doc and "ckpt_write_fraction_16" not in doc:
+    if not isinstance(doc, dict) or ("smr" not in doc and "ckpt_write_fraction_16" not in doc):
         raise UsageError(f"{result} holds no `bench smr` result",
                          hint="run `shinglefs bench smr --json > FILE` first")
-    paths = write_plots(doc, out)
-    for p in paths:
+    for p in write_plots(doc, out):
         typer.echo(str(p))
-    if append_to is not None:
-        with open(append_to, "a", encoding="utf-8") as f:
-            f.write("\n" + markdown(paths, append_to.parent) + "\n")
 
 
 SEED_CLAIM_SMR_TB = 200
