@@ -10,6 +10,8 @@ per connection, and the server acknowledges each piece (except the baseline):
   ``server.remote.RemoteNode``: authenticated handshake, MAC'd frame headers,
   payloads ``recv_into`` their own buffer, worker threads) over a node that
   drops what it is given, so only the transport is measured.
+- ``shinglefs_read``: the same, pieces flowing back (READ answers), each
+  received into a fresh buffer the caller keeps.
 - ``asyncio``: length-prefixed frames on ``asyncio.BufferedProtocol``
   (payload received into a preallocated buffer via ``get_buffer``), client on
   asyncio transports.
@@ -100,9 +102,11 @@ class SinkNode:
               drive_id: int | None = None, durable: bool = False) -> int:
         return 0
 
+    _zeros = bytes(4 * MiB)
+
     def read(self, slice_id: int, offset: int, length: int,
              drive_id: int | None = None) -> bytes:
-        return bytes(length)
+        return self._zeros if length == len(self._zeros) else bytes(length)
 
     def length(self, slice_id: int, drive_id: int | None = None) -> int:
         return 0
@@ -120,8 +124,9 @@ class SinkNode:
         return 0
 
 
-def bench_shinglefs(piece: int, conns: int, total: int) -> float:
-    """This project's protocol, pipelined: ``WINDOW`` pieces in flight per connection."""
+def bench_shinglefs(piece: int, conns: int, total: int, *, read: bool = False) -> float:
+    """This project's protocol, pipelined: ``WINDOW`` pieces in flight per connection
+    (``read``: the pieces flow from the server, each into a fresh client buffer)."""
     from shinglefs.server.remote import RemoteNode
     from shinglefs.server.service import SliceServer
 
@@ -134,11 +139,12 @@ def bench_shinglefs(piece: int, conns: int, total: int) -> float:
         for i in range(conns):  # open every connection before the clock starts
             client.length(i)
         start = time.perf_counter()
-        in_flight: list[Future[int]] = []
+        in_flight: list[Future[Any]] = []
         for i in range(count):
             if len(in_flight) >= WINDOW * conns:
                 in_flight.pop(0).result()
-            in_flight.append(client.submit_write(i, 0, data, group=1))
+            in_flight.append(client.submit_read(i, 0, piece) if read
+                             else client.submit_write(i, 0, data, group=1))
         wait(in_flight)
         for f in in_flight:
             f.result()
@@ -313,6 +319,7 @@ def bench_grpcio(piece: int, conns: int, total: int) -> float:
 
 CANDIDATES: dict[str, Callable[[int, int, int], float]] = {
     "shinglefs": bench_shinglefs,
+    "shinglefs_read": lambda piece, conns, total: bench_shinglefs(piece, conns, total, read=True),
     "asyncio": bench_asyncio,
     "pyzmq": bench_pyzmq,
     "grpcio": bench_grpcio,
