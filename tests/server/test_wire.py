@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from shinglefs.server.auth import FrameSealer, client_proof, session_keys
+from shinglefs.server.auth import FrameSealer, client_proof, server_handshake, session_keys
 from shinglefs.server.errors import (
     AuthFailed,
     ConnectionLost,
+    RequestTimeout,
     ServerUnreachable,
     SliceMissing,
     UnknownDrive,
@@ -45,19 +46,22 @@ SECRET = b"cluster secret of the tests, 32B"
 
 
 def drive_specs(root: Path, count: int = 2) -> list[tuple[int, str]]:
-    return [(i, f"emulated:{root}/d{i}.img:{512 * MiB}") for i in range(count)]
+    return [(i, f"emulated:{root}/d{i}.img:{256 * MiB}") for i in range(count)]
 
 
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[StorageNode]:
-    n = StorageNode.open(drive_specs(tmp_path), create=True, zone_size=16 * MiB)
+# One node and server for the module (formatting drives is the slow part);
+# every test uses slice ids of its own.
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StorageNode]:
+    n = StorageNode.open(drive_specs(tmp_path_factory.mktemp("drives")), create=True,
+                         zone_size=16 * MiB)
     yield n
     n.close()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def server(node: StorageNode) -> Iterator[SliceServer]:
-    with SliceServer(node, SECRET, handshake_timeout=2.0) as s:
+    with SliceServer(node, SECRET, handshake_timeout=1.0) as s:
         yield s
 
 
@@ -250,7 +254,8 @@ HOSTILE = {  # what the client sends first -> the typed error the server logs
 def test_hostile_frame_closes_only_its_connection(name: str, server: SliceServer,
                                                   client: RemoteNode,
                                                   caplog: pytest.LogCaptureFixture) -> None:
-    client.write(5, 0, b"before", group=1)
+    sid = 500 + sorted(HOSTILE).index(name)
+    client.write(sid, 0, b"before", group=1)
     frame, error = HOSTILE[name]
     with raw_connect(server) as sock:
         sock.sendall(frame)
@@ -258,8 +263,8 @@ def test_hostile_frame_closes_only_its_connection(name: str, server: SliceServer
             sock.shutdown(socket.SHUT_WR)
         assert closed_by_peer(sock)
     assert logged(caplog, error)
-    client.write(5, 6, b" and after", group=1)  # the other client never noticed
-    assert client.read(5, 0, 100) == b"before and after"
+    client.write(sid, 6, b" and after", group=1)  # the other client never noticed
+    assert client.read(sid, 0, 100) == b"before and after"
 
 
 def test_hostile_frame_after_the_handshake(server: SliceServer, client: RemoteNode,
@@ -323,3 +328,56 @@ def test_killed_server_gives_typed_errors_not_a_hang(tmp_path: Path) -> None:
 def test_decode_header_accepts_what_pack_makes() -> None:
     header = Header(Kind.READ, seq=3, request_id=9, slice_id=7, offset=MiB, arg=MiB, drive=1)
     assert decode_header(header.pack(), Limits()) == header
+
+
+def test_readinto_fills_the_callers_buffer(client: RemoteNode) -> None:
+    blob = os.urandom(2 * MiB + 17)
+    client.write(21, 0, blob, group=1)
+    buf = bytearray(MiB)
+    assert client.readinto(21, MiB, buf) == MiB
+    assert buf == blob[MiB:2 * MiB]
+    tail = bytearray(100)
+    assert client.submit_readinto(21, 2 * MiB, tail).result() == 17  # short at the end
+    assert tail[:17] == blob[-17:]
+    with pytest.raises(SliceMissing):
+        client.readinto(22, 0, bytearray(10))
+
+
+def test_back_pressure_keeps_every_piece(node: StorageNode) -> None:
+    """A connection allowed 2 requests / 2 MiB in flight still stores 24 pipelined pieces."""
+    tight = Limits(max_in_flight=2, max_in_flight_bytes=2 * MiB)
+    blob = os.urandom(6 * MiB)
+    with SliceServer(node, SECRET, limits=tight) as server, \
+            RemoteNode(server.address, SECRET, connections=1) as rn:
+        futures = [rn.submit_write(30 + s, off, blob[off:off + MiB // 2], group=1)
+                   for s in range(2) for off in range(0, 6 * MiB, MiB // 2)]
+        for f in futures:
+            f.result()
+        assert rn.read(30, 0, 6 * MiB) == blob == rn.read(31, 0, 6 * MiB)
+
+
+def test_a_hung_server_gives_request_timeout(tmp_path: Path) -> None:
+    """A server that authenticates and then never answers: the caller gets
+    RequestTimeout, the requests beside it ConnectionLost, nobody hangs."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def authenticate_then_stall() -> None:
+        sock, _ = listener.accept()
+        accepted.append(sock)
+        server_handshake(sock, SECRET, Limits())
+
+    t = threading.Thread(target=authenticate_then_stall)
+    t.start()
+    try:
+        with RemoteNode(listener.getsockname(), SECRET, connections=1, timeout=1.0) as rn:
+            beside = rn.submit_write(1, 0, b"x", group=1)
+            with pytest.raises(RequestTimeout):
+                rn.ping()
+            with pytest.raises(ConnectionLost):
+                beside.result(timeout=10)
+    finally:
+        t.join()
+        for sock in accepted:
+            sock.close()
+        listener.close()

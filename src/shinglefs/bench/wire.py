@@ -11,7 +11,7 @@ per connection, and the server acknowledges each piece (except the baseline):
   payloads ``recv_into`` their own buffer, worker threads) over a node that
   drops what it is given, so only the transport is measured.
 - ``shinglefs_read``: the same, pieces flowing back (READ answers), each
-  received into a fresh buffer the caller keeps.
+  received straight into a caller's buffer (``RemoteNode.submit_readinto``).
 - ``asyncio``: length-prefixed frames on ``asyncio.BufferedProtocol``
   (payload received into a preallocated buffer via ``get_buffer``), client on
   asyncio transports.
@@ -102,11 +102,12 @@ class SinkNode:
               drive_id: int | None = None, durable: bool = False) -> int:
         return 0
 
-    _zeros = bytes(4 * MiB)
+    def __init__(self) -> None:
+        self._zeros: dict[int, bytes] = {}  # one answer per length, made once
 
     def read(self, slice_id: int, offset: int, length: int,
              drive_id: int | None = None) -> bytes:
-        return self._zeros if length == len(self._zeros) else bytes(length)
+        return self._zeros.setdefault(length, bytes(length))
 
     def length(self, slice_id: int, drive_id: int | None = None) -> int:
         return 0
@@ -126,7 +127,8 @@ class SinkNode:
 
 def bench_shinglefs(piece: int, conns: int, total: int, *, read: bool = False) -> float:
     """This project's protocol, pipelined: ``WINDOW`` pieces in flight per connection
-    (``read``: the pieces flow from the server, each into a fresh client buffer)."""
+    (``read``: the pieces flow back from the server, each received with
+    ``submit_readinto`` straight into one of ``WINDOW`` buffers per connection)."""
     from shinglefs.server.remote import RemoteNode
     from shinglefs.server.service import SliceServer
 
@@ -138,12 +140,14 @@ def bench_shinglefs(piece: int, conns: int, total: int, *, read: bool = False) -
         client.ping()
         for i in range(conns):  # open every connection before the clock starts
             client.length(i)
+        # a buffer is reused only after the read WINDOW * conns before it completed
+        buffers = [bytearray(piece) for _ in range(WINDOW * conns)] if read else []
         start = time.perf_counter()
         in_flight: list[Future[Any]] = []
         for i in range(count):
             if len(in_flight) >= WINDOW * conns:
                 in_flight.pop(0).result()
-            in_flight.append(client.submit_read(i, 0, piece) if read
+            in_flight.append(client.submit_readinto(i, 0, buffers[i % len(buffers)]) if read
                              else client.submit_write(i, 0, data, group=1))
         wait(in_flight)
         for f in in_flight:

@@ -68,10 +68,10 @@ from shinglefs.store.api import StoreStats
 
 log = logging.getLogger(__name__)
 
-Answer = tuple[Header, bytearray]
+Answer = tuple[Header, bytearray | memoryview]
 
 
-def remote_error(body: bytearray) -> NodeError:
+def remote_error(body: bytearray | memoryview) -> NodeError:
     """The typed error an ERROR answer describes."""
     info = decode_json(body)
     if not isinstance(info, dict):
@@ -123,6 +123,7 @@ class _Channel:
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._pending: dict[int, Future[Answer]] = {}
+        self._targets: dict[int, memoryview] = {}  # request id -> caller's buffer (readinto)
         self._failure: WireError | None = None
         self._reader = threading.Thread(target=self._read_loop, name=f"slice-recv {label}",
                                         daemon=True)
@@ -132,13 +133,17 @@ class _Channel:
     def alive(self) -> bool:
         return self._failure is None
 
-    def call(self, header: Header, payload: Any = b"") -> Future[Answer]:
-        """Send one request; the future gets its answer or a ``WireError``."""
+    def call(self, header: Header, payload: Any = b"",
+             into: memoryview | None = None) -> Future[Answer]:
+        """Send one request; the future gets its answer or a ``WireError``. ``into``:
+        an answer's payload that fits is received straight into it."""
         future: Future[Answer] = Future()
         with self._lock:
             if self._failure is not None:
                 raise self._failure
             self._pending[header.request_id] = future
+            if into is not None:
+                self._targets[header.request_id] = into
         try:
             with self._send_lock:
                 send_frame(self._sock, self._sealer.seal(header), payload)
@@ -153,11 +158,17 @@ class _Channel:
                 recv_exactly(self._sock, header_buf)
                 header = decode_header(header_buf, self._limits)
                 self._opener.check(header, header_buf)
-                payload = bytearray(header.payload_len)
-                if header.payload_len:
-                    recv_exactly(self._sock, payload)
                 with self._lock:
                     future = self._pending.pop(header.request_id, None)
+                    target = self._targets.pop(header.request_id, None)
+                payload: bytearray | memoryview
+                if (target is not None and header.kind == Kind.READ.response
+                        and header.payload_len <= len(target)):
+                    payload = target[:header.payload_len]
+                else:
+                    payload = bytearray(header.payload_len)
+                if header.payload_len:
+                    recv_exactly(self._sock, payload)
                 if future is None:
                     raise FrameError(f"an answer to request {header.request_id}, "
                                      "which is not outstanding")
@@ -174,6 +185,7 @@ class _Channel:
                 return
             self._failure = error
             pending, self._pending = self._pending, {}
+            self._targets.clear()
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -236,7 +248,8 @@ class RemoteNode:
 
     def _submit(self, kind: Kind, *, slice_id: int | None = None, offset: int = 0,
                 arg: int = 0, drive_id: int | None = None, flags: int = 0,
-                payload: Any = b"") -> tuple[_Channel, Future[Answer]]:
+                payload: Any = b"", into: memoryview | None = None
+                ) -> tuple[_Channel, Future[Answer]]:
         if slice_id is None:
             index, sid = next(self._spread) % len(self._channels), 0
         else:
@@ -246,7 +259,7 @@ class RemoteNode:
                         offset=offset, arg=arg,
                         drive=NO_DRIVE if drive_id is None else drive_id,
                         payload_len=memoryview(payload).nbytes)
-        return channel, channel.call(header, payload)
+        return channel, channel.call(header, payload, into)
 
     def _answer(self, channel: _Channel, future: Future[Answer], kind: Kind) -> Answer:
         """Wait for an answer (at most ``timeout``); raise the error it carries."""
@@ -299,6 +312,16 @@ class RemoteNode:
                                        arg=length, drive_id=drive_id)
         return self._then(channel, future, Kind.READ, lambda _h, b: b)
 
+    def submit_readinto(self, slice_id: int, offset: int, buffer: Any,
+                        drive_id: int | None = None) -> Future[int]:
+        """Ask for ``len(buffer)`` bytes at ``offset``, received straight into ``buffer``
+        (no copy, no allocation); the future gives how many came (short at the
+        slice's end). ``buffer`` must stay untouched until the future completes."""
+        view = memoryview(buffer).cast("B")
+        channel, future = self._submit(Kind.READ, slice_id=slice_id, offset=offset,
+                                       arg=view.nbytes, drive_id=drive_id, into=view)
+        return self._then(channel, future, Kind.READ, lambda h, _b: h.payload_len)
+
     # ------------------------------------------------------------------ StorageNode's calls
     def write(self, slice_id: int, offset: int, data: Any, group: int, *,
               drive_id: int | None = None, durable: bool = False) -> int:
@@ -312,8 +335,15 @@ class RemoteNode:
     def read(self, slice_id: int, offset: int, length: int,
              drive_id: int | None = None) -> bytearray:
         """Bytes ``[offset, offset+length)`` of a slice (short at its end)."""
-        return self._call(Kind.READ, slice_id=slice_id, offset=offset, arg=length,
+        body = self._call(Kind.READ, slice_id=slice_id, offset=offset, arg=length,
                           drive_id=drive_id)[1]
+        assert isinstance(body, bytearray)
+        return body
+
+    def readinto(self, slice_id: int, offset: int, buffer: Any,
+                 drive_id: int | None = None) -> int:
+        """``read`` straight into ``buffer``; returns the bytes that came."""
+        return self.submit_readinto(slice_id, offset, buffer, drive_id).result()
 
     def length(self, slice_id: int, drive_id: int | None = None) -> int:
         return self._call(Kind.LENGTH, slice_id=slice_id, drive_id=drive_id)[0].arg

@@ -7,9 +7,10 @@ their own buffer with ``recv_into``), a writer thread that sends answers in
 the order they are ready, and shares the server's pool of worker threads that
 call the node's blocking methods.
 
-Ordering: requests naming the same slice (PUT, READ, LENGTH, DELETE) run one
-after another in the order they arrived (a slice's pieces must be appended
-in order); other requests run as workers are free, and answers may come back
+Ordering: requests of one connection naming the same slice (PUT, READ,
+LENGTH, DELETE) run one after another in the order they arrived (a slice's
+pieces must be appended in order); other requests, and requests of other
+connections, run as workers are free, and answers may come back
 out of order (the client matches them by ``request_id``). A FLUSH covers the
 writes that were answered before it was sent, not those still in flight.
 
@@ -145,14 +146,15 @@ def error_body(exc: BaseException) -> bytes:
 
 
 class _SliceLanes:
-    """Runs tasks on a pool so that tasks of one slice run one at a time, in order."""
+    """Runs tasks on a pool so that tasks with one key (a connection's slice) run one
+    at a time, in order; tasks of other keys run beside them."""
 
     def __init__(self, pool: ThreadPoolExecutor) -> None:
         self._pool = pool
         self._lock = threading.Lock()
-        self._queued: dict[int, deque[Callable[[], None]]] = {}
+        self._queued: dict[tuple[int, int], deque[Callable[[], None]]] = {}
 
-    def run(self, slice_id: int | None, task: Callable[[], None]) -> None:
+    def run(self, slice_id: tuple[int, int] | None, task: Callable[[], None]) -> None:
         if slice_id is None:
             self._pool.submit(task)
             return
@@ -164,7 +166,7 @@ class _SliceLanes:
             self._queued[slice_id] = deque()
         self._pool.submit(self._drain, slice_id, task)
 
-    def _drain(self, slice_id: int, task: Callable[[], None]) -> None:
+    def _drain(self, slice_id: tuple[int, int], task: Callable[[], None]) -> None:
         while True:
             task()
             with self._lock:
@@ -320,7 +322,9 @@ class _Connection:
                     recv_exactly(self._sock, payload)
                 except PeerClosed:
                     raise PeerClosed(truncated=True) from None
-            lane = header.slice_id if header.kind in SLICE_KINDS else None
+            # one connection's requests for a slice keep their order; other
+            # connections (readers of the same slice) are not held behind them
+            lane = (id(self), header.slice_id) if header.kind in SLICE_KINDS else None
             self._server.lanes.run(
                 lane, functools.partial(self._serve, header, payload, pooled, cost))
 
