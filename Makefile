@@ -21,10 +21,20 @@ lint: setup
 	$(BIN)/ruff check src tests
 	$(BIN)/mypy src/shinglefs
 
+# Every benchmark writes its JSON to bench-data/NAME.json, then the report is
+# written from those files alone (docs/benchmarks.md, plots in docs/img/).
+# BENCH_FLAGS=--quick runs the small sizes.
+BENCHMARKS = $(shell $(BIN)/python -c "from shinglefs.bench import BENCHMARKS; print(*BENCHMARKS)" 2>/dev/null)
+BENCH_FLAGS ?=
+
 bench: setup
 	@mkdir -p bench-data
-	$(BIN)/shinglefs bench all --json --report docs/benchmarks.md > bench-data/bench.json
-	$(BIN)/shinglefs sim plots bench-data/bench.json --out docs/img --append-to docs/benchmarks.md
+	@set -e; for b in $(BENCHMARKS); do \
+		echo "== shinglefs bench $$b $(BENCH_FLAGS)"; \
+		$(BIN)/shinglefs bench $$b --json $(BENCH_FLAGS) > bench-data/$$b.json; \
+	done
+	$(BIN)/shinglefs bench report $(foreach b,$(BENCHMARKS),bench-data/$(b).json) \
+		--out docs/benchmarks.md --img docs/img
 
 clean:
 	rm -rf $(VENV) demo-data bench-data .pytest_cache .hypothesis

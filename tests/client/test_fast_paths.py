@@ -1,5 +1,7 @@
-"""``try_write`` / ``try_flush``: a buffered write or a small file's close completed
-in the calling thread, or nothing done that a later ``write`` / ``flush`` would not redo.
+"""``write(wait=False)`` / ``flush(wait=False)`` / ``read_buffer(wait=False)`` (here
+``try_write`` / ``try_flush`` / ``try_read``): a buffered write, a small file's close or
+a read of cached bytes completed in the calling thread, or ``Declined`` with nothing
+done that a later ``write`` / ``flush`` / ``read`` would not redo.
 
 Everything runs on a real VFS (SQLite file, emulated SMR drive on a sparse file).
 """
@@ -17,9 +19,9 @@ from fsfixtures import FsFactory, MiB, create, pattern, read_all
 from tests.support.polling import wait_until
 
 from shinglefs.client.config import ClientConfig
-from shinglefs.client.errors import NotOpenForWriting
+from shinglefs.client.errors import NotOpenForReading, NotOpenForWriting
 from shinglefs.client.filesystem import open_filesystem, recorded_drives
-from shinglefs.client.vfs import VFS
+from shinglefs.client.vfs import VFS, Declined
 from shinglefs.client.writer import OpenSlice
 from shinglefs.meta import open_meta
 from shinglefs.meta.api import ROOT_CTX, ROOT_INO
@@ -33,10 +35,27 @@ KiB = 1024
 QUIET = ClientConfig(compaction_scan_interval=0)
 
 
+def try_write(vfs: VFS, fh: int, offset: int, data: bytes | memoryview) -> int | None:
+    """``vfs.write(wait=False)``: the bytes written, or None when it declined."""
+    try:
+        return vfs.write(fh, offset, data, wait=False)
+    except Declined:
+        return None
+
+
+def try_flush(vfs: VFS, fh: int) -> bool:
+    """``vfs.flush(wait=False)``: whether it flushed (False: it declined)."""
+    try:
+        vfs.flush(fh, wait=False)
+    except Declined:
+        return False
+    return True
+
+
 def fast_flush(vfs: VFS, fh: int) -> None:
     """``try_flush`` until it completes. It may rightly decline while the drive is
     momentarily busy (its GC thread holds it), having changed nothing: retry."""
-    wait_until(lambda: vfs.try_flush(fh), "try_flush completes on an idle drive")
+    wait_until(lambda: try_flush(vfs, fh), "try_flush completes on an idle drive")
 
 
 def committed(vfs: VFS, ino: int) -> tuple[int, list[int | None]]:
@@ -120,7 +139,7 @@ def try_write_while_the_drive_is_held(
     vfs: VFS, fh: int, offset: int, data: bytes, *, waited_for: str,
     prepare: Callable[[], object] | None = None,
 ) -> list[object]:
-    """Hold drive 0's writer, run ``prepare()``, then ``vfs.try_write`` in a
+    """Hold drive 0's writer, run ``prepare()``, then ``try_write`` in a
     thread: the test fails if it waited (for ``waited_for``) or raised.
     Returns its result list (``[None]``: declined, ``[n]``: written)."""
     call: InThread | None = None
@@ -128,7 +147,7 @@ def try_write_while_the_drive_is_held(
     try:
         if prepare is not None:
             prepare()
-        call = InThread(lambda: vfs.try_write(fh, offset, data))
+        call = InThread(lambda: try_write(vfs, fh, offset, data))
         returned = call.returned_within()
     finally:
         busy.release()
@@ -148,7 +167,7 @@ def test_sequential_small_writes_are_buffered_and_read_back_after_try_flush(
     parts = [pattern(i, 1000 + i) for i in range(5)]
     offset = 0
     for part in parts:
-        assert vfs.try_write(fh, offset, part) == len(part)
+        assert try_write(vfs, fh, offset, part) == len(part)
         offset += len(part)
     assert vfs.getattr(ino).size == offset  # the buffered size is visible
     assert committed(vfs, ino) == (0, [])  # nothing stored or committed yet
@@ -161,7 +180,7 @@ def test_sequential_small_writes_are_buffered_and_read_back_after_try_flush(
     assert read_all(vfs, ino) == b"".join(parts)  # another handle sees it
 
     # Appending after the fast close starts a new slice, closed the same way.
-    assert vfs.try_write(fh, offset, b"more") == 4
+    assert try_write(vfs, fh, offset, b"more") == 4
     fast_flush(vfs, fh)
     assert committed(vfs, ino)[0] == offset + 4
     vfs.release(fh)
@@ -201,7 +220,7 @@ def test_try_write_does_what_write_does_or_nothing_at_all(fs_factory: FsFactory)
         data = pattern(200 + i, n)
         s = writer.open_slice
         before = (vfs.getattr(fast).size, s, s and s.length, s and len(s.pending))
-        got = vfs.try_write(fh_fast, offset, data)
+        got = try_write(vfs, fh_fast, offset, data)
         if got is None:
             assert not must_take, f"write {i} at {offset} was refused"
             s = writer.open_slice
@@ -236,7 +255,7 @@ def test_try_write_on_append_and_read_only_handles(vfs: VFS) -> None:
     vfs.release(fh)
 
     appender = vfs.open(ino, os.O_WRONLY | os.O_APPEND, ROOT_CTX)
-    assert vfs.try_write(appender, 0, b"tail") is None  # the end is a metadata question
+    assert try_write(vfs, appender, 0, b"tail") is None  # the end is a metadata question
     assert vfs.getattr(ino).size == 4
     assert vfs.write(appender, 0, b"tail") == 4
     vfs.release(appender)
@@ -244,9 +263,9 @@ def test_try_write_on_append_and_read_only_handles(vfs: VFS) -> None:
 
     reader = vfs.open(ino, os.O_RDONLY, ROOT_CTX)
     with pytest.raises(NotOpenForWriting) as info:
-        vfs.try_write(reader, 0, b"no")
+        try_write(vfs, reader, 0, b"no")
     assert info.value.errno == errno.EBADF
-    assert vfs.try_flush(reader) is True  # nothing to do for a reader
+    assert try_flush(vfs, reader) is True  # nothing to do for a reader
     vfs.release(reader)
     assert read_all(vfs, ino) == b"basetail"
 
@@ -256,11 +275,11 @@ def test_try_write_returns_none_when_the_write_budget_is_exhausted(fs_factory: F
     fh_a, ino_a = create(vfs, b"a")
     fh_b, ino_b = create(vfs, b"b")
     a = pattern(3, 60 * KiB)
-    assert vfs.try_write(fh_a, 0, a) == len(a)
-    assert vfs.try_write(fh_b, 0, b"b" * (8 * KiB)) is None  # 68 KiB > 64 KiB
+    assert try_write(vfs, fh_a, 0, a) == len(a)
+    assert try_write(vfs, fh_b, 0, b"b" * (8 * KiB)) is None  # 68 KiB > 64 KiB
     assert vfs.stats()["buffered_bytes"] == len(a)
     assert vfs.getattr(ino_b).size == 0
-    assert vfs.try_write(fh_b, 0, b"b" * (4 * KiB)) == 4 * KiB  # 64 KiB fits exactly
+    assert try_write(vfs, fh_b, 0, b"b" * (4 * KiB)) == 4 * KiB  # 64 KiB fits exactly
     # write() waits for budget (spilling the idle writer's bytes) instead.
     assert vfs.write(fh_b, 4 * KiB, b"c" * (8 * KiB)) == 8 * KiB
     vfs.release(fh_a)
@@ -282,7 +301,7 @@ def test_try_write_declines_an_append_past_the_per_file_bound_while_pieces_are_i
 
     def one_piece_in_flight_half_a_piece_pending() -> None:  # pieces stay in flight
         assert vfs.write(fh, 0, data[:piece]) == piece  # one piece submitted
-        assert vfs.try_write(fh, piece, data[piece : piece + piece // 2]) == piece // 2
+        assert try_write(vfs, fh, piece, data[piece : piece + piece // 2]) == piece // 2
         s = vfs.inodes.writer(ino).open_slice
         assert s is not None
         seen["slice"], seen["before"] = s, (s.length, len(s.pending))
@@ -358,7 +377,7 @@ def test_try_write_does_not_wait_for_queue_room_for_a_slice_without_a_drive(
     model = bytearray()
     if case == "a seek ends a small slice":
         model += pattern(401, 1000)
-        assert vfs.try_write(fh_b, 0, bytes(model)) == 1000  # pending, no drive yet
+        assert try_write(vfs, fh_b, 0, bytes(model)) == 1000  # pending, no drive yet
         offset, data = 0, b"header"
     else:
         offset, data = 0, pattern(400, piece)
@@ -378,7 +397,7 @@ def test_try_write_and_try_flush_do_nothing_while_another_thread_holds_the_file(
 ) -> None:
     vfs = fs_factory.vfs(QUIET)
     fh, ino = create(vfs, b"f")
-    assert vfs.try_write(fh, 0, b"first") == 5
+    assert try_write(vfs, fh, 0, b"first") == 5
     writer = vfs.inodes.writer(ino)
     held, done = threading.Event(), threading.Event()
 
@@ -391,14 +410,14 @@ def test_try_write_and_try_flush_do_nothing_while_another_thread_holds_the_file(
     holder.start()
     try:
         assert held.wait(30)
-        assert vfs.try_write(fh, 5, b"second") is None
-        assert vfs.try_flush(fh) is False
+        assert try_write(vfs, fh, 5, b"second") is None
+        assert try_flush(vfs, fh) is False
         assert vfs.getattr(ino).size == 5
         assert committed(vfs, ino) == (0, [])
     finally:
         done.set()
         holder.join(30)
-    assert vfs.try_write(fh, 5, b"second") == 6
+    assert try_write(vfs, fh, 5, b"second") == 6
     fast_flush(vfs, fh)
     assert read_all(vfs, ino) == b"firstsecond"
     vfs.release(fh)
@@ -411,7 +430,7 @@ def test_try_flush_commits_bytes_that_a_fresh_client_reads_after_a_crash(
     vfs = fs_factory.vfs(QUIET)
     fh, ino = create(vfs, b"ckpt.json")
     data = pattern(4, 20_000)
-    assert vfs.try_write(fh, 0, data) == len(data)
+    assert try_write(vfs, fh, 0, data) == len(data)
     fast_flush(vfs, fh)
     assert committed(vfs, ino)[0] == len(data)
     power_cut(vfs)  # no fsync: the ordered commit flushed the drive before meta
@@ -425,10 +444,10 @@ def test_try_flush_commits_bytes_that_a_fresh_client_reads_after_a_crash(
 def test_try_flush_with_nothing_buffered_returns_true(fs_factory: FsFactory) -> None:
     vfs = fs_factory.vfs(QUIET)
     fh, ino = create(vfs, b"empty")
-    assert vfs.try_flush(fh) is True
+    assert try_flush(vfs, fh) is True
     vfs.write(fh, 0, b"x")
     vfs.flush(fh)
-    assert vfs.try_flush(fh) is True  # flushed already: nothing buffered
+    assert try_flush(vfs, fh) is True  # flushed already: nothing buffered
     vfs.release(fh)
     assert read_all(vfs, ino) == b"x"
 
@@ -436,8 +455,8 @@ def test_try_flush_with_nothing_buffered_returns_true(fs_factory: FsFactory) -> 
 def test_try_flush_stores_durably_before_it_commits(fs_factory: FsFactory) -> None:
     vfs = fs_factory.vfs(QUIET)
     fh, ino = create(vfs, b"durable")
-    assert vfs.try_write(fh, 0, b"must be flushed") == 15
-    assert vfs.try_flush(fh) is True
+    assert try_write(vfs, fh, 0, b"must be flushed") == 15
+    assert try_flush(vfs, fh) is True
     assert committed(vfs, ino)[0] == 15
     power_cut(vfs)  # the drive loses every unflushed byte
     again = open_filesystem(fs_factory.meta_url)
@@ -456,7 +475,7 @@ def test_try_flush_declines_a_file_that_already_streamed_a_piece(fs_factory: FsF
     wait_until(lambda: vfs.node.length(s.slice_id) == 4 * MiB, "the first piece is stored")
     wait_until(lambda: vfs.node.store(0).scheduler.pending_length(s.slice_id) is None,
                "the piece is settled")
-    assert vfs.try_flush(fh) is False
+    assert try_flush(vfs, fh) is False
     assert committed(vfs, ino)[0] == 0
     vfs.flush(fh)
     assert committed(vfs, ino)[0] == len(data)
@@ -470,10 +489,10 @@ def test_try_flush_declines_while_the_drive_writer_is_busy_and_flush_redoes_it(
     vfs = fs_factory.vfs(QUIET)
     fh, ino = create(vfs, b"f")
     data = pattern(6, 10_000)
-    assert vfs.try_write(fh, 0, data) == len(data)
+    assert try_write(vfs, fh, 0, data) == len(data)
     busy = DriveWriterBusy(vfs)
     try:
-        assert vfs.try_flush(fh) is False
+        assert try_flush(vfs, fh) is False
         assert committed(vfs, ino) == (0, [])
         assert vfs.stats()["buffered_bytes"] == len(data)
         assert vfs.getattr(ino).size == len(data)
@@ -493,7 +512,7 @@ def test_a_failing_drive_in_the_close_raises_the_typed_error_and_the_file_stays_
     vfs = fs_factory.vfs(QUIET)
     d = vfs.mkdir(ROOT_INO, b"dir", 0o755, ROOT_CTX)
     fh, first = create(vfs, b"first", d.ino)
-    assert vfs.try_write(fh, 0, b"first file") == 10
+    assert try_write(vfs, fh, 0, b"first file") == 10
     fast_flush(vfs, fh)
     vfs.release(fh)
     # Fail the zone that holds the directory's small files (their group).
@@ -505,7 +524,7 @@ def test_a_failing_drive_in_the_close_raises_the_typed_error_and_the_file_stays_
 
     fh, ino = create(vfs, b"second", d.ino)
     data = pattern(7, 3000)
-    assert vfs.try_write(fh, 0, data) == len(data)
+    assert try_write(vfs, fh, 0, data) == len(data)
     lost = vfs.inodes.writer(ino).open_slice.slice_id  # type: ignore[union-attr]
     with pytest.raises(StoreIOError) as info:
         if close == "flush":
@@ -517,7 +536,7 @@ def test_a_failing_drive_in_the_close_raises_the_typed_error_and_the_file_stays_
     assert committed(vfs, ino) == (0, [])
     assert not vfs.node.contains(lost)
     assert vfs.stats()["buffered_bytes"] == 0
-    assert vfs.try_flush(fh) is True  # the error was reported once
+    assert try_flush(vfs, fh) is True  # the error was reported once
     # The file is usable: a rewrite lands in a fresh zone and reads back.
     again = pattern(8, 3000)
     assert vfs.write(fh, 0, again) == len(again)
@@ -537,13 +556,13 @@ def test_three_hundred_small_files_close_on_the_fast_path(fs_factory: FsFactory)
         fh, ino = create(vfs, f"s{i:04d}.json".encode(), d.ino)
         half = len(data) // 2
         for off, part in ((0, data[:half]), (half, data[half:])):
-            n = vfs.try_write(fh, off, part) if part else 0
+            n = try_write(vfs, fh, off, part) if part else 0
             if n is None:
                 n = vfs.write(fh, off, part)
             else:
                 fast_writes += 1 if part else 0
             assert n == len(part)
-        if vfs.try_flush(fh):
+        if try_flush(vfs, fh):
             fast_closes += 1
         else:
             vfs.flush(fh)
@@ -562,3 +581,36 @@ def test_three_hundred_small_files_close_on_the_fast_path(fs_factory: FsFactory)
     fs_factory.opened.append(again)
     for ino, data in files.items():
         assert read_all(again, ino) == data
+
+
+# ---------------------------------------------------------------- try_read
+def try_read(vfs: VFS, fh: int, offset: int, size: int) -> bytes | None:
+    """``vfs.read_buffer(wait=False)``: the bytes, or None when it declined."""
+    try:
+        return bytes(vfs.read_buffer(fh, offset, size, wait=False))
+    except Declined:
+        return None
+
+
+def test_try_read_declines_until_a_read_cached_the_range_then_serves_it(
+    fs_factory: FsFactory,
+) -> None:
+    # A map window is kept only when the file goes on past it: a file larger than one.
+    vfs = fs_factory.vfs(dataclasses.replace(QUIET, readahead_bytes=8 * MiB))
+    data = pattern(31, 9 * MiB)
+    fh, ino = create(vfs, b"cached")
+    assert vfs.write(fh, 0, data) == len(data)
+    # Bytes still in the writer's buffer are the metadata's question first.
+    assert try_read(vfs, fh, 0, 1000) is None
+    vfs.flush(fh)
+    vfs.release(fh)
+    reader = vfs.open(ino, os.O_RDONLY, ROOT_CTX)
+    assert try_read(vfs, reader, 0, 4096) is None  # no map window, nothing cached
+    assert vfs.read(reader, 0, 4096) == data[:4096]  # maps the window, caches the extent
+    assert try_read(vfs, reader, 4096, 8192) == data[4096:12288]
+    assert try_read(vfs, reader, 0, 0) == b""
+    vfs.release(reader)
+    writer = vfs.open(ino, os.O_WRONLY, ROOT_CTX)
+    with pytest.raises(NotOpenForReading):  # errors as read's, not a decline
+        try_read(vfs, writer, 0, 10)
+    vfs.release(writer)

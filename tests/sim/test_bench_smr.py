@@ -51,3 +51,12 @@ def test_checkpoint_churn_with_retention_resets_zones_without_copying(result):
     assert series[-1]["zone_resets"] > 0
     assert all(s["waf"] < 1.01 for s in series)
     assert series[-1]["user_gib"] > series[0]["user_gib"]
+
+
+def test_concurrent_readers_pay_for_the_seeks_between_their_files(result):
+    # the read path interleaves the readers' extents at the drive; one reader streams
+    assert result["epoch_read_fraction_8"] < result["epoch_read_fraction_1"]
+    assert result["epoch_read_fraction_8"] <= result["epoch_read_fraction_8_drive_bound"]
+    paces = result["epoch_read_fraction_8_by_reader_mib_s"]
+    assert paces[str(int(result["epoch_reader_mib_s"]))] == result["epoch_read_fraction_8"]
+    assert result["restore_read_fraction_paced"] <= result["restore_read_fraction"]

@@ -104,3 +104,26 @@ def test_size_refuses_an_unknown_price(tmp_path):
     out = CliRunner().invoke(_app(), ["size", "--dataset", "1TB", "--checkpoint", "1GB",
                                       "--price-file", str(prices)])
     assert isinstance(out.exception, UsageError)
+
+
+def test_size_takes_any_printed_assumption_from_the_file_and_flags_win(tmp_path):
+    given = tmp_path / "assumptions.json"
+    given.write_text(json.dumps({"fill_fraction": 0.5, "write_amplification": 1.2,
+                                 "node_gbit": 100, "drive_usd": 450, "cmr_drive_usd": 999}))
+    out = CliRunner().invoke(_app(), ["size", "--dataset", "200TB", "--checkpoint", "100GB",
+                                      "--price-file", str(given), "--drive-usd", "200", "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    assert doc["drives"] == 27  # 200.6 TB / (15 TB x 0.5)
+    assert doc["expected_write_amplification"] == 1.2
+    assert doc["cluster"]["node_gbit"] == 100
+    assert doc["prices"]["drive_usd"] == 200  # the flag over the file
+    assert doc["prices"]["cmr_drive_usd"] == 999
+    assert doc["seed_claim"]["holds"] is True
+    # every key the command prints is one the file may set back
+    keys = {**doc["prices"], **doc["assumptions"], **doc["cluster"]}
+    keys.pop("nodes"), keys.pop("drives_per_node")  # these follow from the sizing
+    given.write_text(json.dumps(keys))
+    again = CliRunner().invoke(_app(), ["size", "--dataset", "200TB", "--checkpoint", "100GB",
+                                        "--price-file", str(given), "--json"])
+    assert again.exit_code == 0, again.output

@@ -175,7 +175,7 @@ def test_expedite_writes_a_lingering_piece_at_once(drive_factory):
     store = SliceStore.format(drive, linger_s=5.0, gc_background=False)
     future = store.submit(9, 0, b"x" * 4096, group=3)
     t = time.monotonic()
-    store.scheduler.expedite(9)
+    future.expedite()
     future.result(timeout=2)
     assert time.monotonic() - t < 1.0
     assert store.read(9, 0, 4096) == b"x" * 4096

@@ -1,4 +1,11 @@
-"""``shinglefs bench NAME [--quick] [--json]``: run one benchmark or all of them."""
+"""``shinglefs bench NAME [--quick] [--json]``: run one benchmark or all of them.
+
+``shinglefs bench report FILE... [--out docs/benchmarks.md] [--img DIR]``
+writes the benchmark report from the JSON the benchmarks printed
+(``bench.report``). A benchmark is registered by its module in
+``shinglefs.bench`` and its name in ``BENCHMARKS``; options only some
+benchmarks take go through ``_options``.
+"""
 
 from __future__ import annotations
 
@@ -27,15 +34,38 @@ def run_benchmark(name: str, quick: bool, workdir: Path | None, options: dict[st
     module = _load(name)
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix=f"shinglefs-bench-{name}-", dir="/var/tmp") as tmp:
-            return dict(module.run(quick=quick, workdir=Path(tmp), **options))
-    workdir.mkdir(parents=True, exist_ok=True)
-    return dict(module.run(quick=quick, workdir=workdir, **options))
+            result = dict(module.run(quick=quick, workdir=Path(tmp), **options))
+    else:
+        workdir.mkdir(parents=True, exist_ok=True)
+        result = dict(module.run(quick=quick, workdir=workdir, **options))
+    result.setdefault("quick", quick)  # the report says which sizes each figure is from
+    return result
+
+
+def _options(name: str, meta: str | None) -> dict[str, Any]:
+    """The options benchmark ``name`` takes from the command line (register new ones here)."""
+    if name == "meta" and meta is not None:
+        return {"meta_url": meta}
+    return {}
+
+
+def _report(inputs: list[Path], out: Path, img: Path | None) -> None:
+    from shinglefs.bench.report import write_report
+
+    if not inputs:
+        raise UsageError("bench report needs the benchmarks' JSON files",
+                         hint="shinglefs bench report bench-data/*.json --out docs/benchmarks.md")
+    for path in write_report(inputs, out, img or out.parent / "img"):
+        typer.echo(str(path))
 
 
 def register(app: typer.Typer) -> None:
     @app.command("bench")
     def bench(
-        name: str = typer.Argument(..., help=f"one of: {', '.join(BENCHMARKS)}, all"),
+        name: str = typer.Argument(..., help=f"one of: {', '.join(BENCHMARKS)}, all; or report"),
+        inputs: list[Path] = typer.Argument(
+            None, help="with report: the JSON files the benchmarks printed", show_default=False
+        ),
         quick: bool = typer.Option(False, "--quick", help="small sizes, finishes within a minute"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
         workdir: Path | None = typer.Option(
@@ -44,26 +74,27 @@ def register(app: typer.Typer) -> None:
         meta: str | None = typer.Option(
             None, "--meta", help="extra metadata URL to benchmark (meta benchmark)"
         ),
-        report: Path | None = typer.Option(
-            None, "--report", help="with `all`: write a Markdown report here"
+        out: Path = typer.Option(
+            Path("docs/benchmarks.md"), "--out", help="with report: the Markdown file to write"
+        ),
+        img: Path | None = typer.Option(
+            None, "--img", help="with report: folder for the plots (default: img/ beside --out)"
         ),
     ) -> None:
-        """Measure a layer against a baseline taken in the same run."""
-        options: dict[str, Any] = {}
-        if meta is not None:
-            options["meta_url"] = meta
+        """Measure a layer against a baseline taken in the same run; or write the report."""
+        if name == "report":
+            _report(list(inputs or []), out, img)
+            return
+        if inputs:
+            raise UsageError(f"bench {name} takes no file arguments",
+                             hint="files are for `shinglefs bench report FILE...`")
         names = BENCHMARKS if name == "all" else [name]
         results = {}
         for one in names:
-            opts = options if one == "meta" else {}
-            results[one] = run_benchmark(one, quick, workdir, opts)
+            results[one] = run_benchmark(one, quick, workdir, _options(one, meta))
             if not as_json:
                 typer.echo(f"== {one}")
                 for key, value in results[one].items():
                     typer.echo(f"  {key:32s} {value}")
         if as_json:
             typer.echo(json.dumps(results if name == "all" else results[name], indent=None))
-        if report is not None:
-            from shinglefs.bench.report import write_report
-
-            write_report(results, report)

@@ -76,25 +76,19 @@ def calibrate(as_json: bool = typer.Option(False, "--json", help="print one JSON
 def plots(
     result: Path = typer.Argument(..., help="JSON of `bench smr --json` (or `bench all --json`)"),
     out: Path = typer.Option(Path("docs/img"), "--out", help="folder for the PNG files"),
-    append_to: Path | None = typer.Option(None, "--append-to",
-                                          help="append a section showing them to this report"),
 ) -> None:
-    """PNG plots of the SMR benchmark, each claim beside its baseline."""
-    from shinglefs.sim.plots import markdown, write_plots
+    """PNG plots of the SMR benchmark, each claim beside its baseline (the report: `bench report`)."""
+    from shinglefs.sim.plots import write_plots
 
     try:
         doc = json.loads(result.read_text())
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot read benchmark JSON {result}: {exc}") from exc
-    if "smr" not in doc and "ckpt_write_fraction_16" not in doc:
+    if not isinstance(doc, dict) or ("smr" not in doc and "ckpt_write_fraction_16" not in doc):
         raise UsageError(f"{result} holds no `bench smr` result",
                          hint="run `shinglefs bench smr --json > FILE` first")
-    paths = write_plots(doc, out)
-    for p in paths:
+    for p in write_plots(doc, out):
         typer.echo(str(p))
-    if append_to is not None:
-        with open(append_to, "a", encoding="utf-8") as f:
-            f.write("\n" + markdown(paths, append_to.parent) + "\n")
 
 
 SEED_CLAIM_SMR_TB = 200
@@ -110,24 +104,48 @@ def _capacity(text: str, what: str) -> int:
         raise UsageError(f"--{what}: {exc}", hint="decimal units as drives are sold: 200TB") from exc
 
 
-def _prices(path: Path | None) -> Any:
+def _assumptions(path: Path | None, flags: dict[str, Any]) -> tuple[Any, Any, Any, set[str]]:
+    """(Prices, SizingAssumptions, ClusterSpec, keys given): defaults, then ``path``'s keys,
+    then the flags that were given.
+
+    ``path`` is a JSON object whose keys are any fields of the three (one flat
+    namespace; every key ``size`` prints). Raises UsageError for an unreadable
+    file, an unknown key or a value of the wrong kind.
+    """
     from dataclasses import fields, replace
 
-    from shinglefs.sim.sizing import Prices
+    from shinglefs.sim.cluster import ClusterSpec
+    from shinglefs.sim.sizing import Prices, SizingAssumptions
 
-    prices = Prices()
-    if path is None:
-        return prices
-    try:
-        given = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read price file {path}: {exc}") from exc
-    known = {f.name for f in fields(Prices)}
-    unknown = set(given) - known if isinstance(given, dict) else {"(not an object)"}
+    given: dict[str, Any] = {}
+    if path is not None:
+        try:
+            given = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"cannot read price file {path}: {exc}") from exc
+        if not isinstance(given, dict):
+            raise UsageError(f"price file {path}: not a JSON object")
+    given.update({k: v for k, v in flags.items() if v is not None})
+    out = []
+    known: set[str] = set()
+    kinds: tuple[Any, ...] = (Prices, SizingAssumptions, ClusterSpec)
+    for kind in kinds:
+        names = {f.name: f for f in fields(kind)} if kind is not ClusterSpec else {
+            f.name: f for f in fields(kind) if f.name not in {"nodes", "drives_per_node"}}
+        known |= set(names)
+        mine = {}
+        for key in set(given) & set(names):
+            cast = int if names[key].type in ("int", int) else float
+            try:
+                mine[key] = cast(given[key])
+            except (TypeError, ValueError):
+                raise UsageError(f"{key}: {given[key]!r} is not a number") from None
+        out.append(replace(kind(), **mine))
+    unknown = set(given) - known
     if unknown:
         raise UsageError(f"price file {path}: unknown keys {sorted(unknown)}",
                          hint=f"known keys: {', '.join(sorted(known))}")
-    return replace(prices, **{k: float(v) for k, v in given.items()})
+    return out[0], out[1], out[2], set(given)
 
 
 def size(
@@ -136,46 +154,54 @@ def size(
     every: int = typer.Option(1000, "--every", help="steps between checkpoints"),
     steps_per_hour: float = typer.Option(600, "--steps-per-hour"),
     keep: int = typer.Option(5, "--keep", help="checkpoints kept"),
-    replicas: int = typer.Option(1, "--replicas"),
-    drives_per_node: int = typer.Option(24, "--drives-per-node"),
-    ranks: int = typer.Option(96, "--ranks", help="ranks writing a checkpoint at once"),
-    price_file: Path | None = typer.Option(None, "--price-file",
-                                           help="JSON object overriding any price"),
+    replicas: int | None = typer.Option(None, "--replicas", help="copies of every byte [1]"),
+    drives_per_node: int | None = typer.Option(None, "--drives-per-node", help="[24]"),
+    ranks: int | None = typer.Option(None, "--ranks", help="ranks writing a checkpoint [96]"),
+    node_gbit: float | None = typer.Option(None, "--node-gbit", help="a node's NIC [25]"),
+    drive_usd: float | None = typer.Option(None, "--drive-usd", help="an HM-SMR drive [300]"),
+    nvme_usd: float | None = typer.Option(
+        None, "--nvme-usd-per-tb-month", help="managed NVMe's price [100]"),
+    price_file: Path | None = typer.Option(
+        None, "--price-file", help="JSON object overriding any printed price or assumption"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Drives, nodes, zones, write amplification, checkpoint time and monthly cost vs managed NVMe."""
     import math
     import tempfile
+    from dataclasses import asdict, replace
 
     from shinglefs.sim import cluster
-    from shinglefs.sim.sizing import SizingAssumptions, Workload, plan
+    from shinglefs.sim.sizing import Workload, plan, tier_costs
 
-    if min(every, keep + 1, replicas, drives_per_node, ranks) <= 0 or steps_per_hour <= 0:
+    prices, a, spec, given = _assumptions(price_file, {
+        "replicas": replicas, "drives_per_node": drives_per_node, "ranks": ranks,
+        "node_gbit": node_gbit, "drive_usd": drive_usd, "nvme_usd_per_tb_month": nvme_usd})
+    spec = replace(spec, replicas=a.replicas)
+    if min(every, keep + 1, a.replicas, a.drives_per_node, spec.ranks) <= 0 or steps_per_hour <= 0:
         raise UsageError("--every, --steps-per-hour, --replicas, --drives-per-node and --ranks "
                          "must be positive, --keep not negative")
     w = Workload(_capacity(dataset, "dataset"), _capacity(checkpoint, "checkpoint"), every,
-                 steps_per_hour, keep, replicas)
-    prices = _prices(price_file)
-    out: dict[str, Any] = plan(
-        w, SizingAssumptions(replicas=replicas, drives_per_node=drives_per_node), prices)
+                 steps_per_hour, keep, a.replicas)
+    out: dict[str, Any] = plan(w, a, prices)
     nodes, drives = int(out["nodes"]), int(out["drives"])
-    spec = cluster.ClusterSpec(nodes=nodes, drives_per_node=math.ceil(drives / nodes),
-                               clients=max(1, ranks // 8), ranks=ranks, replicas=replicas)
+    spec = replace(spec, nodes=nodes, drives_per_node=math.ceil(drives / nodes),
+                   clients=spec.clients if "clients" in given else max(1, spec.ranks // 8))
     with tempfile.TemporaryDirectory(prefix="shinglefs-size-") as tmp:
         est = cluster.estimate(spec, w.checkpoint_bytes,
                                cluster.NodeSampler(Path(tmp), 16 * 1024 * 1024))
     out["checkpoint_seconds"] = round(est.seconds, 1)
     out["checkpoint_bottleneck"] = est.bottleneck
-    out["cluster"] = est.as_dict()["spec"]
+    out["cluster"] = asdict(spec)
+    out["tier_usd_per_tb_month"] = tier_costs(w.dataset_bytes, prices, a)
     # the seed's claim: 200 TB on SMR costs about what 80 TB of managed NVMe costs
-    claim: dict[str, Any] = plan(Workload(SEED_CLAIM_SMR_TB * 10**12, w.checkpoint_bytes, every, steps_per_hour,
-                          keep, replicas),
-                 SizingAssumptions(replicas=replicas, drives_per_node=drives_per_node), prices)
+    claim: dict[str, Any] = plan(replace(w, dataset_bytes=SEED_CLAIM_SMR_TB * 10**12), a, prices)
+    nvme_80 = SEED_CLAIM_NVME_TB * prices.nvme_usd_per_tb_month
     out["seed_claim"] = {
         "claim": f"{SEED_CLAIM_SMR_TB} TB on SMR ~ {SEED_CLAIM_NVME_TB} TB of managed NVMe a month",
         "smr_monthly_usd": claim["monthly_usd"]["total"],
-        "nvme_80tb_monthly_usd": SEED_CLAIM_NVME_TB * prices.nvme_usd_per_tb_month,
+        "nvme_80tb_monthly_usd": nvme_80,
         "nvme_tb_for_the_same_money": claim["nvme_tb_for_the_same_money"],
+        "holds": claim["monthly_usd"]["total"] <= nvme_80 * 1.1,
     }
     if as_json:
         typer.echo(json.dumps(out))
@@ -196,12 +222,20 @@ def _print_plan(out: dict[str, Any]) -> None:
     typer.echo(f"per usable TB-month ${out['usd_per_usable_tb_month']}; managed NVMe for the "
                f"same capacity ${out['nvme_monthly_usd_same_capacity']:,.0f}; the same money buys "
                f"{out['nvme_tb_for_the_same_money']} TB of managed NVMe")
+    typer.echo("by tier (USD per usable TB-month of the dataset): " + ", ".join(
+        f"{k} {v:g}" for k, v in out["tier_usd_per_tb_month"].items()))
     c = out["seed_claim"]
     typer.echo(f"seed claim   {c['claim']}: SMR ${c['smr_monthly_usd']:,.0f} vs NVMe 80 TB "
                f"${c['nvme_80tb_monthly_usd']:,.0f} (the SMR cost buys "
-               f"{c['nvme_tb_for_the_same_money']} TB of NVMe)")
-    typer.echo("prices:      " + json.dumps(out["prices"]))
-    typer.echo("assumptions: " + json.dumps(out["assumptions"]) + " " + json.dumps(out["cluster"]))
+               f"{c['nvme_tb_for_the_same_money']} TB of NVMe): "
+               + ("holds" if c["holds"] else "does not hold"))
+    for title, values in (("prices", out["prices"]), ("assumptions", out["assumptions"]),
+                          ("cluster", out["cluster"]), ("workload", out["workload"])):
+        typer.echo(f"{title}:")
+        for key, value in values.items():
+            typer.echo(f"  {key:28s} {value}")
+    typer.echo("override any price or assumption above with --price-file FILE "
+               "(a JSON object of these keys) or its flag")
 
 
 def register(app: typer.Typer) -> None:

@@ -21,6 +21,7 @@ from shinglefs.client.reader import ExtentCache, assemble, prefetch_pieces
 from shinglefs.meta.api import MetaStore, ReadPiece
 from shinglefs.meta.errors import FsError
 from shinglefs.server.errors import SliceMissing
+from shinglefs.server.node import Declined
 
 __all__ = ["ReadPath"]
 
@@ -37,12 +38,19 @@ class ReadPath:
         self.maps = inodes.maps
         self.config = config
 
-    def read(self, h: FileHandle, offset: int, size: int) -> bytes | memoryview:
+    def read(self, h: FileHandle, offset: int, size: int, *,
+             wait: bool = True) -> bytes | memoryview:
         """Up to ``size`` bytes at ``offset`` (short only at EOF; holes read as
         zeros): a view of the read cache when the range lies in one cached
-        extent (no copy)."""
+        extent (no copy).
+
+        ``wait=False``: only if it needs neither the metadata nor a drive (the
+        range's map is in the window and every byte in the extent cache); else
+        raises ``Declined`` having done nothing but note the access."""
         if size <= 0:
             return b""
+        if not wait:
+            return self._read_at_once(h, offset, size)
         state = self.inodes.get(h.ino)
         if state is not None and state.writer.overlaps(offset, size):
             with state.writer.lock:
@@ -63,21 +71,17 @@ class ReadPath:
             self._readahead(h, offset + len(data))
         return data
 
-    def try_read(self, h: FileHandle, offset: int, size: int) -> bytes | memoryview | None:
-        """``read`` if it needs neither the metadata nor a drive: the range's map
-        is in the window and every byte in the extent cache. Else None, having
-        done nothing but note the access."""
-        if size <= 0:
-            return b""
+    def _read_at_once(self, h: FileHandle, offset: int, size: int) -> bytes | memoryview:
+        """``read(wait=False)``."""
         state = self.inodes.get(h.ino)
         if state is not None and state.writer.overlaps(offset, size):
-            return None
+            raise Declined("the range has uncommitted writes")
         pieces = self.maps.cached(h.ino, offset, offset + size)
         if pieces is None:
-            return None
+            raise Declined("the range's map is not cached")
         data = self._peek(pieces)
         if data is None:
-            return None
+            raise Declined("the range's bytes are not cached")
         if h.read_state.observe(offset, size):
             self._readahead(h, offset + len(data))
         return data

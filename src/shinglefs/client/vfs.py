@@ -70,11 +70,11 @@ from shinglefs.meta.api import (
 )
 from shinglefs.meta.errors import FsError
 from shinglefs.server.errors import NodeFull
-from shinglefs.server.node import StorageNode
+from shinglefs.server.node import Declined, StorageNode
 
 log = logging.getLogger(__name__)
 
-__all__ = ["VFS", "Ctx", "DirEntry", "InodeAttr", "SetAttrChanges", "StatFs"]
+__all__ = ["VFS", "Ctx", "Declined", "DirEntry", "InodeAttr", "SetAttrChanges", "StatFs"]
 
 # The kernel asks for this xattr before every write(2) (to strip file
 # capabilities). Its absence, learned at create or from a miss, is trusted for
@@ -300,21 +300,16 @@ class VFS:
         self._check_open()
         return self.files.create(parent, name, mode, flags, ctx)
 
-    def flush(self, fh: int) -> None:
-        """close(2) of a descriptor: commit buffered writes (close-to-open)."""
+    def flush(self, fh: int, *, wait: bool = True) -> None:
+        """close(2) of a descriptor: commit buffered writes (close-to-open).
+
+        ``wait=False``: only if it needs no other thread (nothing buffered, or
+        a small file's bytes stored in this thread: ``FileWriter.flush``); else
+        raises ``Declined`` having done nothing ``flush`` would not redo."""
         self._check_open()
         h = self.handles.file(fh)
         if h.writable:
-            self.writes.flush(h.ino)
-
-    def try_flush(self, fh: int) -> bool:
-        """``flush`` if it needs no other thread (nothing buffered, or a small
-        file's bytes stored in this thread: ``FileWriter.try_flush``); returns
-        whether it did. False: call ``flush``, which may wait for a drive."""
-        self._check_open()
-        h = self.handles.file(fh)
-        state = self.inodes.get(h.ino) if h.writable else None
-        return state is None or state.writer.try_flush()
+            self.writes.flush(h.ino, wait=wait)
 
     def release(self, fh: int) -> None:
         """Last close of a handle: commit buffered writes, close the file in meta.
@@ -342,12 +337,18 @@ class VFS:
         self.meta.sync()
 
     # ================================================================== data
-    def write(self, fh: int, offset: int, data: bytes | memoryview) -> int:
-        """Buffer ``data`` at ``offset`` (O_APPEND: at the end); returns the byte count."""
+    def write(self, fh: int, offset: int, data: bytes | memoryview, *, wait: bool = True) -> int:
+        """Buffer ``data`` at ``offset`` (O_APPEND: at the end); returns the byte count.
+
+        ``wait=False``: only if it completes at once, without waiting (the
+        bytes fit the open slice's pending buffer: ``FileWriter.write``); else
+        raises ``Declined`` with nothing done. Other errors as with ``wait``."""
         self._check_open()
         h = self.handles.file(fh)
         if not h.writable:
             raise NotOpenForWriting(fh)
+        if not wait:
+            return self.writes.write(h, offset, data, wait=False)
         try:
             return self.writes.write(h, offset, data)
         except NodeFull:
@@ -358,33 +359,21 @@ class VFS:
             self.run_deletions()
             return self.writes.write(h, offset, data)
 
-    def try_write(self, fh: int, offset: int, data: bytes | memoryview) -> int | None:
-        """``write`` if it completes at once, without waiting (the bytes fit the
-        open slice's pending buffer: ``FileWriter.try_write``); else None with
-        nothing done: call ``write``. Errors as ``write``."""
-        self._check_open()
-        h = self.handles.file(fh)
-        if not h.writable:
-            raise NotOpenForWriting(fh)
-        return self.writes.try_write(h, offset, data)
-
     def read(self, fh: int, offset: int, size: int) -> bytes:
         """Up to ``size`` bytes at ``offset`` (short only at EOF; holes read as zeros)."""
         data = self.read_buffer(fh, offset, size)
         return data if isinstance(data, bytes) else bytes(data)
 
-    def read_buffer(self, fh: int, offset: int, size: int) -> bytes | memoryview:
+    def read_buffer(self, fh: int, offset: int, size: int, *,
+                    wait: bool = True) -> bytes | memoryview:
         """``read``, as a read-only buffer: a view of the read cache when the range
-        lies in one cached extent (no copy; what the FUSE layer replies with)."""
-        return self.reads.read(self._reading(fh), offset, size)
+        lies in one cached extent (no copy; what the FUSE layer replies with).
 
-    def try_read(self, fh: int, offset: int, size: int) -> bytes | memoryview | None:
-        """``read`` if it needs neither the metadata nor a drive: the range's map
-        is in this client's window and every byte in the extent cache (what
-        sequential read-ahead prepares). Returns the bytes (a view of the cache
-        when the range lies in one extent: no copy), or None having done
-        nothing but note the access: call ``read``. Errors as ``read``."""
-        return self.reads.try_read(self._reading(fh), offset, size)
+        ``wait=False``: only if it needs neither the metadata nor a drive: the
+        range's map is in this client's window and every byte in the extent
+        cache (what sequential read-ahead prepares); else raises ``Declined``
+        having done nothing but note the access. Other errors as with ``wait``."""
+        return self.reads.read(self._reading(fh), offset, size, wait=wait)
 
     def _reading(self, fh: int) -> FileHandle:
         """The handle ``fh``, open for reading (else NotOpenForReading)."""

@@ -29,7 +29,7 @@ from shinglefs.client.inodes import InodeTable, OpenInode
 from shinglefs.client.writer import FileWriter, WriteBudget
 from shinglefs.meta.api import InodeAttr, MetaStore
 from shinglefs.server.errors import NodeFull
-from shinglefs.server.node import StorageNode
+from shinglefs.server.node import Declined, StorageNode
 
 __all__ = ["WritePath"]
 
@@ -109,26 +109,27 @@ class WritePath:
                 return dataclasses.replace(attr, size=end)
         return attr
 
-    def flush(self, ino: int) -> None:
-        """Commit ``ino``'s buffered writes, if this client has it open (``FileWriter.flush``)."""
+    def flush(self, ino: int, *, wait: bool = True) -> None:
+        """Commit ``ino``'s buffered writes, if this client has it open (``FileWriter.flush``;
+        ``wait=False``: or raise ``Declined``)."""
         writer = self.inodes.writer(ino)
         if writer is not None:
-            writer.flush()
+            writer.flush(wait=wait)
 
-    def write(self, h: FileHandle, offset: int, data: bytes | memoryview) -> int:
-        """Buffer ``data`` at ``offset`` (O_APPEND: at the end of the file)."""
+    def write(self, h: FileHandle, offset: int, data: bytes | memoryview, *,
+              wait: bool = True) -> int:
+        """Buffer ``data`` at ``offset`` (O_APPEND: at the end of the file).
+
+        ``wait=False``: ``FileWriter.write(wait=False)``; always ``Declined`` for
+        O_APPEND (the end of the file is a metadata question)."""
         writer = self.writer_of(h)
         if h.append:
+            if not wait:
+                raise Declined("O_APPEND asks the metadata for the end of the file")
             with writer.lock:
                 size = max(self.meta.getattr(h.ino).size, writer.buffered_end())
                 return writer.write(size, data)
-        return writer.write(offset, data)
-
-    def try_write(self, h: FileHandle, offset: int, data: bytes | memoryview) -> int | None:
-        """``write`` if it completes without waiting (never for O_APPEND), else None."""
-        if h.append:
-            return None
-        return self.writer_of(h).try_write(offset, data)
+        return writer.write(offset, data, wait=wait)
 
     def resize(self, ino: int, change: Callable[[], InodeAttr]) -> InodeAttr:
         """Run ``change`` (a size change of ``ino`` in meta) after this client's

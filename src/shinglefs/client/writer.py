@@ -37,7 +37,7 @@ from shinglefs.client.commit import FinishedSlice
 from shinglefs.client.config import ClientConfig
 from shinglefs.client.settling import SettlingSlices
 from shinglefs.server.errors import NodeFull
-from shinglefs.server.node import StorageNode, wait_piece
+from shinglefs.server.node import Declined, PieceFuture, StorageNode, wait_piece
 from shinglefs.zoned.model import Buffer
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ class OpenSlice:
         self.drive_id: int | None = None
         self.group: int | None = None
         self.registered = False
-        self.inflight: deque[tuple[Future[None], int]] = deque()
+        self.inflight: deque[tuple[PieceFuture, int]] = deque()
 
     @property
     def end(self) -> int:
@@ -281,18 +281,46 @@ class FileWriter:
         self._budget.release(n)
         self._node.unreserve(n)
 
-    def write(self, offset: int, data: Buffer) -> int:
+    def write(self, offset: int, data: Buffer, *, wait: bool = True) -> int:
         """Buffer ``data`` at ``offset``; returns its length. May block on back-pressure.
 
         The bytes' drive space is reserved first: a full file system raises
-        ``NodeFull`` (ENOSPC) here, with nothing buffered, not at ``close``."""
+        ``NodeFull`` (ENOSPC) here, with nothing buffered, not at ``close``.
+
+        ``wait=False``: the same if nothing in it has to wait — the writer's
+        lock is free, no error is pending, the bytes fit both buffer bounds,
+        and the pieces and slices the write completes can be handed to the
+        node without waiting (the drive's queue has room, fewer than
+        ``max_settling_slices`` slices settle); else raises ``Declined``
+        having done nothing (as for an empty write, or when the drives are
+        full: ``write`` reports that after what may free space). Never waits
+        for a drive (barring a race with another writer for the same queue
+        room, which costs one short wait)."""
         view = memoryview(data).cast("B")
+        if not wait:
+            return self._write_at_once(offset, view)
         with self.lock:
             self._raise_pending_error()
             if not view:
                 return 0
             self._node.reserve(len(view))
             return self._write_with_reservation(offset, view)
+
+    def _write_at_once(self, offset: int, view: memoryview) -> int:
+        """``write(wait=False)``."""
+        n = len(view)
+        if not n or not self.lock.acquire(blocking=False):
+            raise Declined("the file's writer is busy" if n else "an empty write")
+        try:
+            if self._error is not None or self._would_wait(offset, n):
+                raise Declined("the write would wait")
+            try:
+                self._node.reserve(n)
+            except NodeFull:
+                raise Declined("the drives are full") from None
+            return self._write_with_reservation(offset, view)
+        finally:
+            self.lock.release()
 
     def _write_with_reservation(self, offset: int, view: memoryview) -> int:
         """``write`` once the bytes' space is reserved (writer lock held)."""
@@ -323,29 +351,6 @@ class FileWriter:
             pos += n
             view = view[n:]
 
-    def try_write(self, offset: int, data: Buffer) -> int | None:
-        """``write`` if nothing in it has to wait: the writer's lock is free, no
-        error is pending, the bytes fit both buffer bounds, and the pieces and
-        slices the write completes can be handed to the node without waiting
-        (the drive's queue has room, fewer than ``max_settling_slices`` slices
-        settle). Otherwise returns None having done nothing: call ``write``,
-        which may block. Never waits for a drive (barring a race with another
-        writer for the same queue room, which costs one short wait)."""
-        view = memoryview(data).cast("B")
-        n = len(view)
-        if not n or not self.lock.acquire(blocking=False):
-            return None
-        try:
-            if self._error is not None or self._would_wait(offset, n):
-                return None
-            try:
-                self._node.reserve(n)
-            except NodeFull:
-                return None  # ``write`` reports it, after what may free space
-            return self._write_with_reservation(offset, view)
-        finally:
-            self.lock.release()
-
     def _would_wait(self, offset: int, n: int) -> bool:
         """Could ``write(offset, n bytes)`` wait for budget, a piece or a slice?"""
         config = self._config
@@ -370,7 +375,7 @@ class FileWriter:
         if pending + n >= config.piece_size or ends:
             queued = n + (len(s.pending) if s is not None else 0)
             drive = s.drive_id if s is not None else None
-            return not self._node.has_queue_room(drive, queued)
+            return not self._node.has_room(drive, queued)
         return False
 
     def _append(self, s: OpenSlice, data: memoryview) -> None:
@@ -514,8 +519,8 @@ class FileWriter:
             durable = bool(s.pending)
             try:
                 self._submit_pending(s, durable=durable, ending=True)
-                assert s.drive_id is not None
-                self._node.expedite(s.slice_id, s.drive_id)
+                if s.inflight:  # this thread waits for them: no lingering
+                    s.inflight[-1][0].expedite()
                 while s.inflight:
                     self._reap_oldest(s)
             except BaseException:
@@ -571,38 +576,29 @@ class FileWriter:
         self.slices_committed += 1
         self._node.forget(s.slice_id)
 
-    def try_flush(self) -> bool:
-        """``flush`` if it completes without waiting for another thread; returns
-        whether it did. It does when nothing is buffered, or when the open slice
-        was never submitted and its drive's writer is idle: the bytes are then
-        stored and flushed in this thread (``StorageNode.write_now``, durable)
-        and committed. Returns False having changed
-        nothing a later ``flush`` would not redo; raises what ``flush`` would
-        for a failure of the slice it stored."""
+    def _flush_at_once(self) -> None:
+        """``flush(wait=False)``: see ``flush``."""
         if not self.lock.acquire(blocking=False):
-            return False
+            raise Declined("the file's writer is busy")
         try:
             if self._error is not None or self._settling:
-                return False
+                raise Declined("slices are settling")
             s = self.open_slice
             if s is None:
-                return True
+                return
             if s.length == 0:
                 self.open_slice = None
-                return True
+                return
             if s.submitted or s.drive_id is not None:
-                return False
+                raise Declined("the open slice has pieces in flight")
             if self._fits_inline(s):
                 self._commit_inline(s)
-                return True
+                return
             if s.group is None:
                 s.group = self._decide_group(s, True)
             n = len(s.pending)
-            stored = self._node.write_now(s.slice_id, 0, s.pending.parts, s.group,
-                                          durable=True)
-            if stored is None:
-                return False
-            s.drive_id, future = stored
+            s.drive_id, future = self._node.submit(s.slice_id, 0, s.pending.parts, s.group,
+                                                   durable=True, urgent=True, wait=False)
             s.pending.take()
             s.submitted = n
             self._release(n)
@@ -613,7 +609,6 @@ class FileWriter:
                 self._drop_open(s)
                 raise
             self._commit_open(s, True)
-            return True
         finally:
             self.lock.release()
 
@@ -654,13 +649,24 @@ class FileWriter:
             self.lock.release()
 
     # ------------------------------------------------------------------ ending
-    def flush(self) -> None:
+    def flush(self, *, wait: bool = True) -> None:
         """End the open slice (if any) and commit it; report a pending background error.
 
         When it returns every byte written through this writer is flushed on
         its drive and referenced in meta (ordered commits, ``client.commit``):
         it survives a crash of this process; a power cut too once meta's
-        commit is durable (``MetaStore.sync``, which ``fsync`` calls)."""
+        commit is durable (``MetaStore.sync``, which ``fsync`` calls).
+
+        ``wait=False``: the same if it completes without waiting for another
+        thread: when nothing is buffered, or when the open slice was never
+        submitted and its drive's writer is idle: the bytes are then stored
+        and flushed in this thread (an urgent ``StorageNode.submit`` with
+        ``wait=False``, durable) and committed. Else raises ``Declined``
+        having changed nothing a later ``flush`` would not redo; raises what
+        ``flush`` would for a failure of the slice it stored."""
+        if not wait:
+            self._flush_at_once()
+            return
         with self.lock:
             s = self.open_slice
             if s is not None:

@@ -31,7 +31,7 @@ from typing import Any, Protocol, TypeVar
 import pyfuse3
 import trio
 
-from shinglefs.client.vfs import VFS, SetAttrChanges
+from shinglefs.client.vfs import VFS, Declined, SetAttrChanges
 from shinglefs.errors import ShingleError
 from shinglefs.meta.api import Ctx
 
@@ -228,7 +228,7 @@ class ShingleOperations(pyfuse3.Operations):
             if offload:
                 return await trio.to_thread.run_sync(func, *args)
             return func(*args)
-        except pyfuse3.FUSEError:
+        except (pyfuse3.FUSEError, Declined):
             raise
         except ShingleError as exc:
             if exc.errno == errno.EIO:
@@ -244,25 +244,26 @@ class ShingleOperations(pyfuse3.Operations):
     async def _inline_or_thread(
         self,
         op: str,
-        attempt: Callable[..., Any],
-        fallback: Callable[..., T],
+        func: Callable[..., T],
         *args: Any,
         fh: int | None = None,
         inline: bool = True,
-    ) -> Any:
-        """One request: ``attempt(*args)`` inline (it must never wait); when it
-        returns None or False (it did nothing), or ``inline`` is False,
-        ``fallback(*args)`` in a worker thread. Returns what did the work
-        returned; recorded once."""
+    ) -> T:
+        """One request, the event loop's fast path: ``func(*args, wait=False)``
+        inline (it never waits: it does the work or raises ``Declined`` having
+        done nothing); when declined, or ``inline`` is False, ``func(*args)``
+        in a worker thread. Recorded once."""
         start = time.perf_counter_ns()
         threaded = False
         try:
-            result = (await self._call(op, False, attempt, *args, fh=fh, record=False)
-                      if inline else None)
-            if result is None or result is False:
-                threaded = True
-                return await self._call(op, True, fallback, *args, fh=fh, record=False)
-            return result
+            if inline:
+                try:
+                    return await self._call(op, False, functools.partial(func, wait=False),
+                                            *args, fh=fh, record=False)
+                except Declined:
+                    pass
+            threaded = True
+            return await self._call(op, True, func, *args, fh=fh, record=False)
         finally:
             self.op_stats.record(op, time.perf_counter_ns() - start, threaded)
 
@@ -480,9 +481,9 @@ class ShingleOperations(pyfuse3.Operations):
     ) -> bytes | memoryview:
         # Bytes already read ahead into the cache are served inline (a view of
         # the cache, no copy, no thread hop); the rest waits in a thread. Not
-        # with networked metadata: try_read's read-ahead asks meta for maps.
+        # with networked metadata: its read-ahead asks meta for maps.
         data: bytes | memoryview = await self._inline_or_thread(
-            "read", self.vfs.try_read, self.vfs.read_buffer, fh, off, size, fh=fh,
+            "read", self.vfs.read_buffer, fh, off, size, fh=fh,
             inline=not self.offload_metadata)
         return data
 
@@ -497,7 +498,7 @@ class ShingleOperations(pyfuse3.Operations):
         async with self._write_lock(fh):
             self._dirty.add(self._inode_of.get(fh, -1))
             written: int = await self._inline_or_thread(
-                "write", self.vfs.try_write, self.vfs.write, fh, off, buf, fh=fh)
+                "write", self.vfs.write, fh, off, buf, fh=fh)
             return written
 
     async def flush(self, fh: int) -> None:
@@ -510,8 +511,8 @@ class ShingleOperations(pyfuse3.Operations):
             if ino not in self._dirty:
                 await self._call("flush", False, self.vfs.flush, fh, fh=fh)
             else:
-                await self._inline_or_thread("flush", self.vfs.try_flush, self.vfs.flush, fh,
-                                             fh=fh, inline=not self.offload_metadata)
+                await self._inline_or_thread("flush", self.vfs.flush, fh, fh=fh,
+                                             inline=not self.offload_metadata)
             self._dirty.discard(ino)
 
     async def release(self, fh: int) -> None:

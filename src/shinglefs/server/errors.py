@@ -66,3 +66,85 @@ class NodeFull(NodeError):
 
 class NodeClosed(NodeError):
     """The node was closed; no further I/O is possible."""
+
+
+# --------------------------------------------------------------------- the wire
+# Errors of the slice protocol (server/wire.py, auth.py, service.py, remote.py).
+# The server logs the first four and closes that one connection; the client
+# raises the last four to its caller, so a caller can fail over to a replica.
+
+
+class WireError(NodeError):
+    """A failure of the slice protocol or of the connection carrying it."""
+
+
+class FrameError(WireError):
+    """A frame broke the protocol: bad magic or version, unknown kind or flags,
+    a field or length out of its bound, or a body that does not parse."""
+
+    errno = _errno.EPROTO
+
+
+class PeerClosed(WireError):
+    """The peer closed the connection (``truncated``: in the middle of a frame)."""
+
+    def __init__(self, truncated: bool = False) -> None:
+        super().__init__("the peer closed the connection"
+                         + (" in the middle of a frame" if truncated else ""))
+        self.truncated = truncated
+
+
+class AuthFailed(WireError):
+    """The handshake failed: a wrong cluster secret, a replayed or forged proof, or
+    a peer that does not answer the challenge in time."""
+
+    errno = _errno.EACCES
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, hint="give every server and client the same cluster secret")
+
+
+class FrameRejected(WireError):
+    """A frame on an authenticated connection failed its MAC or came out of
+    sequence (forged, stale or replayed)."""
+
+    errno = _errno.EACCES
+
+
+class ServerUnreachable(WireError):
+    """No connection to the storage server could be made (refused, unreachable,
+    timed out)."""
+
+    def __init__(self, address: str, detail: str) -> None:
+        super().__init__(f"storage server {address} is unreachable: {detail}",
+                         hint="check that the server runs and listens on that address")
+        self.address = address
+
+
+class ConnectionLost(WireError):
+    """The connection to a storage server broke while requests were outstanding;
+    whether the server carried them out is unknown."""
+
+    def __init__(self, address: str, detail: str) -> None:
+        super().__init__(f"connection to storage server {address} lost: {detail}")
+        self.address = address
+
+
+class RequestTimeout(WireError):
+    """A storage server did not answer a request within the client's timeout."""
+
+    errno = _errno.ETIMEDOUT
+
+    def __init__(self, address: str, what: str, seconds: float) -> None:
+        super().__init__(f"storage server {address} did not answer {what} in {seconds:g} s")
+        self.address = address
+
+
+class RemoteNodeError(NodeError):
+    """The storage server reported an error of a kind the client has no class for;
+    carries the server's errno and message."""
+
+    def __init__(self, kind: str, message: str, errno: int) -> None:
+        super().__init__(f"{kind} on the storage server: {message}")
+        self.kind = kind
+        self.errno = errno

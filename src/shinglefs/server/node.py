@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,6 +45,8 @@ from shinglefs.server.errors import (
 )
 from shinglefs.store import SliceStore, StoreConfig
 from shinglefs.store.api import MAX_SLICE_SIZE, PieceBytes, SliceStoreAPI, StoreStats
+from shinglefs.store.api import Declined as Declined  # re-exported: the node's contract
+from shinglefs.store.api import PieceFuture as PieceFuture  # re-exported: the node's contract
 from shinglefs.store.errors import SliceNotFound, StoreFull
 from shinglefs.zoned import create_drive, open_drive
 from shinglefs.zoned.fileio import Payload
@@ -387,60 +389,31 @@ class StorageNode:
         *,
         drive_id: int | None = None,
         durable: bool = False,
-    ) -> tuple[int, Future[None]]:
-        """Queue a piece of ``slice_id`` at ``offset``; returns ``(drive_id, future)``.
+        urgent: bool = False,
+        wait: bool = True,
+    ) -> tuple[int, PieceFuture]:
+        """Hand a piece of ``slice_id`` at ``offset`` to its drive's store; returns
+        ``(drive_id, future)``. ``SliceStoreAPI.submit`` is the contract (the flags
+        ``durable``, ``urgent``, ``wait``; ``Declined`` with nothing queued or
+        placed-and-counted when ``wait`` is False and the store cannot take it).
 
         The first piece of a slice places it (unless ``drive_id`` is given);
         later pieces go to the same drive. Store errors surface through the
         future (``StoreFull`` becomes ``NodeFull`` in :meth:`write`).
         """
         payload = Payload(data)
-        drive_id, future = self._hand_over(
-            slice_id, payload, group, drive_id,
-            lambda store: store.submit(slice_id, offset, payload, group, durable=durable))
-        assert future is not None
-        return drive_id, future
-
-    def _hand_over(
-        self, slice_id: int, payload: Payload, group: int, drive_id: int | None,
-        give: Callable[[SliceStoreAPI], Future[None] | None],
-    ) -> tuple[int, Future[None] | None]:
-        """Place the slice (unless ``drive_id``), count its bytes as pending on the
-        drive while ``give(store)`` has them, uncount them if it fails or declines."""
         size = payload.nbytes
         if drive_id is None:
             drive_id = self.place(slice_id, group, size)
         self._count_pending(drive_id, size)
         try:
-            future = give(self._store(drive_id))
+            future = self._store(drive_id).submit(slice_id, offset, payload, group,
+                                                  durable=durable, urgent=urgent, wait=wait)
         except BaseException:
             self._count_pending(drive_id, -size)
             raise
-        if future is None:
-            self._count_pending(drive_id, -size)
-        else:
-            self._settle_pending_when_done(future, drive_id, size)
+        self._settle_pending_when_done(future, drive_id, size)
         return drive_id, future
-
-    def write_now(
-        self,
-        slice_id: int,
-        offset: int,
-        data: PieceBytes,
-        group: int,
-        *,
-        drive_id: int | None = None,
-        durable: bool = False,
-    ) -> tuple[int, Future[None]] | None:
-        """Store a piece in the calling thread if its drive's writer is idle
-        (``SliceStoreAPI.write_now``): returns ``(drive_id, completed future)``,
-        or None with nothing written or queued (``submit`` instead). Places the
-        slice like ``submit``. ``durable``: the drive is flushed before return."""
-        payload = Payload(data)
-        drive_id, future = self._hand_over(
-            slice_id, payload, group, drive_id,
-            lambda store: store.write_now(slice_id, offset, payload, group, durable=durable))
-        return None if future is None else (drive_id, future)
 
     def _count_pending(self, drive_id: int, size: int) -> None:
         with self._lock:
@@ -466,32 +439,20 @@ class StorageNode:
         drive_id: int | None = None,
         durable: bool = False,
     ) -> int:
-        """``submit`` and wait; returns the drive id. Raises ``NodeFull`` when out of space."""
+        """``submit`` (urgent: the caller waits) and wait; returns the drive id.
+        Raises ``NodeFull`` when out of space."""
         drive_id, future = self.submit(
-            slice_id, offset, data, group, drive_id=drive_id, durable=durable
+            slice_id, offset, data, group, drive_id=drive_id, durable=durable, urgent=True
         )
-        self.expedite(slice_id, drive_id)
         wait_piece(future, slice_id, drive_id)
         return drive_id
 
-    def has_queue_room(self, drive_id: int | None, nbytes: int) -> bool:
-        """Would ``submit`` of ``nbytes`` to this drive (None: whichever drive a
-        new slice is placed on) queue them without waiting for room? A hint:
-        other submitters may take the room first."""
+    def has_room(self, drive_id: int | None, nbytes: int) -> bool:
+        """Would ``submit(wait=False)`` of ``nbytes`` to this drive (None: whichever
+        drive a new slice is placed on) be taken (``SliceStoreAPI.has_room``)? A
+        hint: other submitters may take the room first."""
         drives = [drive_id] if drive_id is not None else self.drive_ids
-        for drive in drives:
-            store = self._store(drive)
-            if store.abilities.scheduler and not store.scheduler.has_room(nbytes):
-                return False
-        return True
-
-    def expedite(self, slice_id: int, drive_id: int) -> None:
-        """A caller is about to wait for the queued pieces of ``slice_id``: write
-        them now in the calling thread when the drive's writer is idle, else
-        have the writer take them at once instead of lingering to coalesce."""
-        store = self._store(drive_id)
-        if store.abilities.scheduler and not store.scheduler.write_inline(slice_id):
-            store.scheduler.expedite(slice_id)
+        return all(self._store(drive).has_room(nbytes) for drive in drives)
 
     def read(self, slice_id: int, offset: int, length: int, drive_id: int | None = None) -> bytes:
         """Bytes ``[offset, offset+length)`` of a slice (short at its end).

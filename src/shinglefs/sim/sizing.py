@@ -42,6 +42,9 @@ class SizingAssumptions:
     drives_per_node: int = 24
     index_bytes_per_extent: float = 29.5
     extents_per_slice: float = 1.0
+    # groups map to zones: a deleted checkpoint resets its zones without copying;
+    # what remains is record headers and zone tails (bench store: waf_churn 1.0005)
+    write_amplification: float = 1.0005
 
 
 def size_cluster(usable_bytes: int, a: SizingAssumptions | None = None) -> dict[str, object]:
@@ -97,6 +100,14 @@ class Prices:
     ops_usd_per_node_month: float = 200.0  # operations staff share (assumed)
     metadata_usd_month: float = 300.0  # a PostgreSQL server for metadata (assumed)
     nvme_usd_per_tb_month: float = 100.0  # managed NVMe file service (assumed list-price class)
+    hours_per_month: float = 730.0
+    # the other tiers of the cost comparison (assumed street prices)
+    cmr_drive_usd: float = 330.0
+    cmr_drive_tb: float = 16.0
+    cmr_drive_watts: float = 7.5
+    nvme_drive_usd: float = 700.0  # a 7.68 TB data-center NVMe SSD, self-hosted
+    nvme_drive_tb: float = 7.68
+    nvme_drive_watts: float = 12.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +122,7 @@ class Workload:
 
 def monthly_cost(drives: int, nodes: int, p: Prices) -> dict[str, float]:
     """Cost of ``drives`` in ``nodes`` per month, by item (USD)."""
-    hours = 730.0
+    hours = p.hours_per_month
     items = {
         "drives": drives * p.drive_usd / p.amortize_months,
         "nodes": nodes * p.node_usd / p.amortize_months,
@@ -142,9 +153,7 @@ def plan(w: Workload, a: SizingAssumptions | None = None,
         "zones": sized["zones"],
         "checkpoints_per_hour": round(ckpt_per_hour, 3),
         "checkpoint_write_bytes_per_day": round(ckpt_per_hour * 24 * w.checkpoint_bytes),
-        # groups map to zones: a deleted checkpoint resets its zones without copying;
-        # what remains is record headers and zone tails (bench store: waf_churn 1.0005)
-        "expected_write_amplification": 1.0005,
+        "expected_write_amplification": a.write_amplification,
         "monthly_usd": cost,
         "usd_per_usable_tb_month": round(cost["total"] / (usable / 1e12), 2),
         "nvme_monthly_usd_same_capacity": round(usable / 1e12 * p.nvme_usd_per_tb_month, 2),
@@ -155,24 +164,25 @@ def plan(w: Workload, a: SizingAssumptions | None = None,
     }
 
 
-#: (drive price USD, drive capacity bytes, watts) of each tier; assumed street prices.
-TIERS = {
-    "HM-SMR (ShingleFS)": (300.0, 15 * 10**12, 7.0),
-    "CMR HDD": (330.0, 16 * 10**12, 7.5),
-    "self-hosted NVMe": (700.0, 7_680 * 10**9, 12.0),
-}
+def tiers(p: Prices) -> dict[str, tuple[float, float, float]]:
+    """(drive price USD, drive capacity bytes, watts) of each tier of the cost comparison."""
+    return {
+        "HM-SMR (ShingleFS)": (p.drive_usd, float(hc620().capacity), p.drive_watts),
+        "CMR HDD": (p.cmr_drive_usd, p.cmr_drive_tb * 1e12, p.cmr_drive_watts),
+        "self-hosted NVMe": (p.nvme_drive_usd, p.nvme_drive_tb * 1e12, p.nvme_drive_watts),
+    }
 
 
 def tier_costs(usable_bytes: int = 200 * 10**12, p: Prices | None = None,
-               drives_per_node: int = 24) -> dict[str, float]:
+               a: SizingAssumptions | None = None) -> dict[str, float]:
     """USD per usable TB-month of each tier for ``usable_bytes`` (and managed NVMe's price)."""
     from dataclasses import replace
 
-    p = p or Prices()
+    p, a = p or Prices(), a or SizingAssumptions()
     out = {}
-    for name, (price, capacity, watts) in TIERS.items():
-        drives = math.ceil(usable_bytes / (capacity * SizingAssumptions().fill_fraction))
-        nodes = math.ceil(drives / drives_per_node)
+    for name, (price, capacity, watts) in tiers(p).items():
+        drives = math.ceil(usable_bytes * a.replicas / (capacity * a.fill_fraction))
+        nodes = math.ceil(drives / a.drives_per_node)
         cost = monthly_cost(drives, nodes, replace(p, drive_usd=price, drive_watts=watts))
         out[name] = round(cost["total"] / (usable_bytes / 1e12), 2)
     out["managed NVMe"] = p.nvme_usd_per_tb_month

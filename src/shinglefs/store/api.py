@@ -12,7 +12,7 @@ data expected to die together); a group's pieces fill zones of their own.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
@@ -65,27 +65,50 @@ class StoreAbilities:
     Callers test a flag, never ``getattr``.
 
     - ``scheduler``: writes queue in a per-drive write scheduler, reachable as
-      ``store.scheduler`` (a ``WriteQueue``): a caller may ask it for queue
-      room or have a slice's queued pieces written at once.
+      ``store.scheduler`` (a ``WriteQueue``: its counters). Writing goes
+      through ``submit`` whatever the store.
     """
 
     scheduler: bool = False
 
 
+class Declined(Exception):
+    """``submit(..., wait=False)`` could not take the piece without waiting.
+
+    Nothing was queued or written; the caller submits again with ``wait=True``
+    (from a thread that may block). Not a ``StoreError``: it never reaches a
+    user, and the layers above raise it from their own non-waiting calls
+    (``StorageNode.submit``, the client's ``write``/``flush``/``read`` with
+    ``wait=False``) for the FUSE event loop to hand the request to a thread.
+    """
+
+
+class PieceFuture(Future[None]):
+    """The future of a submitted piece: completes when the piece is written and
+    indexed (readable), for a durable piece after the flush covering it.
+
+    ``expedite()`` says the caller is about to wait for it: the store writes
+    the piece's queued run in the calling thread when its writer is idle, else
+    has the writer take it at once instead of lingering to coalesce. A no-op
+    once the piece is being written, or for a store that does not queue.
+    """
+
+    def __init__(self, on_expedite: Callable[[], None] | None = None) -> None:
+        super().__init__()
+        self._on_expedite = on_expedite
+
+    def expedite(self) -> None:
+        if self._on_expedite is not None and not (self.done() or self.running()):
+            self._on_expedite()
+
+
 class WriteQueue(Protocol):
-    """The part of a store's write scheduler the storage node uses (``WriteScheduler``)."""
+    """What a store's write scheduler shows beyond the store's contract (``WriteScheduler``):
+    counters for benchmarks and tests."""
 
-    def has_room(self, nbytes: int) -> bool:
-        """Would ``submit`` of ``nbytes`` queue them without waiting (a hint)?"""
-        ...
-
-    def write_inline(self, slice_id: int) -> bool:
-        """Write the queued run holding ``slice_id``'s pieces in the calling thread
-        when no other thread is writing; False when it could not (``expedite``)."""
-        ...
-
-    def expedite(self, slice_id: int) -> None:
-        """Have the writer take ``slice_id``'s queued pieces at once instead of lingering."""
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes queued and not yet taken by a writer."""
         ...
 
 
@@ -110,29 +133,39 @@ class SliceStoreAPI(ABC):
 
     @abstractmethod
     def submit(
-        self, slice_id: int, offset: int, data: PieceBytes, group: int, *, durable: bool = False
-    ) -> Future[None]:
-        """Queue a piece of ``slice_id`` at ``offset`` (== its length so far).
+        self, slice_id: int, offset: int, data: PieceBytes, group: int, *,
+        durable: bool = False, urgent: bool = False, wait: bool = True,
+    ) -> PieceFuture:
+        """Hand over a piece of ``slice_id`` at ``offset`` (== its length so far).
 
-        The future completes when the piece is written (readable); when
-        ``durable`` it completes only after a flush covering it. The caller
-        must not modify ``data`` until the future completes.
+        The one write call of a store. The future completes when the piece is
+        written (readable); when ``durable``, only after a flush covering it.
+        The caller must not modify ``data`` until the future completes.
+
+        ``urgent``: the caller waits for this piece now. The store writes it in
+        the calling thread when its writer is idle and nothing of ``group`` is
+        queued before it, else has the writer take it first (no lingering).
+
+        ``wait=False``: never wait for another thread: take the piece at once
+        or raise ``Declined`` with nothing queued. A piece is declined when the
+        queue has no room for it (``has_room``), and an urgent one unless it is
+        written in the calling thread (its future is then complete on return).
+        ``wait=True`` (default): wait for queue room instead (back-pressure).
+
+        Raises ``SliceOrderError`` (out of order; nothing queued) and
+        ``StoreClosed``; write errors surface through the future.
         """
 
-    def write_now(
-        self, slice_id: int, offset: int, data: PieceBytes, group: int, *, durable: bool = False
-    ) -> Future[None] | None:
-        """Write a piece in the calling thread without waiting for any other
-        thread, returning its completed future, or do nothing and return None
-        (the drive is busy: ``submit`` instead). Never blocks on a queue.
-        This default never writes now."""
-        return None
+    def has_room(self, nbytes: int) -> bool:
+        """Would ``submit(wait=False)`` of ``nbytes`` (not urgent) be taken? A hint:
+        other submitters may take the room first. This default: always."""
+        return True
 
     def write(
         self, slice_id: int, offset: int, data: PieceBytes, group: int, *, durable: bool = False
     ) -> None:
-        """``submit`` and wait for it."""
-        self.submit(slice_id, offset, data, group, durable=durable).result()
+        """``submit`` (urgent: the caller waits) and wait for it."""
+        self.submit(slice_id, offset, data, group, durable=durable, urgent=True).result()
 
     @abstractmethod
     def read(self, slice_id: int, offset: int, length: int) -> bytes:

@@ -2,10 +2,12 @@
 
 Rules:
 
-- ``submit`` (any thread) checks the piece is at the slice's current length
-  (counting pieces still queued), queues it under its lifetime group and
-  returns a ``Future``. It blocks while more than ``max_queue_bytes`` are
-  queued (back-pressure), never while holding a lock the writer needs.
+- ``submit`` (any thread) is the one way in. It checks the piece is at the
+  slice's current length (counting pieces still queued), queues it under its
+  lifetime group and returns a ``PieceFuture``. While more than
+  ``max_queue_bytes`` are queued it waits (back-pressure), never while
+  holding a lock the writer needs, or with ``wait=False`` raises
+  ``Declined`` having queued nothing.
 - The writer thread picks groups oldest-head first (round robin by age). A
   group is eligible when it has ``min_run_bytes`` queued, or a durable piece,
   or its oldest piece waited ``linger_s``, or a flush barrier covers it. It
@@ -14,16 +16,16 @@ Rules:
   than interleaved small writes. Within a run, consecutive pieces of one slice
   become one record, and the run's records go out as one ``pwritev`` of the
   callers' own memoryviews (no concatenation).
-- ``expedite(slice_id)`` makes the groups holding that slice's queued pieces
-  eligible at once: a caller that waits for a small piece (a file's close)
-  never pays the ``linger_s`` coalescing timer.
-- ``write_inline(slice_id)``: when the writer thread is idle, the calling
-  thread writes the queued run of that slice's group itself (no thread
-  hand-off: a small file's close costs one ``pwritev``, not two context
-  switches). One writer at a time: whoever writes holds the ``_busy`` token,
-  taken together with the pieces, so a group's runs are written in order.
-- ``write_now(...)``: the same without queueing at all: a piece is written in
-  the calling thread if nothing stands before it, else nothing happens.
+- A caller about to wait for a piece (``urgent=True``, or
+  ``PieceFuture.expedite()`` on a piece already queued) skips the wait: when
+  the writer is idle, the calling thread writes the queued run of the piece's
+  group itself (no thread hand-off: a small file's close costs one
+  ``pwritev``, not two context switches); else the group becomes eligible at
+  once, never paying the ``linger_s`` coalescing timer. One writer at a time:
+  whoever writes holds the ``_busy`` token, taken together with the pieces,
+  so a group's runs are written in order.
+- An urgent piece submitted with ``wait=False`` is written in the calling
+  thread without queueing if nothing stands before it, else ``Declined``.
 - Group commit: one flush a batch when any piece in it asked for durability.
   A future completes when its bytes are written and indexed (readable), and
   for a durable piece only after that flush.
@@ -42,10 +44,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
-from shinglefs.store.api import MAX_SLICE_SIZE
+from shinglefs.store.api import MAX_SLICE_SIZE, Declined, PieceFuture
 from shinglefs.store.errors import SliceOrderError, StoreClosed, StoreError
 from shinglefs.zoned.fileio import Payload
 
@@ -68,21 +71,22 @@ class PendingWrite:
     durable: bool
     ticket: int
     queued_at: float
-    future: Future[None] = field(default_factory=Future)
+    future: PieceFuture
 
 
 class WriteScheduler:
     """Drains queued pieces into the slice log; see the module docstring for the rules."""
 
-    def __init__(self, slice_log: SliceLog, *, max_queue_bytes: int = 256 * 1024**2,
-                 min_run_bytes: int = 4 * 1024**2, max_run_bytes: int = 64 * 1024**2,
-                 batch_bytes: int = 128 * 1024**2, linger_s: float = 0.002) -> None:
+    def __init__(self, slice_log: SliceLog) -> None:
+        """Start the writer thread of ``slice_log``; the tunables (queue bound, run
+        lengths, batch size, linger) are its ``StoreConfig``'s."""
         self.log = slice_log
-        self.max_queue_bytes = max_queue_bytes
-        self.min_run_bytes = min_run_bytes
-        self.max_run_bytes = max_run_bytes
-        self.batch_bytes = batch_bytes
-        self.linger_s = linger_s
+        cfg = slice_log.config
+        self.max_queue_bytes = cfg.max_queue_bytes
+        self.min_run_bytes = cfg.min_run_bytes
+        self.max_run_bytes = cfg.max_run_bytes
+        self.batch_bytes = cfg.batch_bytes
+        self.linger_s = cfg.linger_s
         self._cond = threading.Condition(threading.Lock())
         self._groups: dict[int, deque[PendingWrite]] = {}
         self._group_bytes: dict[int, int] = {}
@@ -107,21 +111,38 @@ class WriteScheduler:
         self._thread.start()
 
     # ================================================================= callers
-    def submit(self, slice_id: int, offset: int, data: Payload, group: int, durable: bool,
-               indexed_length: Callable[[int], int]) -> Future[None]:
-        """Queue a piece; raises SliceOrderError (nothing queued) when it is out of order."""
+    def submit(self, slice_id: int, offset: int, data: Payload, group: int, *,
+               durable: bool, urgent: bool, wait: bool,
+               indexed_length: Callable[[int], int]) -> PieceFuture:
+        """Take a piece (``SliceStoreAPI.submit``: the flags' contract is there).
+
+        Raises SliceOrderError (nothing queued) when it is out of order,
+        ``Declined`` (nothing queued) when ``wait`` is False and it cannot be
+        taken at once, ``StoreClosed`` once the store is closing."""
+        if urgent and not wait:
+            return self._write_now(slice_id, offset, data, group, durable, indexed_length)
+        piece = self._enqueue(slice_id, offset, data, group, durable, indexed_length, wait)
+        if urgent:
+            piece.future.expedite()
+        return piece.future
+
+    def _enqueue(self, slice_id: int, offset: int, data: Payload, group: int, durable: bool,
+                 indexed_length: Callable[[int], int], wait: bool) -> PendingWrite:
+        """Queue a piece, waiting for room (``wait``) or declining."""
         n = data.nbytes
         with self._cond:
             if self._stopping:
                 raise StoreClosed("store is closing", drive=self.log.name)
             while self._queued_bytes and self._queued_bytes + n > self.max_queue_bytes:
+                if not wait:
+                    raise Declined(f"{self.log.name}: the write queue is full")
                 self._cond.wait()
                 if self._stopping:
                     raise StoreClosed("store is closing", drive=self.log.name)
             piece = self._new_piece(slice_id, offset, data, group, durable, indexed_length)
             if n == 0:
                 piece.future.set_result(None)
-                return piece.future
+                return piece
             queue = self._groups.get(group)
             if queue is None:
                 queue = self._groups[group] = deque()
@@ -135,7 +156,7 @@ class WriteScheduler:
             self._queued_bytes += n
             self.queued_bytes_peak = max(self.queued_bytes_peak, self._queued_bytes)
             self._cond.notify_all()
-            return piece.future
+            return piece
 
     def _new_piece(self, slice_id: int, offset: int, data: Payload, group: int,
                    durable: bool, indexed_length: Callable[[int], int]) -> PendingWrite:
@@ -151,31 +172,32 @@ class WriteScheduler:
                                   detail=f"{offset + n} bytes exceed {MAX_SLICE_SIZE}")
         self._ticket += 1
         piece = PendingWrite(slice_id, offset, data, group, durable, self._ticket,
-                             time.monotonic())
+                             time.monotonic(), PieceFuture(partial(self._expedite, group)))
         if n:
             self._expected[slice_id] = offset + n
             self._slice_pending[slice_id] = self._slice_pending.get(slice_id, 0) + 1
         return piece
 
-    def write_now(self, slice_id: int, offset: int, data: Payload, group: int,
-                  durable: bool, indexed_length: Callable[[int], int]) -> Future[None] | None:
-        """Write one piece in the calling thread at once, or do nothing at all.
+    def _write_now(self, slice_id: int, offset: int, data: Payload, group: int,
+                   durable: bool, indexed_length: Callable[[int], int]) -> PieceFuture:
+        """Write one piece in the calling thread at once, or raise ``Declined``.
 
         Only when no thread is writing, no flush barrier waits, nothing of
         ``group`` is queued (a group's runs stay in order), the store is not
         closing, no index checkpoint is due (that is the writer thread's job)
-        and the collector is not holding the log (copying a zone); otherwise returns None with nothing queued: ``submit`` instead.
-        The returned future is complete (its exception is the write's error).
-        For a small file's close: one ``pwritev`` and no thread hand-off.
+        and the collector is not holding the log (copying a zone); otherwise
+        nothing is queued. The returned future is complete (its exception is
+        the write's error). For a small file's close: one ``pwritev`` and no
+        thread hand-off.
         """
         n = data.nbytes
         with self._cond:
             if (self._busy or self._stopping or self._barriers or self._groups.get(group)
                     or self.log.checkpoint_due):
-                return None
+                raise Declined(f"{self.log.name}: the writer is busy")
             # The collector holds io_lock while it copies a zone: never wait for it.
             if not self.log.io_lock.acquire(blocking=False):
-                return None
+                raise Declined(f"{self.log.name}: the log is held")
             try:
                 piece = self._new_piece(slice_id, offset, data, group, durable, indexed_length)
             except BaseException:
@@ -190,7 +212,7 @@ class WriteScheduler:
             self._busy = True
         try:
             # io_lock is reentrant: held across the write. No checkpoint here: once
-            # one is due, write_now declines and the writer thread writes it.
+            # one is due, _write_now declines and the writer thread writes it.
             self._write([(group, [piece])], checkpoint=False)
         finally:
             self.log.io_lock.release()
@@ -235,37 +257,18 @@ class WriteScheduler:
                 self._cond.notify_all()
         return True
 
-    def expedite(self, slice_id: int) -> None:
-        """Write the queued pieces of ``slice_id`` (and their groups) without lingering."""
+    def _expedite(self, group: int) -> None:
+        """A caller waits for a queued piece of ``group`` (``PieceFuture.expedite``):
+        write the group's queued run in this thread when no other thread is
+        writing, else make the group eligible at once."""
         with self._cond:
-            if not self._slice_pending.get(slice_id):
+            if not self._groups.get(group):
                 return
-            hit = False
-            for group, queue in self._groups.items():
-                if any(p.slice_id == slice_id for p in queue):
-                    self._urgent.add(group)
-                    hit = True
-            if hit:
-                self._cond.notify_all()
-
-    def write_inline(self, slice_id: int) -> bool:
-        """Write the queued run holding ``slice_id``'s pieces in the calling thread.
-
-        Only when no other thread is writing and the slice's pieces are all at
-        the head of their group (else returns False: ``expedite`` and wait for
-        the future instead). The pieces' futures are completed before return.
-        """
-        with self._cond:
             if self._busy or self._stopping or self._barriers:
-                return False
-            groups = [g for g, q in self._groups.items()
-                      if any(p.slice_id == slice_id for p in q)]
-            if len(groups) != 1:
-                return False
-            group = groups[0]
+                self._urgent.add(group)
+                self._cond.notify_all()
+                return
             runs = self._take_groups([group])
-            if not runs:
-                return False
             self._busy = True
         try:
             self._write(runs)
@@ -273,7 +276,6 @@ class WriteScheduler:
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()
-        return True
 
     def wait_slice(self, slice_id: int) -> None:
         """Wait until no piece of ``slice_id`` is queued or being written."""
@@ -293,12 +295,13 @@ class WriteScheduler:
 
     @property
     def flush_waiting(self) -> bool:
-        """A ``flush`` is waiting for the writes queued before it (``write_now`` declines meanwhile)."""
+        """A ``flush`` is waiting for the writes queued before it (an urgent
+        ``submit(wait=False)`` declines meanwhile)."""
         with self._cond:
             return bool(self._barriers)
 
     def has_room(self, nbytes: int) -> bool:
-        """Would ``submit`` of ``nbytes`` queue them without waiting (a hint)?"""
+        """Would ``submit(wait=False)`` of ``nbytes`` (not urgent) take them (a hint)?"""
         queued = self._queued_bytes
         return not queued or queued + nbytes <= self.max_queue_bytes
 

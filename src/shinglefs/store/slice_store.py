@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
-from concurrent.futures import Future
 from typing import Any
 
 from shinglefs.errors import UsageError
 from shinglefs.store.api import (
     MAX_SLICE_SIZE,
     PieceBytes,
+    PieceFuture,
     SliceStoreAPI,
     StoreAbilities,
     StoreStats,
@@ -53,10 +53,7 @@ class SliceStore(SliceStoreAPI):
         self.name = slice_log.name
         self.collector = ZoneCollector(slice_log)
         slice_log.collector = self.collector
-        self._scheduler = WriteScheduler(
-            slice_log, max_queue_bytes=cfg.max_queue_bytes, min_run_bytes=cfg.min_run_bytes,
-            max_run_bytes=cfg.max_run_bytes, batch_bytes=cfg.batch_bytes,
-            linger_s=cfg.linger_s)
+        self._scheduler = WriteScheduler(slice_log)
         if cfg.gc_background:
             self.collector.start()
         self._closed = False
@@ -121,27 +118,20 @@ class SliceStore(SliceStoreAPI):
         self.close()
 
     # ================================================================= writing
-    def submit(self, slice_id: int, offset: int, data: PieceBytes,
-               group: int, *,
-               durable: bool = False) -> Future[None]:
-        view = self._checked_piece(slice_id, group, data)
-        return self.scheduler.submit(slice_id, offset, view, group, durable, self._indexed_length)
-
-    def _checked_piece(self, slice_id: int, group: int,
-                       data: PieceBytes) -> Payload:
+    def submit(self, slice_id: int, offset: int, data: PieceBytes, group: int, *,
+               durable: bool = False, urgent: bool = False, wait: bool = True) -> PieceFuture:
+        """The one write call (``SliceStoreAPI.submit``): through the drive's ``WriteScheduler``."""
         self._check_open()
         if not 0 <= slice_id < _U64:
             raise UsageError(f"slice id {slice_id} is not a 64-bit unsigned integer")
         if not 0 <= group < _U64:
             raise UsageError(f"lifetime group {group} is not a 64-bit unsigned integer")
-        return Payload(data)
+        return self.scheduler.submit(slice_id, offset, Payload(data), group, durable=durable,
+                                     urgent=urgent, wait=wait,
+                                     indexed_length=self._indexed_length)
 
-    def write_now(self, slice_id: int, offset: int, data: PieceBytes,
-                  group: int, *,
-                  durable: bool = False) -> Future[None] | None:
-        view = self._checked_piece(slice_id, group, data)
-        return self.scheduler.write_now(slice_id, offset, view, group, durable,
-                                        self._indexed_length)
+    def has_room(self, nbytes: int) -> bool:
+        return self.scheduler.has_room(nbytes)
 
     def _indexed_length(self, slice_id: int) -> int:
         return self._log.indexed_length(slice_id)

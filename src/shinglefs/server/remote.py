@@ -1,0 +1,400 @@
+"""The client side of the slice protocol: a storage server used like a ``StorageNode``.
+
+``RemoteNode`` keeps ``connections`` authenticated TCP (optionally TLS)
+connections to one server and pipelines requests on them: ``submit_write``
+and ``submit_read`` return futures at once, and many requests are in flight
+per connection. All requests naming one slice go over the same connection
+(``slice_id % connections``), so a slice's pieces reach the server in order;
+other slices spread over the others. The blocking methods (``write``,
+``read``, ``flush``, ``delete``, ``length``, ``stats``, ``drive_ids``,
+``place``, ``ping``) mirror ``StorageNode``'s and wait for the answer.
+
+Errors, all typed (``server.errors``): the node's own (``SliceMissing``,
+``NodeFull``, ``UnknownDrive``; any other as ``RemoteNodeError`` with the
+server's errno) when the server answered with one; ``ServerUnreachable`` when
+no connection could be made; ``ConnectionLost`` for every request outstanding
+on a connection that broke (the server died or closed it); ``RequestTimeout``
+when no answer came within ``timeout`` seconds — that connection is then
+dropped with its other requests (``ConnectionLost``), since an answer that
+comes later could no longer be matched. So a caller waits at most ``timeout``
+for any request, and a dead server is noticed as soon as its kernel resets
+the connection. A broken connection is opened anew by the next request.
+
+Durability as on the server: ``write`` returns when the piece is readable
+there (``durable=True``: durable on its drive); ``flush`` covers the writes
+already answered.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import logging
+import socket
+import ssl
+import threading
+from collections.abc import Iterable
+from concurrent.futures import Future
+from typing import Any
+
+from shinglefs.server.auth import check_secret, client_handshake
+from shinglefs.server.errors import (
+    ConnectionLost,
+    FrameError,
+    NodeError,
+    NodeFull,
+    RemoteNodeError,
+    RequestTimeout,
+    ServerUnreachable,
+    SliceMissing,
+    UnknownDrive,
+    WireError,
+)
+from shinglefs.server.node import DriveStats, NodeStats
+from shinglefs.server.wire import (
+    HEADER_SIZE,
+    NO_DRIVE,
+    Flag,
+    Header,
+    Kind,
+    Limits,
+    decode_header,
+    decode_json,
+    encode_json,
+    recv_exactly,
+    send_frame,
+)
+from shinglefs.store.api import StoreStats
+
+log = logging.getLogger(__name__)
+
+Answer = tuple[Header, bytearray | memoryview]
+
+
+def remote_error(body: bytearray | memoryview) -> NodeError:
+    """The typed error an ERROR answer describes."""
+    info = decode_json(body)
+    if not isinstance(info, dict):
+        raise FrameError("an ERROR answer's body is not a JSON object")
+    kind, message = str(info.get("type", "")), str(info.get("message", ""))
+    slice_id, drive_id = info.get("slice_id"), info.get("drive_id")
+    if kind == "SliceMissing" and isinstance(slice_id, int):
+        return SliceMissing(slice_id, drive_id if isinstance(drive_id, int) else None)
+    if kind == "NodeFull" and isinstance(slice_id, int):
+        full = NodeFull(slice_id, drive_id if isinstance(drive_id, int) else None)
+        full.args = (message,)  # the server's message already names slice and drive
+        return full
+    if kind == "UnknownDrive" and isinstance(drive_id, int):
+        return UnknownDrive(drive_id, [])
+    errno = info.get("errno")
+    return RemoteNodeError(kind or "error", message, errno if isinstance(errno, int) else 5)
+
+
+class _Channel:
+    """One authenticated connection: requests sent under a lock, answers matched by id."""
+
+    def __init__(self, address: tuple[str, int], label: str, secret: bytes, limits: Limits,
+                 connect_timeout: float, ssl_context: ssl.SSLContext | None,
+                 server_hostname: str | None) -> None:
+        self.label = label
+        self._limits = limits
+        try:
+            sock = socket.create_connection(address, timeout=connect_timeout)
+        except OSError as exc:
+            raise ServerUnreachable(label, str(exc) or type(exc).__name__) from None
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            if ssl_context is not None:
+                sock = ssl_context.wrap_socket(sock, server_hostname=server_hostname)
+            self._sealer, self._opener, self.max_piece = client_handshake(sock, secret, limits)
+        except (OSError, ssl.SSLError) as exc:
+            sock.close()
+            raise ServerUnreachable(label, f"handshake failed: {exc}") from None
+        except FrameError as exc:
+            sock.close()
+            raise ServerUnreachable(label, f"not a slice server (or not speaking TLS as "
+                                           f"asked): {exc}") from None
+        except BaseException:
+            sock.close()
+            raise
+        sock.settimeout(None)
+        self._sock = sock
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._pending: dict[int, Future[Answer]] = {}
+        self._targets: dict[int, memoryview] = {}  # request id -> caller's buffer (readinto)
+        self._failure: WireError | None = None
+        self._reader = threading.Thread(target=self._read_loop, name=f"slice-recv {label}",
+                                        daemon=True)
+        self._reader.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._failure is None
+
+    def call(self, header: Header, payload: Any = b"",
+             into: memoryview | None = None) -> Future[Answer]:
+        """Send one request; the future gets its answer or a ``WireError``. ``into``:
+        an answer's payload that fits is received straight into it."""
+        future: Future[Answer] = Future()
+        with self._lock:
+            if self._failure is not None:
+                raise self._failure
+            self._pending[header.request_id] = future
+            if into is not None:
+                self._targets[header.request_id] = into
+        try:
+            with self._send_lock:
+                send_frame(self._sock, self._sealer.seal(header), payload)
+        except (OSError, ssl.SSLError) as exc:
+            self.fail(ConnectionLost(self.label, f"sending failed: {exc}"))
+        return future
+
+    def _read_loop(self) -> None:
+        header_buf = bytearray(HEADER_SIZE)
+        try:
+            while True:
+                recv_exactly(self._sock, header_buf)
+                header = decode_header(header_buf, self._limits)
+                self._opener.check(header, header_buf)
+                with self._lock:
+                    future = self._pending.pop(header.request_id, None)
+                    target = self._targets.pop(header.request_id, None)
+                payload: bytearray | memoryview
+                if (target is not None and header.kind == Kind.READ.response
+                        and header.payload_len <= len(target)):
+                    payload = target[:header.payload_len]
+                else:
+                    payload = bytearray(header.payload_len)
+                if header.payload_len:
+                    recv_exactly(self._sock, payload)
+                if future is None:
+                    raise FrameError(f"an answer to request {header.request_id}, "
+                                     "which is not outstanding")
+                future.set_result((header, payload))
+        except WireError as exc:
+            self.fail(ConnectionLost(self.label, f"{type(exc).__name__}: {exc}"))
+        except (OSError, ssl.SSLError) as exc:
+            self.fail(ConnectionLost(self.label, str(exc) or type(exc).__name__))
+
+    def fail(self, error: WireError) -> None:
+        """Break the connection: every outstanding request gets ``error``. Idempotent."""
+        with self._lock:
+            if self._failure is not None:
+                return
+            self._failure = error
+            pending, self._pending = self._pending, {}
+            self._targets.clear()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        for future in pending.values():
+            future.set_exception(error)
+        if pending:
+            log.warning("%s (%d requests outstanding)", error, len(pending))
+
+    def close(self) -> None:
+        self.fail(ConnectionLost(self.label, "closed by this client"))
+        self._reader.join()
+
+
+class RemoteNode:
+    """A storage server reached over the slice protocol (see the module docstring).
+
+    ``address``: ``(host, port)`` or ``"host:port"``. ``secret``: the cluster
+    secret. ``timeout``: the longest wait for any answer. ``ssl_context``: a
+    client-side context to speak TLS (``server_hostname`` checked against the
+    server's certificate when the context asks for it). Thread-safe.
+    """
+
+    def __init__(self, address: tuple[str, int] | str, secret: bytes, *,
+                 connections: int = 4, timeout: float = 60.0, connect_timeout: float = 5.0,
+                 limits: Limits | None = None, ssl_context: ssl.SSLContext | None = None,
+                 server_hostname: str | None = None) -> None:
+        if isinstance(address, str):
+            host, _, port = address.rpartition(":")
+            address = (host.strip("[]"), int(port))
+        if connections < 1:
+            raise ValueError("a remote node needs at least one connection")
+        self.address = address
+        self.label = f"{address[0]}:{address[1]}"
+        self.timeout = timeout
+        self._secret = check_secret(secret)
+        self._limits = limits or Limits()
+        self._connect_timeout = connect_timeout
+        self._ssl = ssl_context
+        self._server_hostname = server_hostname or address[0]
+        self._channels: list[_Channel | None] = [None] * connections
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._spread = itertools.count()
+        self._closed = False
+
+    # ------------------------------------------------------------------ plumbing
+    def _channel(self, index: int) -> _Channel:
+        with self._lock:
+            if self._closed:
+                raise ConnectionLost(self.label, "this client was closed")
+            channel = self._channels[index]
+            if channel is not None and channel.alive:
+                return channel
+            channel = _Channel(self.address, self.label, self._secret, self._limits,
+                               self._connect_timeout, self._ssl, self._server_hostname)
+            self._channels[index] = channel
+            return channel
+
+    def _submit(self, kind: Kind, *, slice_id: int | None = None, offset: int = 0,
+                arg: int = 0, drive_id: int | None = None, flags: int = 0,
+                payload: Any = b"", into: memoryview | None = None
+                ) -> tuple[_Channel, Future[Answer]]:
+        if slice_id is None:
+            index, sid = next(self._spread) % len(self._channels), 0
+        else:
+            index, sid = slice_id % len(self._channels), slice_id
+        channel = self._channel(index)
+        header = Header(kind, flags=flags, request_id=next(self._ids), slice_id=sid,
+                        offset=offset, arg=arg,
+                        drive=NO_DRIVE if drive_id is None else drive_id,
+                        payload_len=memoryview(payload).nbytes)
+        return channel, channel.call(header, payload, into)
+
+    def _answer(self, channel: _Channel, future: Future[Answer], kind: Kind) -> Answer:
+        """Wait for an answer (at most ``timeout``); raise the error it carries."""
+        try:
+            header, body = future.result(self.timeout)
+        except concurrent.futures.TimeoutError:
+            error = RequestTimeout(self.label, kind.name, self.timeout)
+            channel.fail(ConnectionLost(self.label, str(error)))
+            raise error from None
+        if header.kind == Kind.ERROR.response:
+            raise remote_error(body)
+        if header.kind != kind.response:
+            error2 = FrameError(f"answer of kind {header.kind} to a {kind.name}")
+            channel.fail(ConnectionLost(self.label, str(error2)))
+            raise error2
+        return header, body
+
+    def _call(self, kind: Kind, **fields: Any) -> Answer:
+        channel, future = self._submit(kind, **fields)
+        return self._answer(channel, future, kind)
+
+    def _then(self, channel: _Channel, future: Future[Answer], kind: Kind,
+              pick: Any) -> Future[Any]:
+        """A future of ``pick(header, body)`` once ``future`` is answered."""
+        out: Future[Any] = Future()
+
+        def _done(_f: Future[Answer]) -> None:
+            try:
+                out.set_result(pick(*self._answer(channel, future, kind)))
+            except BaseException as exc:
+                out.set_exception(exc)
+
+        future.add_done_callback(_done)
+        return out
+
+    # ------------------------------------------------------------------ pipelined I/O
+    def submit_write(self, slice_id: int, offset: int, data: Any, group: int, *,
+                     drive_id: int | None = None, durable: bool = False) -> Future[int]:
+        """Send a piece now; the future gives its drive id once stored (see ``write``).
+        ``data`` must not change until the future completes."""
+        channel, future = self._submit(Kind.PUT, slice_id=slice_id, offset=offset, arg=group,
+                                       drive_id=drive_id, payload=data,
+                                       flags=Flag.DURABLE if durable else 0)
+        return self._then(channel, future, Kind.PUT, lambda h, _b: h.arg)
+
+    def submit_read(self, slice_id: int, offset: int, length: int,
+                    drive_id: int | None = None) -> Future[bytearray]:
+        """Ask for a range now; the future gives its bytes (see ``read``)."""
+        channel, future = self._submit(Kind.READ, slice_id=slice_id, offset=offset,
+                                       arg=length, drive_id=drive_id)
+        return self._then(channel, future, Kind.READ, lambda _h, b: b)
+
+    def submit_readinto(self, slice_id: int, offset: int, buffer: Any,
+                        drive_id: int | None = None) -> Future[int]:
+        """Ask for ``len(buffer)`` bytes at ``offset``, received straight into ``buffer``
+        (no copy, no allocation); the future gives how many came (short at the
+        slice's end). ``buffer`` must stay untouched until the future completes."""
+        view = memoryview(buffer).cast("B")
+        channel, future = self._submit(Kind.READ, slice_id=slice_id, offset=offset,
+                                       arg=view.nbytes, drive_id=drive_id, into=view)
+        return self._then(channel, future, Kind.READ, lambda h, _b: h.payload_len)
+
+    # ------------------------------------------------------------------ StorageNode's calls
+    def write(self, slice_id: int, offset: int, data: Any, group: int, *,
+              drive_id: int | None = None, durable: bool = False) -> int:
+        """Store a piece of ``slice_id`` at ``offset`` (== its length so far); returns
+        the drive id. Readable on the server on return; durable when ``durable``."""
+        header, _ = self._call(Kind.PUT, slice_id=slice_id, offset=offset, arg=group,
+                               drive_id=drive_id, payload=data,
+                               flags=Flag.DURABLE if durable else 0)
+        return header.arg
+
+    def read(self, slice_id: int, offset: int, length: int,
+             drive_id: int | None = None) -> bytearray:
+        """Bytes ``[offset, offset+length)`` of a slice (short at its end)."""
+        body = self._call(Kind.READ, slice_id=slice_id, offset=offset, arg=length,
+                          drive_id=drive_id)[1]
+        assert isinstance(body, bytearray)
+        return body
+
+    def readinto(self, slice_id: int, offset: int, buffer: Any,
+                 drive_id: int | None = None) -> int:
+        """``read`` straight into ``buffer``; returns the bytes that came."""
+        return self.submit_readinto(slice_id, offset, buffer, drive_id).result()
+
+    def length(self, slice_id: int, drive_id: int | None = None) -> int:
+        return self._call(Kind.LENGTH, slice_id=slice_id, drive_id=drive_id)[0].arg
+
+    def delete(self, slice_id: int, drive_id: int | None = None) -> None:
+        """Delete a slice on the server (idempotent)."""
+        self._call(Kind.DELETE, slice_id=slice_id, drive_id=drive_id)
+
+    def flush(self, drive_ids: Iterable[int] | None = None) -> None:
+        """Make the writes already answered durable on the given drives (default all)."""
+        body = b"" if drive_ids is None else encode_json(list(drive_ids))
+        self._call(Kind.FLUSH, payload=body)
+
+    def place(self, slice_id: int, group: int, size_hint: int = 0) -> int:
+        return self._call(Kind.PLACE, slice_id=slice_id, arg=group, offset=size_hint)[0].arg
+
+    @property
+    def drive_ids(self) -> list[int]:
+        ids = decode_json(self._call(Kind.DRIVES)[1])
+        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+            raise FrameError("a DRIVES answer is not a list of drive ids")
+        return ids
+
+    def stats(self) -> NodeStats:
+        info = decode_json(self._call(Kind.STATS)[1])
+        try:
+            drives = []
+            for d in info.pop("drives"):
+                store = d.pop("store")
+                store["live_bytes_per_zone"] = {
+                    int(k): v for k, v in store.get("live_bytes_per_zone", {}).items()}
+                drives.append(DriveStats(store=StoreStats(**store), **d))
+            return NodeStats(drives=drives, **info)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise FrameError(f"a STATS answer does not describe a node: {exc}") from None
+
+    def ping(self) -> None:
+        """One round trip on one connection (opening it if needed)."""
+        self._call(Kind.PING)
+
+    def close(self) -> None:
+        """Close every connection; outstanding requests fail with ``ConnectionLost``."""
+        with self._lock:
+            self._closed = True
+            channels, self._channels = self._channels, [None] * len(self._channels)
+        for channel in channels:
+            if channel is not None:
+                channel.close()
+
+    def __enter__(self) -> RemoteNode:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

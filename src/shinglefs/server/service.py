@@ -1,0 +1,499 @@
+"""The storage server's network side: one ``StorageNode`` served over the slice protocol.
+
+``SliceServer`` listens on TCP (optionally TLS), authenticates every connection
+(``auth.server_handshake``), and then serves pipelined requests: each
+connection has a reader thread that reads frames (payloads straight into
+their own buffer with ``recv_into``), a writer thread that sends answers in
+the order they are ready, and shares the server's pool of worker threads that
+call the node's blocking methods.
+
+Ordering: requests of one connection naming the same slice (PUT, READ,
+LENGTH, DELETE) run one after another in the order they arrived (a slice's
+pieces must be appended in order); other requests, and requests of other
+connections, run as workers are free, and answers may come back
+out of order (the client matches them by ``request_id``). A FLUSH covers the
+writes that were answered before it was sent, not those still in flight.
+
+Durability: a PUT is answered after ``StorageNode.write`` returned, i.e. once
+the piece is readable; with the DURABLE flag, once it is durable on its drive.
+
+Back-pressure: a connection stops being read while it has
+``Limits.max_in_flight`` requests or ``max_in_flight_bytes`` bytes (payloads
+in and out) outstanding, so a fast client is slowed by TCP, not by memory.
+
+Failure isolation: whatever one connection does — a wrong secret, a
+replayed handshake or frame, a malformed, oversized or truncated frame, a
+handshake not finished within ``handshake_timeout`` — closes that connection
+only, logged as a warning naming the peer and the typed error. Node errors
+(``SliceMissing``, ``NodeFull``...) are answered to the client as ERROR frames
+and the connection stays open.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import functools
+import logging
+import socket
+import ssl
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from typing import Any, Protocol
+
+from shinglefs.errors import ShingleError
+from shinglefs.server.auth import check_secret, server_handshake
+from shinglefs.server.errors import AuthFailed, FrameError, FrameRejected, PeerClosed
+from shinglefs.server.node import NodeStats
+from shinglefs.server.wire import (
+    HEADER_SIZE,
+    NO_DRIVE,
+    RESPONSE_BIT,
+    Flag,
+    Header,
+    Kind,
+    Limits,
+    decode_header,
+    decode_json,
+    encode_json,
+    recv_exactly,
+    send_frame,
+)
+
+log = logging.getLogger(__name__)
+
+SLICE_KINDS = frozenset({Kind.PUT, Kind.READ, Kind.LENGTH, Kind.DELETE})
+MAX_FLUSH_DRIVES = 4096
+
+
+class ServedNode(Protocol):
+    """What the server calls on its node: ``StorageNode``'s blocking methods."""
+
+    @property
+    def drive_ids(self) -> list[int]: ...
+
+    def write(self, slice_id: int, offset: int, data: Any, group: int, *,
+              drive_id: int | None = None, durable: bool = False) -> int: ...
+
+    def read(self, slice_id: int, offset: int, length: int,
+             drive_id: int | None = None) -> bytes: ...
+
+    def length(self, slice_id: int, drive_id: int | None = None) -> int: ...
+
+    def delete(self, slice_id: int, drive_id: int | None = None) -> None: ...
+
+    def flush(self, drive_ids: Iterable[int] | None = None) -> None: ...
+
+    def stats(self) -> NodeStats: ...
+
+    def place(self, slice_id: int, group: int, size_hint: int = 0) -> int: ...
+
+
+def _drive(header: Header) -> int | None:
+    return None if header.drive == NO_DRIVE else header.drive
+
+
+def _flush_drives(payload: memoryview) -> list[int] | None:
+    ids = decode_json(payload)
+    if ids is None:
+        return None
+    if (not isinstance(ids, list) or len(ids) > MAX_FLUSH_DRIVES
+            or not all(isinstance(i, int) and 0 <= i < 2**31 for i in ids)):
+        raise FrameError("FLUSH names drives by a JSON list of small non-negative integers")
+    return ids
+
+
+def dispatch(node: ServedNode, header: Header, payload: memoryview) -> tuple[int, Any]:
+    """Carry out one request on the node: ``(arg, body)`` of the answer.
+
+    Raises the node's typed errors; ``FrameError`` for a body that does not parse."""
+    kind = Kind(header.kind)
+    if kind is Kind.PUT:
+        return node.write(header.slice_id, header.offset, payload, header.arg,
+                          drive_id=_drive(header),
+                          durable=bool(header.flags & Flag.DURABLE)), b""
+    if kind is Kind.READ:
+        data = node.read(header.slice_id, header.offset, header.arg, _drive(header))
+        return len(data), data
+    if kind is Kind.LENGTH:
+        return node.length(header.slice_id, _drive(header)), b""
+    if kind is Kind.DELETE:
+        node.delete(header.slice_id, _drive(header))
+        return 0, b""
+    if kind is Kind.FLUSH:
+        node.flush(_flush_drives(payload))
+        return 0, b""
+    if kind is Kind.STATS:
+        return 0, encode_json(asdict(node.stats()))
+    if kind is Kind.DRIVES:
+        return 0, encode_json(node.drive_ids)
+    if kind is Kind.PLACE:
+        return node.place(header.slice_id, header.arg, header.offset), b""
+    return header.arg, b""  # PING echoes its arg
+
+
+def error_body(exc: BaseException) -> bytes:
+    """The JSON body of an ERROR answer: the error's class, errno, message and fields."""
+    body: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc),
+                            "errno": getattr(exc, "errno", None) or _errno.EIO}
+    for field in ("slice_id", "drive_id"):
+        value = getattr(exc, field, None)
+        if isinstance(value, int):
+            body[field] = value
+    return encode_json(body)
+
+
+class _SliceLanes:
+    """Runs tasks on a pool so that tasks with one key (a connection's slice) run one
+    at a time, in order; tasks of other keys run beside them."""
+
+    def __init__(self, pool: ThreadPoolExecutor) -> None:
+        self._pool = pool
+        self._lock = threading.Lock()
+        self._queued: dict[tuple[int, int], deque[Callable[[], None]]] = {}
+
+    def run(self, slice_id: tuple[int, int] | None, task: Callable[[], None]) -> None:
+        if slice_id is None:
+            self._pool.submit(task)
+            return
+        with self._lock:
+            waiting = self._queued.get(slice_id)
+            if waiting is not None:
+                waiting.append(task)
+                return
+            self._queued[slice_id] = deque()
+        self._pool.submit(self._drain, slice_id, task)
+
+    def _drain(self, slice_id: tuple[int, int], task: Callable[[], None]) -> None:
+        while True:
+            task()
+            with self._lock:
+                waiting = self._queued[slice_id]
+                if not waiting:
+                    del self._queued[slice_id]
+                    return
+                task = waiting.popleft()
+
+
+class BufferPool:
+    """Payload buffers kept for reuse, by power-of-two size from ``POOL_MIN`` up.
+
+    A fresh MiB-sized buffer costs page faults on every byte's page (the
+    allocator hands large blocks back to the kernel); reusing one costs
+    nothing. A buffer comes back once its request is answered — for a PUT,
+    after ``StorageNode.write`` returned, when the store no longer holds it.
+    At most ``keep_bytes`` are kept idle."""
+
+    POOL_MIN = 64 * 1024
+
+    def __init__(self, keep_bytes: int) -> None:
+        self._keep = keep_bytes
+        self._lock = threading.Lock()
+        self._free: dict[int, list[bytearray]] = {}
+        self._kept = 0
+
+    def take(self, nbytes: int) -> tuple[memoryview, bytearray | None]:
+        """A view of exactly ``nbytes`` and the buffer to ``give`` back (None: not pooled)."""
+        if nbytes < self.POOL_MIN:
+            return memoryview(bytearray(nbytes)), None
+        size = 1 << (nbytes - 1).bit_length()
+        with self._lock:
+            free = self._free.get(size)
+            buf = free.pop() if free else None
+            if buf is not None:
+                self._kept -= size
+        if buf is None:
+            buf = bytearray(size)
+        return memoryview(buf)[:nbytes], buf
+
+    def give(self, buf: bytearray | None) -> None:
+        if buf is None:
+            return
+        with self._lock:
+            if self._kept + len(buf) <= self._keep:
+                self._free.setdefault(len(buf), []).append(buf)
+                self._kept += len(buf)
+
+
+class _Budget:
+    """In-flight requests and bytes of one connection; ``take`` waits for room."""
+
+    def __init__(self, limits: Limits) -> None:
+        self._limits = limits
+        self._cond = threading.Condition()
+        self._count = 0
+        self._bytes = 0
+        self._closed = False
+
+    def take(self, nbytes: int) -> bool:
+        """Wait for room (one request may always run alone); False once closed."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._closed or self._count == 0 or (
+                self._count < self._limits.max_in_flight
+                and self._bytes + nbytes <= self._limits.max_in_flight_bytes))
+            if self._closed:
+                return False
+            self._count += 1
+            self._bytes += nbytes
+            return True
+
+    def give(self, nbytes: int) -> None:
+        with self._cond:
+            self._count -= 1
+            self._bytes -= nbytes
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+_Answer = tuple[Header, Any, int]  # header to seal, body, budget bytes to give back
+
+
+class _Connection:
+    """One authenticated client connection: a reader thread and a writer thread."""
+
+    def __init__(self, server: SliceServer, sock: socket.socket, peer: str) -> None:
+        self._server = server
+        self._sock = sock
+        self.peer = peer
+        self._budget = _Budget(server.limits)
+        self._outbox: deque[_Answer | None] = deque()
+        self._outbox_ready = threading.Condition()
+        self._closed = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"slice-conn {peer}", daemon=True)
+
+    def _run(self) -> None:
+        server = self._server
+        writer: threading.Thread | None = None
+        try:
+            self._sock.settimeout(server.handshake_timeout)
+            if isinstance(self._sock, ssl.SSLSocket):
+                self._sock.do_handshake()
+            sealer, opener = server_handshake(self._sock, server.secret, server.limits)
+            self._sock.settimeout(None)
+            writer = threading.Thread(target=self._write_loop, args=(sealer,),
+                                      name=f"slice-send {self.peer}", daemon=True)
+            writer.start()
+            self._read_loop(opener)
+        except PeerClosed as exc:
+            if exc.truncated:
+                log.warning("connection from %s closed: %s: %s", self.peer,
+                            type(exc).__name__, exc)
+        except (AuthFailed, FrameError, FrameRejected) as exc:
+            log.warning("connection from %s refused and closed: %s: %s", self.peer,
+                        type(exc).__name__, exc)
+        except ssl.SSLError as exc:
+            log.warning("connection from %s refused and closed: TLSError: %s", self.peer, exc)
+        except TimeoutError:
+            log.warning("connection from %s closed: AuthFailed: no handshake within %g s",
+                        self.peer, server.handshake_timeout)
+        except OSError as exc:
+            if not self._closed.is_set():
+                log.info("connection from %s closed: %s", self.peer, exc)
+        except Exception:  # a bug must not take the server down with it
+            log.exception("connection from %s failed", self.peer)
+        finally:
+            self.close()
+            if writer is not None:
+                writer.join()
+            server.forget(self)
+
+    def _read_loop(self, opener: Any) -> None:
+        limits = self._server.limits
+        header_buf = bytearray(HEADER_SIZE)
+        while True:
+            recv_exactly(self._sock, header_buf)
+            header = decode_header(header_buf, limits)
+            opener.check(header, header_buf)
+            if header.kind not in SLICE_KINDS | {Kind.PING, Kind.FLUSH, Kind.STATS,
+                                                 Kind.DRIVES, Kind.PLACE}:
+                raise FrameError(f"a client sent frame kind {header.kind}, not a request")
+            cost = header.payload_len + (header.arg if header.kind == Kind.READ else 0)
+            if not self._budget.take(cost):
+                return
+            payload, pooled = self._server.buffers.take(header.payload_len)
+            if header.payload_len:
+                try:
+                    recv_exactly(self._sock, payload)
+                except PeerClosed:
+                    raise PeerClosed(truncated=True) from None
+            # one connection's requests for a slice keep their order; other
+            # connections (readers of the same slice) are not held behind them
+            lane = (id(self), header.slice_id) if header.kind in SLICE_KINDS else None
+            self._server.lanes.run(
+                lane, functools.partial(self._serve, header, payload, pooled, cost))
+
+    def _serve(self, header: Header, payload: memoryview, pooled: bytearray | None,
+               cost: int) -> None:
+        """Worker thread: run one request, queue its answer (never raises)."""
+        kind = header.kind | RESPONSE_BIT
+        body: Any = b""
+        arg = 0
+        try:
+            if self._closed.is_set():
+                self._budget.give(cost)
+                return
+            arg, body = dispatch(self._server.node, header, payload)
+        except ShingleError as exc:
+            kind, body = Kind.ERROR | RESPONSE_BIT, error_body(exc)
+        except Exception as exc:
+            log.exception("request %s from %s failed", Kind(header.kind).name, self.peer)
+            kind, body = Kind.ERROR | RESPONSE_BIT, error_body(exc)
+        finally:
+            payload.release()
+            self._server.buffers.give(pooled)
+        answer = Header(kind, request_id=header.request_id, slice_id=header.slice_id,
+                        offset=header.offset, arg=arg, drive=header.drive, payload_len=len(body))
+        with self._outbox_ready:
+            self._outbox.append((answer, body, cost))
+            self._outbox_ready.notify()
+
+    def _write_loop(self, sealer: Any) -> None:
+        while True:
+            with self._outbox_ready:
+                self._outbox_ready.wait_for(lambda: bool(self._outbox))
+                item = self._outbox.popleft()
+            if item is None:
+                return
+            header, body, cost = item
+            try:
+                if not self._closed.is_set():
+                    send_frame(self._sock, sealer.seal(header), body)
+            except (OSError, ssl.SSLError) as exc:
+                log.info("sending to %s failed: %s", self.peer, exc)
+                self.close()
+            finally:
+                self._budget.give(cost)
+
+    def close(self) -> None:
+        """Close the socket (unblocks the reader), stop the writer. Idempotent."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._budget.close()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        with self._outbox_ready:
+            self._outbox.append(None)
+            self._outbox_ready.notify()
+
+
+class SliceServer:
+    """Serves one node over TCP to the clients that hold the cluster secret.
+
+    ``start()`` binds and returns at once (threads serve); ``address`` is the
+    bound ``(host, port)`` (port 0 picks a free one). ``close()`` stops
+    accepting, closes every connection and waits for the workers; it does not
+    close the node (its owner does). ``pool_bytes``: idle payload buffers kept
+    for reuse (``BufferPool``). ``ssl_context``: a server-side context to
+    wrap every connection in TLS (the HMAC handshake runs inside it).
+    """
+
+    def __init__(self, node: ServedNode, secret: bytes, *, host: str = "127.0.0.1",
+                 port: int = 0, limits: Limits | None = None, workers: int = 16,
+                 max_connections: int = 1024, handshake_timeout: float = 5.0,
+                 ssl_context: ssl.SSLContext | None = None,
+                 pool_bytes: int = 128 * 1024 * 1024) -> None:
+        self.node = node
+        self.secret = check_secret(secret)
+        self.limits = limits or Limits()
+        self.handshake_timeout = handshake_timeout
+        self._bind = (host, port)
+        self._max_connections = max_connections
+        self._ssl = ssl_context
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="slice-worker")
+        self.lanes = _SliceLanes(self._pool)
+        self.buffers = BufferPool(pool_bytes)
+        self._lock = threading.Lock()
+        self._connections: set[_Connection] = set()
+        self._listener: socket.socket | None = None
+        self._acceptor: threading.Thread | None = None
+        self._closing = False
+
+    @property
+    def address(self) -> tuple[str, int]:
+        assert self._listener is not None, "start() the server first"
+        host, port = self._listener.getsockname()[:2]
+        return host, port
+
+    def start(self) -> SliceServer:
+        family = socket.AF_INET6 if ":" in self._bind[0] else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(self._bind)
+        listener.listen(256)
+        self._listener = listener
+        self._acceptor = threading.Thread(target=self._accept_loop, name="slice-accept",
+                                          daemon=True)
+        self._acceptor.start()
+        log.info("serving slices on %s:%d", *self.address)
+        return self
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while True:
+            try:
+                sock, addr = self._listener.accept()
+            except OSError:
+                if self._closing:
+                    return
+                log.exception("accepting a connection")
+                continue
+            peer = f"{addr[0]}:{addr[1]}"
+            with self._lock:
+                if self._closing or len(self._connections) >= self._max_connections:
+                    log.warning("connection from %s refused: %d connections open", peer,
+                                len(self._connections))
+                    sock.close()
+                    continue
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if self._ssl is not None:
+                    sock = self._ssl.wrap_socket(sock, server_side=True,
+                                                 do_handshake_on_connect=False)
+                conn = _Connection(self, sock, peer)
+                self._connections.add(conn)
+            conn.thread.start()
+
+    def forget(self, conn: _Connection) -> None:
+        with self._lock:
+            self._connections.discard(conn)
+
+    @property
+    def connection_count(self) -> int:
+        with self._lock:
+            return len(self._connections)
+
+    def close(self) -> None:
+        """Stop serving: no new connections, every open one closed, workers finished."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            conns = list(self._connections)
+        if self._listener is not None:
+            try:
+                self._listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._listener.close()
+        if self._acceptor is not None:
+            self._acceptor.join()
+        for conn in conns:
+            conn.close()
+        for conn in conns:
+            conn.thread.join()
+        self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> SliceServer:
+        return self.start() if self._listener is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,251 @@
+"""The slice protocol's frames: a fixed header, bounded fields, a bulk payload.
+
+Every frame, in both directions, is one 72-byte header followed by
+``payload_len`` bytes of payload::
+
+    offset size  field
+     0      4    magic        b"SHFW"
+     4      1    version      PROTOCOL_VERSION
+     5      1    kind         Kind (request, response or handshake step)
+     6      2    flags        Flag bits; unknown bits are refused
+     8      8    seq          per-direction frame counter, 0, 1, 2... (replay/stale check)
+    16      8    request_id   chosen by the client, echoed by the response
+    24      8    slice_id
+    32      8    offset       byte offset in the slice
+    40      8    arg          group (PUT), length (READ), size hint (PLACE), result (responses)
+    48      4    drive        drive id, -1 for "any / not given" (signed)
+    52      4    payload_len  bytes that follow; bounded per kind (``Limits``)
+    56     16    mac          HMAC-SHA256(direction key, header[0:56]) truncated to 16 bytes
+
+All integers are little-endian. The MAC covers the header only: the payload
+of a PUT or a READ answer is not authenticated by it (hashing every byte would
+halve the throughput; TLS protects payloads in flight, see docs/network.md).
+
+``decode_header`` checks everything that can be checked without a key: magic,
+version, kind, flags, field ranges and the payload bound of the kind. It
+raises ``FrameError`` and never anything else, whatever the 72 bytes are.
+The MAC and ``seq`` are checked by ``auth.FrameSealer``.
+
+Reading a frame never copies its payload: ``read_frame`` reads the header
+into a reused buffer and the payload with ``recv_into`` straight into a
+buffer of exactly ``payload_len`` bytes that is then handed on as is.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from shinglefs.server.errors import FrameError, PeerClosed
+from shinglefs.store.api import MAX_SLICE_SIZE
+
+MAGIC = b"SHFW"
+PROTOCOL_VERSION = 1
+HEADER = struct.Struct("<4sBBHQQQQQiI16s")
+HEADER_SIZE = HEADER.size  # 72
+MAC_SIZE = 16
+SIGNED_SIZE = HEADER_SIZE - MAC_SIZE
+NO_DRIVE = -1
+U63 = (1 << 63) - 1
+NONCE_SIZE = 32
+PROOF_SIZE = 32
+# JSON bodies (stats, drive lists, errors) and flush's drive list stay small.
+MAX_CONTROL_PAYLOAD = 1 << 20
+
+
+class Kind(enum.IntEnum):
+    """What a frame is. Requests are below 64, their responses are ``request | 64``."""
+
+    HELLO = 1  # client -> server: client nonce
+    CHALLENGE = 2  # server -> client: server nonce + server proof
+    PROOF = 3  # client -> server: client proof
+    WELCOME = 4  # server -> client: handshake done (first sealed frame)
+    PING = 10
+    PUT = 11  # payload: the piece; arg: lifetime group; flag DURABLE
+    FLUSH = 12  # payload: JSON list of drive ids, or empty for all drives
+    READ = 13  # arg: length
+    LENGTH = 14
+    DELETE = 15
+    STATS = 16
+    DRIVES = 17
+    PLACE = 18  # arg: lifetime group; offset: size hint
+    ERROR = 63  # sent as ERROR | 64 in answer to any request: JSON body of a typed error
+
+    @property
+    def response(self) -> int:
+        return int(self) | RESPONSE_BIT
+
+
+RESPONSE_BIT = 64
+REQUESTS = frozenset({Kind.PING, Kind.PUT, Kind.FLUSH, Kind.READ, Kind.LENGTH,
+                      Kind.DELETE, Kind.STATS, Kind.DRIVES, Kind.PLACE})
+HANDSHAKE = frozenset({Kind.HELLO, Kind.CHALLENGE, Kind.PROOF, Kind.WELCOME})
+
+
+class Flag(enum.IntFlag):
+    DURABLE = 1  # PUT: acknowledge only after the piece is durable on its drive
+
+
+KNOWN_FLAGS = int(Flag.DURABLE)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds every peer enforces on what it receives.
+
+    ``max_piece``: the largest PUT payload and READ length (a slice is at most
+    ``MAX_SLICE_SIZE``). ``max_in_flight`` / ``max_in_flight_bytes``: requests
+    and payload bytes one connection may have outstanding at the server before
+    it stops reading that connection (back-pressure through TCP).
+    """
+
+    max_piece: int = MAX_SLICE_SIZE
+    max_in_flight: int = 64
+    max_in_flight_bytes: int = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """One decoded frame header (see the module docstring for the fields)."""
+
+    kind: int
+    flags: int = 0
+    seq: int = 0
+    request_id: int = 0
+    slice_id: int = 0
+    offset: int = 0
+    arg: int = 0
+    drive: int = NO_DRIVE
+    payload_len: int = 0
+    mac: bytes = bytes(MAC_SIZE)
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.kind & RESPONSE_BIT)
+
+    @property
+    def request_kind(self) -> Kind:
+        return Kind(self.kind & ~RESPONSE_BIT)
+
+    def signed_bytes(self) -> bytes:
+        """The 56 bytes the MAC covers."""
+        return self.pack()[:SIGNED_SIZE]
+
+    def pack(self) -> bytes:
+        return HEADER.pack(MAGIC, PROTOCOL_VERSION, self.kind, self.flags, self.seq,
+                           self.request_id, self.slice_id, self.offset, self.arg,
+                           self.drive, self.payload_len, self.mac)
+
+
+def payload_bound(kind: int, limits: Limits) -> int:
+    """The largest payload a frame of ``kind`` may carry."""
+    if kind in (Kind.PUT, Kind.READ.response):
+        return limits.max_piece
+    if kind == Kind.HELLO:
+        return NONCE_SIZE
+    if kind == Kind.CHALLENGE:
+        return NONCE_SIZE + PROOF_SIZE
+    if kind == Kind.PROOF:
+        return PROOF_SIZE
+    if kind & ~RESPONSE_BIT in (Kind.FLUSH, Kind.STATS, Kind.DRIVES, Kind.ERROR):
+        return MAX_CONTROL_PAYLOAD
+    return 0
+
+
+def _valid_kind(kind: int) -> bool:
+    if kind in HANDSHAKE:
+        return True
+    if kind & ~(RESPONSE_BIT | 63):
+        return False
+    base = kind & ~RESPONSE_BIT
+    if base == Kind.ERROR:
+        return bool(kind & RESPONSE_BIT)
+    return base in REQUESTS
+
+
+def decode_header(raw: bytes | bytearray | memoryview, limits: Limits) -> Header:
+    """Decode and bound-check 72 header bytes; raises ``FrameError`` only."""
+    if len(raw) != HEADER_SIZE:
+        raise FrameError(f"a frame header is {HEADER_SIZE} bytes, got {len(raw)}")
+    (magic, version, kind, flags, seq, request_id, slice_id, offset, arg, drive,
+     payload_len, mac) = HEADER.unpack(raw)
+    if magic != MAGIC:
+        raise FrameError(f"bad magic {bytes(magic)!r}")
+    if version != PROTOCOL_VERSION:
+        raise FrameError(f"protocol version {version}, this side speaks {PROTOCOL_VERSION}")
+    if not _valid_kind(kind):
+        raise FrameError(f"unknown frame kind {kind}")
+    if flags & ~KNOWN_FLAGS:
+        raise FrameError(f"unknown flags {flags:#x}")
+    for name, value in (("seq", seq), ("request_id", request_id), ("slice_id", slice_id),
+                        ("offset", offset), ("arg", arg)):
+        if value > U63:
+            raise FrameError(f"{name} {value} is out of range")
+    if drive < NO_DRIVE:
+        raise FrameError(f"drive {drive} is out of range")
+    bound = payload_bound(kind, limits)
+    if payload_len > bound:
+        raise FrameError(f"payload of {payload_len} bytes for kind {kind}, at most {bound}")
+    end = offset + (payload_len if kind == Kind.PUT else arg if kind == Kind.READ else 0)
+    if kind in (Kind.PUT, Kind.READ) and end > MAX_SLICE_SIZE:
+        raise FrameError(f"range at {offset} is past the largest slice ({MAX_SLICE_SIZE})")
+    if kind == Kind.READ and arg > limits.max_piece:
+        raise FrameError(f"read of {arg} bytes, at most {limits.max_piece}")
+    return Header(kind, flags, seq, request_id, slice_id, offset, arg, drive, payload_len,
+                  bytes(mac))
+
+
+def recv_exactly(sock: socket.socket, buf: bytearray | memoryview) -> None:
+    """Fill ``buf`` from ``sock`` with ``recv_into`` (no copy). Raises ``PeerClosed``
+    when the peer closes first (``truncated`` tells whether some bytes came)."""
+    view = memoryview(buf).cast("B")
+    got = 0
+    total = len(view)
+    while got < total:
+        n = sock.recv_into(view[got:], total - got)
+        if n == 0:
+            raise PeerClosed(truncated=got > 0)
+        got += n
+
+
+def read_frame(sock: socket.socket, header_buf: bytearray,
+               limits: Limits) -> tuple[Header, bytearray]:
+    """Read one frame: the header into ``header_buf``, the payload into a fresh
+    buffer of exactly its length. Raises ``FrameError`` for a malformed header,
+    ``PeerClosed`` at the end of the stream, ``OSError`` from the socket."""
+    recv_exactly(sock, header_buf)
+    header = decode_header(header_buf, limits)
+    payload = bytearray(header.payload_len)
+    if header.payload_len:
+        try:
+            recv_exactly(sock, payload)
+        except PeerClosed:
+            raise PeerClosed(truncated=True) from None
+    return header, payload
+
+
+def send_frame(sock: socket.socket, header_bytes: bytes,
+               payload: bytes | bytearray | memoryview = b"") -> None:
+    """Send a packed header and its payload; a large payload goes out from its own
+    buffer (no join). The caller holds the connection's send lock."""
+    if len(payload) <= 64 * 1024:
+        sock.sendall(header_bytes + bytes(payload) if payload else header_bytes)
+    else:
+        sock.sendall(header_bytes)
+        sock.sendall(payload)
+
+
+def encode_json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def decode_json(payload: bytes | bytearray | memoryview) -> Any:
+    """Parse a JSON body; a body that is not JSON is a ``FrameError``."""
+    try:
+        return json.loads(bytes(payload)) if payload else None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise FrameError(f"a control body is not JSON: {exc}") from None
