@@ -32,7 +32,9 @@ from shinglefs.zoned import ZoneCondition, open_drive
 KiB = 1024
 # No background compaction scan during a test: it would make the drive's
 # writer busy at a moment the test does not choose.
-QUIET = ClientConfig(compaction_scan_interval=0)
+# Small files here go to a drive, not inline into meta: these tests are about
+# the drive's fast path (test_inline_files.py covers inline files).
+QUIET = ClientConfig(compaction_scan_interval=0, inline_max_bytes=0)
 
 
 def try_write(vfs: VFS, fh: int, offset: int, data: bytes | memoryview) -> int | None:

@@ -173,6 +173,13 @@ class OpenSlice:
     def inflight_bytes(self) -> int:
         return sum(n for f, n in self.inflight if not f.done())
 
+    def fits_inline(self, limit: int, committed_size: int) -> bool:
+        """Is this a whole file of at most ``limit`` bytes written at once: it
+        starts the file, covers every byte committed before (``committed_size``),
+        and none of it has left the buffer? (``FileWriter._commit_inline``)"""
+        return 0 < self.length <= limit and self.start == 0 == self.submitted and (
+            committed_size <= self.end)
+
 
 class FileWriter:
     """The write buffer of one inode in one client (shared by all its handles).
@@ -480,8 +487,7 @@ class FileWriter:
         except BaseException:
             self._abort(s)
             raise
-        self._committed_size = max(self._committed_size, s.end)
-        self.slices_committed += 1
+        self._note_committed(s)
         self._node.forget(s.slice_id)
 
     def _finished(self, s: OpenSlice, durable: bool) -> FinishedSlice:
@@ -531,28 +537,25 @@ class FileWriter:
             raise first
 
     def _fits_inline(self, s: OpenSlice) -> bool:
-        """Is ``s`` a whole small file, written at once: it starts the file, covers
-        everything committed before, and none of it has left the buffer?"""
-        return (0 < s.length <= self._config.inline_max_bytes and s.start == 0
-                and not s.submitted and s.drive_id is None
-                and self._committed_size <= s.end and not self._settling)
+        return not self._settling and s.fits_inline(self._config.inline_max_bytes,
+                                                    self._committed_size)
 
     def _commit_inline(self, s: OpenSlice) -> None:
-        """Commit ``s`` as an inline slice: its bytes go into meta with its
-        reference in one transaction (no drive write, no flush: nothing to
-        order). ``s`` stays the open slice until committed; a failed commit
-        drops it (its bytes were only in this buffer)."""
-        parts = s.pending.take()
-        data = b"".join(parts)
+        """Commit ``s`` as an inline slice: bytes and reference into meta in one
+        transaction (no drive write, no flush: nothing to order); ``s`` stays
+        open until committed; a failed commit drops it."""
+        data = b"".join(s.pending.take())
         self._release(len(data))
-        finished = FinishedSlice.inline_slice(self.ino, s.chunk_index, s.start, s.slice_id, data)
         try:
-            self._commit(finished, s.end)
+            self._commit(FinishedSlice.inline_slice(self.ino, s.chunk_index, s.start,
+                                                    s.slice_id, data), s.end)
         except BaseException:
-            self.open_slice = None
-            self._error = None  # reported now, by this raise
+            self._drop_open(s)
             raise
         self.open_slice = None
+        self._note_committed(s)
+
+    def _note_committed(self, s: OpenSlice) -> None:
         self._committed_size = max(self._committed_size, s.end)
         self.slices_committed += 1
 
@@ -572,8 +575,7 @@ class FileWriter:
             self._drop_open(s)
             raise
         self.open_slice = None
-        self._committed_size = max(self._committed_size, s.end)
-        self.slices_committed += 1
+        self._note_committed(s)
         self._node.forget(s.slice_id)
 
     def _flush_at_once(self) -> None:
@@ -613,12 +615,9 @@ class FileWriter:
             self.lock.release()
 
     def _abort(self, s: OpenSlice) -> None:
-        # In-flight pieces are left to complete (their futures belong to the store:
-        # never cancel them); the delete that follows removes whatever they wrote.
-        self._discard(s)
-
-    def _discard(self, s: OpenSlice) -> None:
-        """Drop a failed slice's bytes from its drive (best effort)."""
+        """Drop a failed slice's bytes from its drive (best effort). In-flight pieces
+        are left to complete (their futures belong to the store: never cancel
+        them); the delete removes whatever they wrote."""
         if s.pending:
             self._release(len(s.pending))
             s.pending.take()
@@ -634,19 +633,15 @@ class FileWriter:
         ``own``: called by this writer's own thread (holding its lock); else by
         another writer waiting for budget, which skips a writer that is busy.
         """
-        if own:
-            s = self.open_slice
-            if s is not None and s.pending:
-                self._submit_pending(s, durable=False, ending=False)
-            return
-        if not self.lock.acquire(blocking=False):
+        if not own and not self.lock.acquire(blocking=False):
             return
         try:
             s = self.open_slice
             if s is not None and s.pending:
                 self._submit_pending(s, durable=False, ending=False)
         finally:
-            self.lock.release()
+            if not own:
+                self.lock.release()
 
     # ------------------------------------------------------------------ ending
     def flush(self, *, wait: bool = True) -> None:
