@@ -12,6 +12,10 @@ per connection, and the server acknowledges each piece (except the baseline):
   drops what it is given, so only the transport is measured.
 - ``shinglefs_read``: the same, pieces flowing back (READ answers), each
   received straight into a caller's buffer (``RemoteNode.submit_readinto``).
+- ``threads``: the bare transport ``shinglefs`` is built on — the frames of the
+  candidates below over blocking sockets, a thread per connection, payload
+  ``recv_into`` one buffer — so the transports compare without our protocol's
+  work (MACs, dispatch to workers, futures).
 - ``asyncio``: length-prefixed frames on ``asyncio.BufferedProtocol``
   (payload received into a preallocated buffer via ``get_buffer``), client on
   asyncio transports.
@@ -38,7 +42,9 @@ from concurrent.futures import Future, wait
 from pathlib import Path
 from typing import Any
 
+from shinglefs.server.errors import PeerClosed
 from shinglefs.server.node import NodeStats
+from shinglefs.server.wire import recv_exactly
 
 MiB = 1024 * 1024
 WINDOW = 8
@@ -154,6 +160,65 @@ def bench_shinglefs(piece: int, conns: int, total: int, *, read: bool = False) -
             f.result()
         elapsed = time.perf_counter() - start
     return count * piece / MiB / elapsed
+
+
+def _serve_frames(sock: socket.socket, piece: int) -> None:
+    """Server side of the threads candidate: header, piece into one buffer, ack."""
+    header = bytearray(FRAME.size)
+    buf = bytearray(piece)
+    with sock:
+        while True:
+            try:
+                recv_exactly(sock, header)
+            except PeerClosed:
+                return
+            rid, length = FRAME.unpack(header)
+            recv_exactly(sock, memoryview(buf)[:length])
+            sock.sendall(FRAME.pack(rid, 0))
+
+
+def bench_threads(piece: int, conns: int, total: int) -> float:
+    """The same frames as the asyncio and pyzmq candidates over blocking sockets: a
+    thread per connection on the server, a sender and an ack reader per connection
+    on the client — the transport of ``shinglefs`` without its protocol's work."""
+    count = _split(total, conns, piece)
+    listener = socket.create_server(("127.0.0.1", 0), backlog=conns)
+    data = memoryview(os.urandom(piece))
+
+    def accept() -> None:
+        for _ in range(conns):
+            sock, _ = listener.accept()
+            threading.Thread(target=_serve_frames, args=(sock, piece), daemon=True).start()
+
+    acceptor = threading.Thread(target=accept)
+    acceptor.start()
+    socks = [socket.create_connection(listener.getsockname()) for _ in range(conns)]
+    acceptor.join()
+
+    def send(sock: socket.socket) -> None:
+        room = threading.Semaphore(WINDOW)
+
+        def acks() -> None:
+            ack = bytearray(FRAME.size)
+            for _ in range(count):
+                recv_exactly(sock, ack)
+                room.release()
+
+        reader = threading.Thread(target=acks)
+        reader.start()
+        for i in range(count):
+            room.acquire()
+            sock.sendall(FRAME.pack(i, piece))
+            sock.sendall(data)
+        reader.join()
+
+    start = time.perf_counter()
+    _threads(send, [(s,) for s in socks])
+    elapsed = time.perf_counter() - start
+    for s in socks:
+        s.close()
+    listener.close()
+    return count * conns * piece / MiB / elapsed
 
 
 class _SinkProtocol(asyncio.BufferedProtocol):
@@ -324,6 +389,7 @@ def bench_grpcio(piece: int, conns: int, total: int) -> float:
 CANDIDATES: dict[str, Callable[[int, int, int], float]] = {
     "shinglefs": bench_shinglefs,
     "shinglefs_read": lambda piece, conns, total: bench_shinglefs(piece, conns, total, read=True),
+    "threads": bench_threads,
     "asyncio": bench_asyncio,
     "pyzmq": bench_pyzmq,
     "grpcio": bench_grpcio,

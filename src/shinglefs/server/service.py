@@ -44,12 +44,13 @@ from dataclasses import asdict
 from typing import Any, Protocol
 
 from shinglefs.errors import ShingleError
-from shinglefs.server.auth import check_secret, server_handshake
+from shinglefs.server.auth import FrameSealer, check_secret, server_handshake
 from shinglefs.server.errors import AuthFailed, FrameError, FrameRejected, PeerClosed
 from shinglefs.server.node import NodeStats
 from shinglefs.server.wire import (
     HEADER_SIZE,
     NO_DRIVE,
+    REQUESTS,
     RESPONSE_BIT,
     Flag,
     Header,
@@ -251,11 +252,20 @@ class _Budget:
             self._cond.notify_all()
 
 
-_Answer = tuple[Header, Any, int]  # header to seal, body, budget bytes to give back
+# (header to seal, body, budget bytes to give back); header None: body is the
+# rest of a frame already sealed and partly sent, to go out before anything else
+_Answer = tuple[Header | None, Any, int]
+INLINE_ANSWER_MAX = 64 * 1024
 
 
 class _Connection:
-    """One authenticated client connection: a reader thread and a writer thread."""
+    """One authenticated client connection: a reader thread and a writer thread.
+
+    A small answer is sent by the worker that made it when the socket takes it
+    at once (non-blocking ``send``: a client that does not read never stalls a
+    worker); the rest, and every large answer, goes through the writer thread.
+    Frames are sealed and sent under ``_send_lock``, so ``seq`` follows the
+    byte stream."""
 
     def __init__(self, server: SliceServer, sock: socket.socket, peer: str) -> None:
         self._server = server
@@ -264,6 +274,9 @@ class _Connection:
         self._budget = _Budget(server.limits)
         self._outbox: deque[_Answer | None] = deque()
         self._outbox_ready = threading.Condition()
+        self._send_lock = threading.Lock()
+        self._sealer: FrameSealer | None = None
+        self._inline = not isinstance(sock, ssl.SSLSocket)  # MSG_DONTWAIT is plain TCP only
         self._closed = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"slice-conn {peer}", daemon=True)
 
@@ -274,9 +287,9 @@ class _Connection:
             self._sock.settimeout(server.handshake_timeout)
             if isinstance(self._sock, ssl.SSLSocket):
                 self._sock.do_handshake()
-            sealer, opener = server_handshake(self._sock, server.secret, server.limits)
+            self._sealer, opener = server_handshake(self._sock, server.secret, server.limits)
             self._sock.settimeout(None)
-            writer = threading.Thread(target=self._write_loop, args=(sealer,),
+            writer = threading.Thread(target=self._write_loop,
                                       name=f"slice-send {self.peer}", daemon=True)
             writer.start()
             self._read_loop(opener)
@@ -310,8 +323,7 @@ class _Connection:
             recv_exactly(self._sock, header_buf)
             header = decode_header(header_buf, limits)
             opener.check(header, header_buf)
-            if header.kind not in SLICE_KINDS | {Kind.PING, Kind.FLUSH, Kind.STATS,
-                                                 Kind.DRIVES, Kind.PLACE}:
+            if header.kind not in REQUESTS:
                 raise FrameError(f"a client sent frame kind {header.kind}, not a request")
             cost = header.payload_len + (header.arg if header.kind == Kind.READ else 0)
             if not self._budget.take(cost):
@@ -349,26 +361,63 @@ class _Connection:
             self._server.buffers.give(pooled)
         answer = Header(kind, request_id=header.request_id, slice_id=header.slice_id,
                         offset=header.offset, arg=arg, drive=header.drive, payload_len=len(body))
-        with self._outbox_ready:
-            self._outbox.append((answer, body, cost))
-            self._outbox_ready.notify()
+        if not self._send_now(answer, body, cost):
+            with self._outbox_ready:
+                self._outbox.append((answer, body, cost))
+                self._outbox_ready.notify()
 
-    def _write_loop(self, sealer: Any) -> None:
+    def _send_now(self, answer: Header, body: Any, cost: int) -> bool:
+        """Send a small answer from this worker if the socket takes it without
+        waiting; whatever it does not take is queued first for the writer.
+        False: nothing sent (the caller queues the answer)."""
+        if (not self._inline or len(body) > INLINE_ANSWER_MAX
+                or not self._send_lock.acquire(blocking=False)):
+            return False
+        try:
+            if self._closed.is_set() or self._sealer is None:
+                return False
+            raw = self._sealer.seal(answer) + bytes(body)
+            try:
+                sent = self._sock.send(raw, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                log.info("sending to %s failed: %s", self.peer, exc)
+                self.close()
+                self._budget.give(cost)
+                return True
+            if sent == len(raw):
+                self._budget.give(cost)
+            else:
+                with self._outbox_ready:
+                    self._outbox.appendleft((None, raw[sent:], cost))
+                    self._outbox_ready.notify()
+            return True
+        finally:
+            self._send_lock.release()
+
+    def _write_loop(self) -> None:
         while True:
             with self._outbox_ready:
                 self._outbox_ready.wait_for(lambda: bool(self._outbox))
-                item = self._outbox.popleft()
-            if item is None:
-                return
-            header, body, cost = item
-            try:
-                if not self._closed.is_set():
-                    send_frame(self._sock, sealer.seal(header), body)
-            except (OSError, ssl.SSLError) as exc:
-                log.info("sending to %s failed: %s", self.peer, exc)
-                self.close()
-            finally:
-                self._budget.give(cost)
+            with self._send_lock:  # taken before popping: a frame's rest goes first
+                with self._outbox_ready:
+                    item = self._outbox.popleft()
+                if item is None:
+                    return
+                header, body, cost = item
+                try:
+                    if not self._closed.is_set():
+                        assert self._sealer is not None
+                        if header is None:
+                            self._sock.sendall(body)
+                        else:
+                            send_frame(self._sock, self._sealer.seal(header), body)
+                except (OSError, ssl.SSLError) as exc:
+                    log.info("sending to %s failed: %s", self.peer, exc)
+                    self.close()
+                finally:
+                    self._budget.give(cost)
 
     def close(self) -> None:
         """Close the socket (unblocks the reader), stop the writer. Idempotent."""
