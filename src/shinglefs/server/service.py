@@ -44,7 +44,7 @@ from dataclasses import asdict
 from typing import Any, Protocol
 
 from shinglefs.errors import ShingleError
-from shinglefs.server.auth import FrameSealer, check_secret, server_handshake
+from shinglefs.server.auth import FrameOpener, FrameSealer, check_secret, server_handshake
 from shinglefs.server.errors import AuthFailed, FrameError, FrameRejected, PeerClosed
 from shinglefs.server.node import NodeStats
 from shinglefs.server.wire import (
@@ -316,7 +316,7 @@ class _Connection:
                 writer.join()
             server.forget(self)
 
-    def _read_loop(self, opener: Any) -> None:
+    def _read_loop(self, opener: FrameOpener) -> None:
         limits = self._server.limits
         header_buf = bytearray(HEADER_SIZE)
         while True:
