@@ -45,7 +45,13 @@ from typing import Any, Protocol
 
 from shinglefs.errors import ShingleError
 from shinglefs.server.auth import FrameOpener, FrameSealer, check_secret, server_handshake
-from shinglefs.server.errors import AuthFailed, FrameError, FrameRejected, PeerClosed
+from shinglefs.server.errors import (
+    AuthFailed,
+    FrameError,
+    FrameRejected,
+    PeerClosed,
+    UnknownDrive,
+)
 from shinglefs.server.node import NodeStats
 from shinglefs.server.wire import (
     HEADER_SIZE,
@@ -92,8 +98,14 @@ class ServedNode(Protocol):
     def place(self, slice_id: int, group: int, size_hint: int = 0) -> int: ...
 
 
-def _drive(header: Header) -> int | None:
-    return None if header.drive == NO_DRIVE else header.drive
+def _drive(node: ServedNode, header: Header) -> int | None:
+    """The drive a request names (None: any); ``UnknownDrive`` for one the node lacks."""
+    if header.drive == NO_DRIVE:
+        return None
+    known = node.drive_ids
+    if header.drive not in known:
+        raise UnknownDrive(header.drive, known)
+    return header.drive
 
 
 def _flush_drives(payload: memoryview) -> list[int] | None:
@@ -113,15 +125,15 @@ def dispatch(node: ServedNode, header: Header, payload: memoryview) -> tuple[int
     kind = Kind(header.kind)
     if kind is Kind.PUT:
         return node.write(header.slice_id, header.offset, payload, header.arg,
-                          drive_id=_drive(header),
+                          drive_id=_drive(node, header),
                           durable=bool(header.flags & Flag.DURABLE)), b""
     if kind is Kind.READ:
-        data = node.read(header.slice_id, header.offset, header.arg, _drive(header))
+        data = node.read(header.slice_id, header.offset, header.arg, _drive(node, header))
         return len(data), data
     if kind is Kind.LENGTH:
-        return node.length(header.slice_id, _drive(header)), b""
+        return node.length(header.slice_id, _drive(node, header)), b""
     if kind is Kind.DELETE:
-        node.delete(header.slice_id, _drive(header))
+        node.delete(header.slice_id, _drive(node, header))
         return 0, b""
     if kind is Kind.FLUSH:
         node.flush(_flush_drives(payload))
