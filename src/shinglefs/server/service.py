@@ -2,10 +2,12 @@
 
 ``SliceServer`` listens on TCP (optionally TLS), authenticates every connection
 (``auth.server_handshake``), and then serves pipelined requests: each
-connection has a reader thread that reads frames (payloads straight into
-their own buffer with ``recv_into``), a writer thread that sends answers in
-the order they are ready, and shares the server's pool of worker threads that
-call the node's blocking methods.
+connection has a reader thread that reads frames (payloads with ``recv_into``
+straight into a buffer of the server's ``BufferPool``), and shares the
+server's pool of worker threads that call the node's blocking methods. A
+worker sends a small answer itself when the socket takes it at once; other
+answers go out through the connection's writer thread, in the order they
+are ready.
 
 Ordering: requests of one connection naming the same slice (PUT, READ,
 LENGTH, DELETE) run one after another in the order they arrived (a slice's
