@@ -319,6 +319,8 @@ def test_killed_server_gives_typed_errors_not_a_hang(tmp_path: Path) -> None:
             assert "lost" in outcomes
             with pytest.raises(ServerUnreachable):
                 rn.read(1, 0, 10)
+            with pytest.raises(ServerUnreachable, match="refused"):  # remembered: no new wait
+                rn.length(2)
     finally:
         if proc.poll() is None:
             proc.kill()

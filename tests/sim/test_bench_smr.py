@@ -53,6 +53,13 @@ def test_checkpoint_churn_with_retention_resets_zones_without_copying(result):
     assert series[-1]["user_gib"] > series[0]["user_gib"]
 
 
+def test_without_lifetime_groups_gc_copies_and_amplifies(result):
+    grouped, baseline = result["churn"][-1], result["churn_ungrouped"][-1]
+    assert baseline["user_gib"] == grouped["user_gib"]
+    assert baseline["gc_mib_copied"] > grouped["gc_mib_copied"] == 0
+    assert baseline["waf"] > grouped["waf"]
+
+
 def test_concurrent_readers_pay_for_the_seeks_between_their_files(result):
     # the read path interleaves the readers' extents at the drive; one reader streams
     assert result["epoch_read_fraction_8"] < result["epoch_read_fraction_1"]

@@ -18,6 +18,9 @@ RESULT = {
     **{f"dmsmr_write_fraction_{n}": 0.5 for n in (1, 4, 16, 64)},
     "churn": [{"round": i, "user_gib": i * 0.2, "waf": 1.0004, "gc_mib_copied": 0.0,
                "zone_resets": 3 * i, "modeled_mib_s": 220.0} for i in range(1, 5)],
+    "churn_ungrouped": [{"round": i, "user_gib": i * 0.2, "waf": 1.0 + 0.02 * i,
+                         "gc_mib_copied": 30.0 * i, "zone_resets": i, "modeled_mib_s": 215.0}
+                        for i in range(1, 5)],
     "cluster_scaling": [{"nodes": n, "drives_per_node": d, "ranks": 96, "replicas": 1,
                          "seconds": 420 / (n * d), "bottleneck": "drives", "drive_fraction": 0.96}
                         for n, d in ((4, 1), (8, 1), (12, 1), (12, 2), (24, 1))],

@@ -44,6 +44,10 @@ Workloads (sizes for full / ``--quick``):
 - ``ckpt_write_fraction_64_queue_1gib``: the 64-rank checkpoint with the
   scheduler's queue at 1 GiB instead of 256 MiB (``StoreConfig.max_queue_bytes``):
   with 64 groups the queue bound caps a run at about 256 MiB / 64 = 4 MiB.
+- Churn: each round the corpus grows by a file and an 8-rank checkpoint is
+  written, the checkpoint three rounds old deleted (``churn``: WAF, GC bytes,
+  zone resets per round); ``churn_ungrouped`` is the same without lifetime
+  groups (the baseline: bytes of deleted checkpoints die among live ones).
 - ``cluster_100gb_seconds``: the cluster model (``sim.cluster``, real node
   placement and schedulers on a sample): a 100 GB checkpoint on 12 nodes x 1
   drive, 96 ranks, 25 GbE, one replica; ``cluster_scaling`` varies one
@@ -113,7 +117,8 @@ def _slice_id(rank: int, k: int) -> int:
 
 
 def write_files(store: SliceStore, sizes: list[int], data: memoryview,
-                arrivals: list[tuple[int, int, int]] | None = None, first_rank: int = 0) -> None:
+                arrivals: list[tuple[int, int, int]] | None = None, first_rank: int = 0,
+                group: int | None = None) -> None:
     """The ranks' files arrive piece by piece, round robin over the ranks; then one flush.
 
     Round robin is how equally fast ranks writing at once interleave at the
@@ -122,7 +127,8 @@ def write_files(store: SliceStore, sizes: list[int], data: memoryview,
     bursts of one rank per GIL switch interval instead). ``arrivals`` collects
     (rank, file offset, length) in submission order. Each file is its own
     lifetime group, as the client gives a large file (group = rank + 1; ranks
-    are numbered from ``first_rank``).
+    are numbered from ``first_rank``); ``group`` puts every piece in that one
+    group instead.
     """
     futures: list[Future[None]] = []
     for pos in range(0, max(sizes), PIECE):
@@ -135,7 +141,8 @@ def write_files(store: SliceStore, sizes: list[int], data: memoryview,
             if arrivals is not None:
                 arrivals.append((index, pos, n))
             futures.append(store.submit(_slice_id(rank, pos // SLICE), off,
-                                        data[off % len(data):][:n], group=rank + 1))
+                                        data[off % len(data):][:n],
+                                        group=rank + 1 if group is None else group))
     for f in futures:
         f.result()
     store.flush()
@@ -280,7 +287,8 @@ def epoch(workdir: Path, total: int, data: memoryview, readers: tuple[int, ...],
     return out
 
 
-def churn(workdir: Path, quick: bool, data: memoryview) -> list[dict[str, Any]]:
+def churn(workdir: Path, quick: bool, data: memoryview,
+          grouped: bool = True) -> list[dict[str, Any]]:
     """Corpus growth plus checkpoint churn with retention; the store's counters after each round.
 
     Each round appends one corpus file and writes an 8-rank checkpoint; the
@@ -288,13 +296,21 @@ def churn(workdir: Path, quick: bool, data: memoryview) -> list[dict[str, Any]]:
     peak of live zones (each file starts its own zone) plus 12 spare, far less
     than the zones the rounds take in all, so zones are reset and reused; GC
     runs in the background as in production. Each round's trace is replayed through the
-    HC620 model.
+    HC620 model. ``grouped=False`` is the baseline of a log without lifetime
+    groups: the round's corpus file and checkpoint arrive together into one
+    group (one append stream), the old checkpoint's slices are deleted one by
+    one, so its bytes die among live ones and GC copies; its drive holds 1.25
+    times its live bytes at the end plus 12 zones (packed, it needs fewer zones
+    than one zone a file: ``drive_zones`` says how many each had).
     """
     rounds, ranks = (12, 8) if quick else (24, 8)
     zone, rank_bytes, corpus_step = (32 * MiB, 16 * MiB, 32 * MiB) if quick else \
         (256 * MiB, 64 * MiB, 256 * MiB)
     per_file = -(-(rank_bytes + MiB) // zone)  # zones a file takes (records add headers)
-    peak = rounds * -(-(corpus_step + MiB) // zone) + 4 * ranks * per_file
+    if grouped:
+        peak = rounds * -(-(corpus_step + MiB) // zone) + 4 * ranks * per_file
+    else:  # packed: the live bytes at the end (the whole corpus and 4 checkpoints)
+        peak = -(-(rounds * corpus_step + 4 * ranks * rank_bytes) * 102 // 100 // zone)
     zones = int(peak * 1.25) + 12
     path = workdir / "churn.drive"
     drive = EmulatedZonedDrive.create(str(path), zone_size=zone, zone_count=zones,
@@ -305,11 +321,19 @@ def churn(workdir: Path, quick: bool, data: memoryview) -> list[dict[str, Any]]:
         for rnd in range(rounds):
             drive.start_trace()
             base = 1_000 + rnd * 100  # ranks of this round: base (corpus), base+1.. (ckpt)
-            write_files(store, [corpus_step], data, first_rank=base)  # the corpus grows
-            write_files(store, [rank_bytes] * ranks, data, first_rank=base + 1)
+            if grouped:
+                write_files(store, [corpus_step], data, first_rank=base)  # the corpus grows
+                write_files(store, [rank_bytes] * ranks, data, first_rank=base + 1)
+            else:  # ingest and the checkpoint arrive together, into one stream
+                write_files(store, [corpus_step] + [rank_bytes] * ranks, data, first_rank=base,
+                            group=0)
             if rnd >= 3:  # keep 3: drop the checkpoint of round rnd-3 (group = rank + 1)
-                for g in range(ranks):
-                    store.delete_group(1_000 + (rnd - 3) * 100 + 1 + g + 1)
+                for rank in range(1_000 + (rnd - 3) * 100 + 1, 1_000 + (rnd - 3) * 100 + 1 + ranks):
+                    if grouped:
+                        store.delete_group(rank + 1)
+                    else:
+                        for k in range(-(-rank_bytes // SLICE)):
+                            store.delete(_slice_id(rank, k))
             store.flush()
             r = m.replay(drive.stop_trace(), zone_size=zone)
             st = store.stats()
@@ -317,7 +341,7 @@ def churn(workdir: Path, quick: bool, data: memoryview) -> list[dict[str, Any]]:
                            "waf": round(st.write_amplification, 4),
                            "gc_mib_copied": round(st.gc_bytes_copied / MiB, 1),
                            "zone_resets": st.zone_resets,
-                           "modeled_mib_s": round(r.write_mib_s, 1)})
+                           "modeled_mib_s": round(r.write_mib_s, 1), "drive_zones": zones})
     finally:
         store.close()
         drive.close_drive()
@@ -394,6 +418,8 @@ def run(quick: bool, workdir: Path, **options: Any) -> dict:
     if options.get("churn", True):
         step("churn with retention")
         out["churn"] = churn(workdir, quick, data)
+        step("churn without lifetime groups")
+        out["churn_ungrouped"] = churn(workdir, quick, data, grouped=False)
     step("cluster model")
     head = cluster.headline(workdir, sample)
     out["cluster_100gb_seconds"] = round(head.seconds, 1)

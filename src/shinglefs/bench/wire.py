@@ -12,6 +12,12 @@ per connection, and the server acknowledges each piece (except the baseline):
   drops what it is given, so only the transport is measured.
 - ``shinglefs_read``: the same, pieces flowing back (READ answers), each
   received straight into a caller's buffer (``RemoteNode.submit_readinto``).
+- ``shinglefs_tls``: PUTs inside TLS (a throwaway self-signed certificate made
+  with the ``openssl`` command; reported as missing without it).
+- ``threads``: the bare transport ``shinglefs`` is built on — the frames of the
+  candidates below over blocking sockets, a thread per connection, payload
+  ``recv_into`` one buffer — so the transports compare without our protocol's
+  work (MACs, dispatch to workers, futures).
 - ``asyncio``: length-prefixed frames on ``asyncio.BufferedProtocol``
   (payload received into a preallocated buffer via ``get_buffer``), client on
   asyncio transports.
@@ -29,8 +35,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
+import ssl
 import struct
+import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -38,7 +48,9 @@ from concurrent.futures import Future, wait
 from pathlib import Path
 from typing import Any
 
+from shinglefs.server.errors import PeerClosed
 from shinglefs.server.node import NodeStats
+from shinglefs.server.wire import recv_exactly
 
 MiB = 1024 * 1024
 WINDOW = 8
@@ -125,18 +137,40 @@ class SinkNode:
         return 0
 
 
-def bench_shinglefs(piece: int, conns: int, total: int, *, read: bool = False) -> float:
+def _tls_contexts() -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A throwaway self-signed certificate (made with the ``openssl`` command) as
+    server and client contexts; ImportError when the command is missing."""
+    from shinglefs.server.auth import tls_client_context, tls_server_context
+
+    if shutil.which("openssl") is None:
+        raise ImportError("the openssl command is needed to make a test certificate")
+    with tempfile.TemporaryDirectory() as tmp:
+        cert, key = f"{tmp}/cert.pem", f"{tmp}/key.pem"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                        "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", key, "-out", cert,
+                        "-days", "1", "-subj", "/CN=bench",
+                        "-addext", "subjectAltName=IP:127.0.0.1"],
+                       check=True, capture_output=True)
+        return tls_server_context(cert, key), tls_client_context(cert)
+
+
+def bench_shinglefs(piece: int, conns: int, total: int, *, read: bool = False,
+                    tls: bool = False) -> float:
     """This project's protocol, pipelined: ``WINDOW`` pieces in flight per connection
     (``read``: the pieces flow back from the server, each received with
-    ``submit_readinto`` straight into one of ``WINDOW`` buffers per connection)."""
+    ``submit_readinto`` straight into one of ``WINDOW`` buffers per connection;
+    ``tls``: inside TLS)."""
     from shinglefs.server.remote import RemoteNode
     from shinglefs.server.service import SliceServer
 
     secret = os.urandom(32)
     count = _split(total, conns, piece) * conns
     data = memoryview(os.urandom(piece))
-    with SliceServer(SinkNode(), secret, workers=max(4, conns * 2)) as server, \
-            RemoteNode(server.address, secret, connections=conns) as client:
+    server_tls, client_tls = _tls_contexts() if tls else (None, None)
+    with SliceServer(SinkNode(), secret, workers=max(4, conns * 2),
+                     ssl_context=server_tls) as server, \
+            RemoteNode(server.address, secret, connections=conns,
+                       ssl_context=client_tls) as client:
         client.ping()
         for i in range(conns):  # open every connection before the clock starts
             client.length(i)
@@ -154,6 +188,65 @@ def bench_shinglefs(piece: int, conns: int, total: int, *, read: bool = False) -
             f.result()
         elapsed = time.perf_counter() - start
     return count * piece / MiB / elapsed
+
+
+def _serve_frames(sock: socket.socket, piece: int) -> None:
+    """Server side of the threads candidate: header, piece into one buffer, ack."""
+    header = bytearray(FRAME.size)
+    buf = bytearray(piece)
+    with sock:
+        while True:
+            try:
+                recv_exactly(sock, header)
+            except PeerClosed:
+                return
+            rid, length = FRAME.unpack(header)
+            recv_exactly(sock, memoryview(buf)[:length])
+            sock.sendall(FRAME.pack(rid, 0))
+
+
+def bench_threads(piece: int, conns: int, total: int) -> float:
+    """The same frames as the asyncio and pyzmq candidates over blocking sockets: a
+    thread per connection on the server, a sender and an ack reader per connection
+    on the client — the transport of ``shinglefs`` without its protocol's work."""
+    count = _split(total, conns, piece)
+    listener = socket.create_server(("127.0.0.1", 0), backlog=conns)
+    data = memoryview(os.urandom(piece))
+
+    def accept() -> None:
+        for _ in range(conns):
+            sock, _ = listener.accept()
+            threading.Thread(target=_serve_frames, args=(sock, piece), daemon=True).start()
+
+    acceptor = threading.Thread(target=accept)
+    acceptor.start()
+    socks = [socket.create_connection(listener.getsockname()) for _ in range(conns)]
+    acceptor.join()
+
+    def send(sock: socket.socket) -> None:
+        room = threading.Semaphore(WINDOW)
+
+        def acks() -> None:
+            ack = bytearray(FRAME.size)
+            for _ in range(count):
+                recv_exactly(sock, ack)
+                room.release()
+
+        reader = threading.Thread(target=acks)
+        reader.start()
+        for i in range(count):
+            room.acquire()
+            sock.sendall(FRAME.pack(i, piece))
+            sock.sendall(data)
+        reader.join()
+
+    start = time.perf_counter()
+    _threads(send, [(s,) for s in socks])
+    elapsed = time.perf_counter() - start
+    for s in socks:
+        s.close()
+    listener.close()
+    return count * conns * piece / MiB / elapsed
 
 
 class _SinkProtocol(asyncio.BufferedProtocol):
@@ -324,6 +417,8 @@ def bench_grpcio(piece: int, conns: int, total: int) -> float:
 CANDIDATES: dict[str, Callable[[int, int, int], float]] = {
     "shinglefs": bench_shinglefs,
     "shinglefs_read": lambda piece, conns, total: bench_shinglefs(piece, conns, total, read=True),
+    "shinglefs_tls": lambda piece, conns, total: bench_shinglefs(piece, conns, total, tls=True),
+    "threads": bench_threads,
     "asyncio": bench_asyncio,
     "pyzmq": bench_pyzmq,
     "grpcio": bench_grpcio,

@@ -35,7 +35,6 @@ import hmac
 import secrets
 import socket
 import ssl
-from dataclasses import replace
 
 from shinglefs.server.errors import AuthFailed, FrameError, FrameRejected, PeerClosed
 from shinglefs.server.wire import (
@@ -96,9 +95,9 @@ class FrameSealer:
 
     def seal(self, header: Header) -> bytes:
         """The packed header, numbered and authenticated."""
-        signed = replace(header, seq=self._next).pack()[:SIGNED_SIZE]
+        signed = header.pack(seq=self._next)[:SIGNED_SIZE]
         self._next += 1
-        return signed + hmac.new(self._key, signed, hashlib.sha256).digest()[:MAC_SIZE]
+        return signed + hmac.digest(self._key, signed, "sha256")[:MAC_SIZE]
 
 
 class FrameOpener:
@@ -111,7 +110,7 @@ class FrameOpener:
     def check(self, header: Header, raw: bytes | bytearray | memoryview) -> None:
         """Accept ``header`` (decoded from the 72 bytes ``raw``) or raise ``FrameRejected``."""
         view = memoryview(raw)
-        expected = hmac.new(self._key, view[:SIGNED_SIZE], hashlib.sha256).digest()[:MAC_SIZE]
+        expected = hmac.digest(self._key, view[:SIGNED_SIZE], "sha256")[:MAC_SIZE]
         if not hmac.compare_digest(expected, view[SIGNED_SIZE:HEADER_SIZE]):
             raise FrameRejected(f"frame {header.seq} (kind {header.kind}) has a bad MAC: forged "
                                 "or from another connection")

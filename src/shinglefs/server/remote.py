@@ -4,7 +4,7 @@
 connections to one server and pipelines requests on them: ``submit_write``
 and ``submit_read`` return futures at once, and many requests are in flight
 per connection. All requests naming one slice go over the same connection
-(``slice_id % connections``), so a slice's pieces reach the server in order;
+(chosen by a hash of the slice id), so a slice's pieces reach the server in order;
 other slices spread over the others. The blocking methods (``write``,
 ``read``, ``flush``, ``delete``, ``length``, ``stats``, ``drive_ids``,
 ``place``, ``ping``) mirror ``StorageNode``'s and wait for the answer.
@@ -33,6 +33,7 @@ import logging
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
@@ -67,6 +68,9 @@ from shinglefs.server.wire import (
 from shinglefs.store.api import StoreStats
 
 log = logging.getLogger(__name__)
+
+_GOLDEN = 0x9E3779B97F4A7C15
+_U64 = (1 << 64) - 1
 
 Answer = tuple[Header, bytearray | memoryview]
 
@@ -207,8 +211,11 @@ class RemoteNode:
     ``address``: ``(host, port)`` or ``"host:port"``. ``secret``: the cluster
     secret. ``timeout``: the longest wait for any answer. ``ssl_context``: a
     client-side context to speak TLS (``server_hostname`` checked against the
-    server's certificate when the context asks for it). Thread-safe.
+    server's certificate when the context asks for it). ``retry_after``: how
+    long a refused connection is remembered (see ``_channel``). Thread-safe.
     """
+
+    retry_after = 1.0
 
     def __init__(self, address: tuple[str, int] | str, secret: bytes, *,
                  connections: int = 4, timeout: float = 60.0, connect_timeout: float = 5.0,
@@ -228,6 +235,9 @@ class RemoteNode:
         self._ssl = ssl_context
         self._server_hostname = server_hostname or address[0]
         self._channels: list[_Channel | None] = [None] * connections
+        self._connecting = [threading.Lock() for _ in range(connections)]
+        self._refused_at: float | None = None  # when a connection was last refused
+        self._refused_why = ""
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._spread = itertools.count()
@@ -235,15 +245,36 @@ class RemoteNode:
 
     # ------------------------------------------------------------------ plumbing
     def _channel(self, index: int) -> _Channel:
-        with self._lock:
+        """Connection ``index``, opened anew if it is missing or broken.
+
+        Connections open in parallel (a lock each). After a refused connection,
+        callers within ``retry_after`` seconds get ``ServerUnreachable`` at once
+        instead of each waiting ``connect_timeout`` in turn for a dead server."""
+        channel = self._channels[index]
+        if channel is not None and channel.alive:
+            return channel
+        with self._connecting[index]:
             if self._closed:
                 raise ConnectionLost(self.label, "this client was closed")
             channel = self._channels[index]
             if channel is not None and channel.alive:
                 return channel
-            channel = _Channel(self.address, self.label, self._secret, self._limits,
-                               self._connect_timeout, self._ssl, self._server_hostname)
-            self._channels[index] = channel
+            refused_at = self._refused_at
+            if refused_at is not None and time.monotonic() - refused_at < self.retry_after:
+                raise ServerUnreachable(self.label, f"{self._refused_why} (refused "
+                                        f"{time.monotonic() - refused_at:.1f} s ago)")
+            try:
+                channel = _Channel(self.address, self.label, self._secret, self._limits,
+                                   self._connect_timeout, self._ssl, self._server_hostname)
+            except ServerUnreachable as exc:
+                self._refused_at, self._refused_why = time.monotonic(), str(exc)
+                raise
+            self._refused_at = None
+            with self._lock:
+                if self._closed:
+                    channel.close()
+                    raise ConnectionLost(self.label, "this client was closed")
+                self._channels[index] = channel
             return channel
 
     def _submit(self, kind: Kind, *, slice_id: int | None = None, offset: int = 0,
@@ -252,8 +283,9 @@ class RemoteNode:
                 ) -> tuple[_Channel, Future[Answer]]:
         if slice_id is None:
             index, sid = next(self._spread) % len(self._channels), 0
-        else:
-            index, sid = slice_id % len(self._channels), slice_id
+        else:  # Fibonacci hashing: ids with a common stride still spread
+            index = ((slice_id * _GOLDEN) & _U64) >> 32
+            index, sid = index % len(self._channels), slice_id
         channel = self._channel(index)
         header = Header(kind, flags=flags, request_id=next(self._ids), slice_id=sid,
                         offset=offset, arg=arg,

@@ -2,10 +2,12 @@
 
 ``SliceServer`` listens on TCP (optionally TLS), authenticates every connection
 (``auth.server_handshake``), and then serves pipelined requests: each
-connection has a reader thread that reads frames (payloads straight into
-their own buffer with ``recv_into``), a writer thread that sends answers in
-the order they are ready, and shares the server's pool of worker threads that
-call the node's blocking methods.
+connection has a reader thread that reads frames (payloads with ``recv_into``
+straight into a buffer of the server's ``BufferPool``), and shares the
+server's pool of worker threads that call the node's blocking methods. A
+worker sends a small answer itself when the socket takes it at once; other
+answers go out through the connection's writer thread, in the order they
+are ready.
 
 Ordering: requests of one connection naming the same slice (PUT, READ,
 LENGTH, DELETE) run one after another in the order they arrived (a slice's
@@ -44,12 +46,19 @@ from dataclasses import asdict
 from typing import Any, Protocol
 
 from shinglefs.errors import ShingleError
-from shinglefs.server.auth import check_secret, server_handshake
-from shinglefs.server.errors import AuthFailed, FrameError, FrameRejected, PeerClosed
+from shinglefs.server.auth import FrameOpener, FrameSealer, check_secret, server_handshake
+from shinglefs.server.errors import (
+    AuthFailed,
+    FrameError,
+    FrameRejected,
+    PeerClosed,
+    UnknownDrive,
+)
 from shinglefs.server.node import NodeStats
 from shinglefs.server.wire import (
     HEADER_SIZE,
     NO_DRIVE,
+    REQUESTS,
     RESPONSE_BIT,
     Flag,
     Header,
@@ -91,8 +100,14 @@ class ServedNode(Protocol):
     def place(self, slice_id: int, group: int, size_hint: int = 0) -> int: ...
 
 
-def _drive(header: Header) -> int | None:
-    return None if header.drive == NO_DRIVE else header.drive
+def _drive(node: ServedNode, header: Header) -> int | None:
+    """The drive a request names (None: any); ``UnknownDrive`` for one the node lacks."""
+    if header.drive == NO_DRIVE:
+        return None
+    known = node.drive_ids
+    if header.drive not in known:
+        raise UnknownDrive(header.drive, known)
+    return header.drive
 
 
 def _flush_drives(payload: memoryview) -> list[int] | None:
@@ -112,15 +127,15 @@ def dispatch(node: ServedNode, header: Header, payload: memoryview) -> tuple[int
     kind = Kind(header.kind)
     if kind is Kind.PUT:
         return node.write(header.slice_id, header.offset, payload, header.arg,
-                          drive_id=_drive(header),
+                          drive_id=_drive(node, header),
                           durable=bool(header.flags & Flag.DURABLE)), b""
     if kind is Kind.READ:
-        data = node.read(header.slice_id, header.offset, header.arg, _drive(header))
+        data = node.read(header.slice_id, header.offset, header.arg, _drive(node, header))
         return len(data), data
     if kind is Kind.LENGTH:
-        return node.length(header.slice_id, _drive(header)), b""
+        return node.length(header.slice_id, _drive(node, header)), b""
     if kind is Kind.DELETE:
-        node.delete(header.slice_id, _drive(header))
+        node.delete(header.slice_id, _drive(node, header))
         return 0, b""
     if kind is Kind.FLUSH:
         node.flush(_flush_drives(payload))
@@ -251,11 +266,20 @@ class _Budget:
             self._cond.notify_all()
 
 
-_Answer = tuple[Header, Any, int]  # header to seal, body, budget bytes to give back
+# (header to seal, body, budget bytes to give back); header None: body is the
+# rest of a frame already sealed and partly sent, to go out before anything else
+_Answer = tuple[Header | None, Any, int]
+INLINE_ANSWER_MAX = 64 * 1024
 
 
 class _Connection:
-    """One authenticated client connection: a reader thread and a writer thread."""
+    """One authenticated client connection: a reader thread and a writer thread.
+
+    A small answer is sent by the worker that made it when the socket takes it
+    at once (non-blocking ``send``: a client that does not read never stalls a
+    worker); the rest, and every large answer, goes through the writer thread.
+    Frames are sealed and sent under ``_send_lock``, so ``seq`` follows the
+    byte stream."""
 
     def __init__(self, server: SliceServer, sock: socket.socket, peer: str) -> None:
         self._server = server
@@ -264,6 +288,9 @@ class _Connection:
         self._budget = _Budget(server.limits)
         self._outbox: deque[_Answer | None] = deque()
         self._outbox_ready = threading.Condition()
+        self._send_lock = threading.Lock()
+        self._sealer: FrameSealer | None = None
+        self._inline = not isinstance(sock, ssl.SSLSocket)  # MSG_DONTWAIT is plain TCP only
         self._closed = threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"slice-conn {peer}", daemon=True)
 
@@ -274,9 +301,9 @@ class _Connection:
             self._sock.settimeout(server.handshake_timeout)
             if isinstance(self._sock, ssl.SSLSocket):
                 self._sock.do_handshake()
-            sealer, opener = server_handshake(self._sock, server.secret, server.limits)
+            self._sealer, opener = server_handshake(self._sock, server.secret, server.limits)
             self._sock.settimeout(None)
-            writer = threading.Thread(target=self._write_loop, args=(sealer,),
+            writer = threading.Thread(target=self._write_loop,
                                       name=f"slice-send {self.peer}", daemon=True)
             writer.start()
             self._read_loop(opener)
@@ -303,15 +330,14 @@ class _Connection:
                 writer.join()
             server.forget(self)
 
-    def _read_loop(self, opener: Any) -> None:
+    def _read_loop(self, opener: FrameOpener) -> None:
         limits = self._server.limits
         header_buf = bytearray(HEADER_SIZE)
         while True:
             recv_exactly(self._sock, header_buf)
             header = decode_header(header_buf, limits)
             opener.check(header, header_buf)
-            if header.kind not in SLICE_KINDS | {Kind.PING, Kind.FLUSH, Kind.STATS,
-                                                 Kind.DRIVES, Kind.PLACE}:
+            if header.kind not in REQUESTS:
                 raise FrameError(f"a client sent frame kind {header.kind}, not a request")
             cost = header.payload_len + (header.arg if header.kind == Kind.READ else 0)
             if not self._budget.take(cost):
@@ -349,26 +375,63 @@ class _Connection:
             self._server.buffers.give(pooled)
         answer = Header(kind, request_id=header.request_id, slice_id=header.slice_id,
                         offset=header.offset, arg=arg, drive=header.drive, payload_len=len(body))
-        with self._outbox_ready:
-            self._outbox.append((answer, body, cost))
-            self._outbox_ready.notify()
+        if not self._send_now(answer, body, cost):
+            with self._outbox_ready:
+                self._outbox.append((answer, body, cost))
+                self._outbox_ready.notify()
 
-    def _write_loop(self, sealer: Any) -> None:
+    def _send_now(self, answer: Header, body: Any, cost: int) -> bool:
+        """Send a small answer from this worker if the socket takes it without
+        waiting; whatever it does not take is queued first for the writer.
+        False: nothing sent (the caller queues the answer)."""
+        if (not self._inline or len(body) > INLINE_ANSWER_MAX
+                or not self._send_lock.acquire(blocking=False)):
+            return False
+        try:
+            if self._closed.is_set() or self._sealer is None:
+                return False
+            raw = self._sealer.seal(answer) + bytes(body)
+            try:
+                sent = self._sock.send(raw, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                log.info("sending to %s failed: %s", self.peer, exc)
+                self.close()
+                self._budget.give(cost)
+                return True
+            if sent == len(raw):
+                self._budget.give(cost)
+            else:
+                with self._outbox_ready:
+                    self._outbox.appendleft((None, raw[sent:], cost))
+                    self._outbox_ready.notify()
+            return True
+        finally:
+            self._send_lock.release()
+
+    def _write_loop(self) -> None:
         while True:
             with self._outbox_ready:
                 self._outbox_ready.wait_for(lambda: bool(self._outbox))
-                item = self._outbox.popleft()
-            if item is None:
-                return
-            header, body, cost = item
-            try:
-                if not self._closed.is_set():
-                    send_frame(self._sock, sealer.seal(header), body)
-            except (OSError, ssl.SSLError) as exc:
-                log.info("sending to %s failed: %s", self.peer, exc)
-                self.close()
-            finally:
-                self._budget.give(cost)
+            with self._send_lock:  # taken before popping: a frame's rest goes first
+                with self._outbox_ready:
+                    item = self._outbox.popleft()
+                if item is None:
+                    return
+                header, body, cost = item
+                try:
+                    if not self._closed.is_set():
+                        assert self._sealer is not None
+                        if header is None:
+                            self._sock.sendall(body)
+                        else:
+                            send_frame(self._sock, self._sealer.seal(header), body)
+                except (OSError, ssl.SSLError) as exc:
+                    log.info("sending to %s failed: %s", self.peer, exc)
+                    self.close()
+                finally:
+                    self._budget.give(cost)
 
     def close(self) -> None:
         """Close the socket (unblocks the reader), stop the writer. Idempotent."""

@@ -131,14 +131,11 @@ class Header:
     def request_kind(self) -> Kind:
         return Kind(self.kind & ~RESPONSE_BIT)
 
-    def signed_bytes(self) -> bytes:
-        """The 56 bytes the MAC covers."""
-        return self.pack()[:SIGNED_SIZE]
-
-    def pack(self) -> bytes:
-        return HEADER.pack(MAGIC, PROTOCOL_VERSION, self.kind, self.flags, self.seq,
-                           self.request_id, self.slice_id, self.offset, self.arg,
-                           self.drive, self.payload_len, self.mac)
+    def pack(self, seq: int | None = None) -> bytes:
+        """The 72 header bytes (``seq``: instead of this header's own)."""
+        return HEADER.pack(MAGIC, PROTOCOL_VERSION, self.kind, self.flags,
+                           self.seq if seq is None else seq, self.request_id, self.slice_id,
+                           self.offset, self.arg, self.drive, self.payload_len, self.mac)
 
 
 def payload_bound(kind: int, limits: Limits) -> int:
@@ -156,15 +153,9 @@ def payload_bound(kind: int, limits: Limits) -> int:
     return 0
 
 
-def _valid_kind(kind: int) -> bool:
-    if kind in HANDSHAKE:
-        return True
-    if kind & ~(RESPONSE_BIT | 63):
-        return False
-    base = kind & ~RESPONSE_BIT
-    if base == Kind.ERROR:
-        return bool(kind & RESPONSE_BIT)
-    return base in REQUESTS
+# Every kind a frame may carry: the handshake steps, the requests, their answers.
+VALID_KINDS = frozenset({int(k) for k in HANDSHAKE | REQUESTS}
+                        | {k | RESPONSE_BIT for k in REQUESTS} | {Kind.ERROR | RESPONSE_BIT})
 
 
 def decode_header(raw: bytes | bytearray | memoryview, limits: Limits) -> Header:
@@ -177,7 +168,7 @@ def decode_header(raw: bytes | bytearray | memoryview, limits: Limits) -> Header
         raise FrameError(f"bad magic {bytes(magic)!r}")
     if version != PROTOCOL_VERSION:
         raise FrameError(f"protocol version {version}, this side speaks {PROTOCOL_VERSION}")
-    if not _valid_kind(kind):
+    if kind not in VALID_KINDS:
         raise FrameError(f"unknown frame kind {kind}")
     if flags & ~KNOWN_FLAGS:
         raise FrameError(f"unknown flags {flags:#x}")

@@ -10,8 +10,9 @@ with an ``smr`` key) and writes:
 2. ``smr-checkpoint.png`` - checkpoints by 1, 4, 16, 64 ranks: ShingleFS vs the
    same writes uncoalesced vs a conventional file system on DM-SMR;
 3. ``smr-churn-waf.png`` - write amplification over corpus growth plus
-   checkpoint churn with retention (1.0 = none, the baseline);
-4. ``smr-churn-gc.png`` - GC bytes copied and zone resets over the same rounds;
+   checkpoint churn with retention, beside one append stream without groups;
+4. ``smr-churn-gc.png`` - GC bytes copied and zone resets over the same rounds,
+   the same two;
 5. ``smr-cluster.png`` - the 100 GB checkpoint time by nodes and by drives per
    node, with the product's 72 s claim;
 6. ``smr-cost.png`` - USD per usable TB-month by tier (managed NVMe beside).
@@ -37,10 +38,12 @@ CAPTIONS = {
     "system's layout of the same arrivals on a drive-managed SMR drive (fractions of each "
     "drive's rated sequential write).",
     "smr-churn-waf.png": "Write amplification over corpus growth plus checkpoint churn with "
-    "retention (keep 3) on a drive far smaller than the bytes written; baseline: 1.0, no "
-    "amplification.",
-    "smr-churn-gc.png": "GC bytes copied and zone resets over the same rounds: deleted "
-    "checkpoints free whole zones (resets), so GC copies nothing.",
+    "retention (keep 3): ShingleFS's lifetime groups beside the baseline of one append stream "
+    "without groups (corpus and checkpoint arriving together, old checkpoints deleted slice by "
+    "slice), each on a drive of 1.25 times its own peak plus 12 zones; 1.0 is no amplification.",
+    "smr-churn-gc.png": "GC bytes copied and zone resets over the same rounds: with lifetime "
+    "groups a deleted checkpoint frees whole zones (resets, nothing copied); without them its "
+    "bytes die among live ones and GC copies the live ones out.",
     "smr-cluster.png": "The 100 GB checkpoint on the cluster model (real placement and "
     "schedulers on a sample, HC620 drives, 25 GbE) by nodes and by drives per node, beside the "
     "product's claim of 72 s.",
@@ -104,22 +107,28 @@ def _checkpoint(plt: Any, r: dict[str, Any], path: Path) -> Path:
 
 
 def _churn(plt: Any, r: dict[str, Any], waf_path: Path, gc_path: Path) -> list[Path]:
-    rounds = r.get("churn") or []
-    if not rounds:
+    runs = [(label, rows) for label, rows in (("ShingleFS (lifetime groups)", r.get("churn")),
+                                              ("one append stream, no groups (baseline)",
+                                               r.get("churn_ungrouped"))) if rows]
+    if not runs:
         return []
-    gib = [x["user_gib"] for x in rounds]
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot(gib, [x["waf"] for x in rounds], marker="o", label="ShingleFS")
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    for (label, rows), mark in zip(runs, "os", strict=False):
+        ax.plot([x["user_gib"] for x in rows], [x["waf"] for x in rows], marker=mark, label=label)
     ax.axhline(1.0, color="gray", ls="--", label="no amplification")
-    ax.set(xlabel="user GiB written", ylabel="write amplification", ylim=(0.95, 1.5),
-           title="Corpus growth + checkpoint churn (keep 3)")
-    ax.legend(fontsize=7)
+    top = max(x["waf"] for _, rows in runs for x in rows)
+    ax.set(xlabel="user GiB written", ylabel="write amplification",
+           ylim=(0.98, max(1.1, top + 0.05)), title="Corpus growth + checkpoint churn (keep 3)")
+    ax.legend(fontsize=7, loc="upper left")
     out = [_save(fig, waf_path)]
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot(gib, [x["zone_resets"] for x in rounds], marker="o", label="zone resets")
-    ax.plot(gib, [x["gc_mib_copied"] for x in rounds], marker="s", label="GC MiB copied")
-    ax.set(xlabel="user GiB written", ylabel="count / MiB", title="GC work over the same rounds")
-    ax.legend(fontsize=7)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(7.5, 3.2))
+    for (label, rows), mark in zip(runs, "os", strict=False):
+        gib = [x["user_gib"] for x in rows]
+        a1.plot(gib, [x["gc_mib_copied"] for x in rows], marker=mark, label=label)
+        a2.plot(gib, [x["zone_resets"] for x in rows], marker=mark, label=label)
+    a1.set(xlabel="user GiB written", ylabel="MiB", title="GC bytes copied")
+    a2.set(xlabel="user GiB written", ylabel="count", title="zone resets")
+    a1.legend(fontsize=7, loc="upper left")
     out.append(_save(fig, gc_path))
     return out
 
