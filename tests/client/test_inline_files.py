@@ -133,3 +133,23 @@ def test_fsck_reads_inline_files_as_present_and_repair_keeps_them(fs_factory: Fs
     again = fs_factory.vfs()
     assert read_all(again, ino) == b"kept in meta"
     assert again.meta.next_slice_id() < (1 << 62)  # the id counter never jumps to inline ids
+
+
+def test_reading_many_inline_files_keeps_no_memory_per_file(vfs: VFS) -> None:
+    import tracemalloc
+
+    files = {write_file(vfs, f"s{i}".encode(), pattern(i, 4096)): i for i in range(1000)}
+    for ino in list(files)[:10]:  # warm up the read path's one-time allocations
+        read_all(vfs, ino)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for ino, i in files.items():
+            fh = vfs.open(ino, os.O_RDONLY, ROOT_CTX)
+            assert vfs.read(fh, 0, 128 * 1024) == pattern(i, 4096)
+            vfs.release(fh)
+        growth = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    # The per-inode memos (a few hundred bytes a file) but never the 4 KiB of a file.
+    assert growth < 1000 * 1024, f"{growth / 1024:.0f} KiB kept for 1000 inline files"

@@ -34,7 +34,9 @@ def traced_growth(work) -> int:  # type: ignore[no-untyped-def]
 
 def test_cache_of_small_files_holds_no_more_memory_than_its_bound(fs_factory: FsFactory) -> None:
     capacity = 512 * KiB
-    vfs = fs_factory.vfs(ClientConfig(read_cache_bytes=capacity, read_extent=4 * MiB))
+    # On a drive, not inline in meta (inline reads: test_inline_files.py).
+    vfs = fs_factory.vfs(ClientConfig(read_cache_bytes=capacity, read_extent=4 * MiB,
+                                      inline_max_bytes=0))
     files = {write_file(vfs, f"s{i}".encode(), pattern(i, 4096)): i for i in range(200)}
 
     def read_every_file() -> None:

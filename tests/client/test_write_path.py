@@ -147,7 +147,7 @@ def test_buffered_bytes_stay_under_the_client_budget(fs_factory: FsFactory) -> N
 def test_large_file_is_its_own_group_and_small_file_joins_its_directory(vfs: VFS) -> None:
     d = vfs.mkdir(ROOT_INO, b"dir", 0o755, ROOT_CTX)
     fh, small = create(vfs, b"small.json", d.ino)
-    vfs.write(fh, 0, b"{}")
+    vfs.write(fh, 0, b"{" * 10000 + b"}")  # past inline_max_bytes: it goes to a drive
     vfs.release(fh)
     fh, large = create(vfs, b"large.bin", d.ino)
     vfs.write(fh, 0, pattern(7, 5 * MiB))
@@ -198,7 +198,8 @@ def test_a_small_file_costs_one_commit_that_records_its_replica(vfs: VFS) -> Non
     """A file written in one piece is not registered separately: its commit
     records the slice's replica, the slice is committed, and it reads back."""
     fh, ino = create(vfs, b"small")
-    vfs.write(fh, 0, b"hello small file")
+    data = b"hello small file" * 1000  # past inline_max_bytes: it goes to a drive
+    vfs.write(fh, 0, data)
     vfs.flush(fh)
     vfs.release(fh)
     pieces = vfs.meta.read_map(ino, 0, 100)
@@ -206,7 +207,7 @@ def test_a_small_file_costs_one_commit_that_records_its_replica(vfs: VFS) -> Non
     info = vfs.meta.get_slice(pieces[0].slice_id)
     assert info.state == SliceState.COMMITTED
     assert [(r.server, r.drive) for r in info.replicas] == [("local", "0")]
-    assert read_all(vfs, ino) == b"hello small file"
+    assert read_all(vfs, ino) == data
     vfs.unlink(ROOT_INO, b"small")
     vfs.run_deletions()
     with pytest.raises(SliceMissing):

@@ -115,7 +115,9 @@ class ReadPath:
         fetch = max(length, self.config.readahead_bytes)
         pieces = self.meta.read_map(ino, offset, fetch)
         covered = offset + sum(p.length for p in pieces)
-        if covered >= offset + fetch:  # a window that ends at EOF could grow: keep only full ones
+        # A window that ends at EOF could grow: keep only full ones; and none
+        # holding inline bytes (the map cache bounds windows, not their bytes).
+        if covered >= offset + fetch and not any(p.inline for p in pieces):
             self.maps.remember(ino, gen, offset, covered, pieces)
         return cut(pieces, offset, end)
 
