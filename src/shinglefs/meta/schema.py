@@ -375,7 +375,8 @@ INS_REPLICA = (
 )
 DEL_REPLICAS = "DELETE FROM slice_replicas WHERE slice_id = ?"
 DEL_SLICE = "DELETE FROM slices WHERE id = ?"
-INS_INLINE = "INSERT INTO inline_slices (slice_id, data) VALUES (?, ?)"
+INS_INLINE = ("INSERT INTO inline_slices (slice_id, data) VALUES (?, ?) "
+              "ON CONFLICT (slice_id) DO NOTHING")
 SEL_INLINE = "SELECT data FROM inline_slices WHERE slice_id = ?"
 DEL_INLINE = "DELETE FROM inline_slices WHERE slice_id = ?"
 QUEUE_DELETION = (

@@ -176,11 +176,9 @@ class ChunkOps(SqlCore):
         p = c.piece
         tx.run(S.INS_REF, (c.ino, c.chunk_index, version, p.slice_id, p.chunk_offset, p.length,
                            p.slice_offset))
-        if c.inline is not None and tx.one(S.SEL_INLINE, (p.slice_id,)) is None:
+        if c.inline is not None:  # a second reference to it keeps the bytes it has
             tx.run(S.INS_INLINE, (p.slice_id, c.inline))
-            self._ref_slice(tx, p, c.group, len(c.inline))
-        else:
-            self._ref_slice(tx, p, c.group, c.slice_length)
+        self._ref_slice(tx, p, c.group, c.slice_length)
         for rep in c.replicas:
             tx.run(S.INS_REPLICA, (p.slice_id, rep.server, rep.drive))
         size = max(a.size, c.new_size)
