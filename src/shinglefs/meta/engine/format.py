@@ -51,7 +51,8 @@ def _write_format(tx: Tx, info: FormatInfo, capacity_bytes: int, where: str) -> 
         (info.name, info.uuid, info.chunk_size, info.block_size, S.SCHEMA_VERSION,
          info.secret, now, capacity_bytes),
     )  # fmt: skip
-    for id_name, first in (("inode", ROOT_INO + 1), ("slice", 1), ("session", 1)):
+    for id_name, first in (("inode", ROOT_INO + 1), ("slice", 1), ("session", 1),
+                           ("server", 1)):
         tx.run(S.INS_ID, (id_name, first))
     for shard in range(S.COUNTER_SHARDS):
         tx.run(S.INS_COUNTER, (shard,))
@@ -75,7 +76,8 @@ class FormatOps(SqlCore):
             info = self.format_info()
         except NotFormatted:
             return
-        migrations = {1: self._migrate_v1, 2: self._migrate_v2, 3: self._migrate_v3}
+        migrations = {1: self._migrate_v1, 2: self._migrate_v2, 3: self._migrate_v3,
+                      4: self._migrate_v4}
         try:
             while info.schema_version in migrations:
                 migrations[info.schema_version]()
@@ -190,6 +192,20 @@ class FormatOps(SqlCore):
             if row is None or row[4] != 3:
                 return  # migrated concurrently
             tx.run(S.SET_SCHEMA_VERSION, (4,))
+
+        self._run(txn)
+
+    def _migrate_v4(self) -> None:
+        """Version 4 -> 5: the ``servers`` table (storage-server membership), empty,
+        and the ``server`` id counter."""
+        self._run(functools.partial(_run_ddl, ddl=S.SERVERS_DDL), "autocommit")
+
+        def txn(tx: Tx) -> None:
+            row = tx.one(S.SEL_FORMAT)
+            if row is None or row[4] != 4:
+                return  # migrated concurrently
+            tx.run(S.INS_ID_IF_MISSING, ("server", 1))
+            tx.run(S.SET_SCHEMA_VERSION, (5,))
 
         self._run(txn)
 
