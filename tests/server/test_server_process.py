@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.support.pgcluster import PgCluster, PgClusterError
 from tests.support.polling import wait_until
 
 from shinglefs.cli.main import main
@@ -35,19 +38,40 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def meta_url(tmp_path: Path) -> str:
-    url = f"sqlite3://{tmp_path / 'meta.db'}"
+def formatted(url: str, tmp_path: Path) -> str:
     format_filesystem(url, [f"emulated:{tmp_path / 'fs0.img'}:{256 * MiB}"],
                       zone_size=16 * MiB)
     return url
 
 
 @pytest.fixture
-def meta(meta_url: str) -> Iterator[MetaStore]:
-    store = open_meta(meta_url)
-    yield store
-    store.close()
+def meta_url(tmp_path: Path) -> str:
+    return formatted(f"sqlite3://{tmp_path / 'meta.db'}", tmp_path)
+
+
+@pytest.fixture(scope="module")
+def pg_cluster() -> Iterator[PgCluster]:
+    base = Path(tempfile.mkdtemp(prefix="shinglefs-server-pg-", dir="/var/tmp"))
+    try:
+        cluster = PgCluster.start(base)
+    except PgClusterError as exc:
+        pytest.fail(f"the private PostgreSQL cluster could not start: {exc}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(params=[pytest.param("sqlite", id="sqlite"),
+                        pytest.param("postgresql", id="postgresql",
+                                     marks=pytest.mark.postgres)])
+def any_meta_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A formatted file system's metadata on each backend (PostgreSQL: many hosts)."""
+    if request.param == "sqlite":
+        return formatted(f"sqlite3://{tmp_path / 'meta.db'}", tmp_path)
+    cluster: PgCluster = request.getfixturevalue("pg_cluster")
+    return formatted(cluster.new_database(), tmp_path)
 
 
 class Server:
@@ -92,7 +116,16 @@ def only(meta: MetaStore) -> ServerRecord:
 
 
 def test_a_server_registers_serves_goes_stale_rejoins_and_unregisters(
-        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+        tmp_path: Path, any_meta_url: str, servers: list[Server]) -> None:
+    meta_url = any_meta_url
+    meta = open_meta(meta_url)
+    try:
+        life_cycle(tmp_path, meta_url, meta, servers)
+    finally:
+        meta.close()
+
+
+def life_cycle(tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
     port = free_port()
     drives = [f"emulated:{tmp_path / 's0.img'}:{256 * MiB}",
               f"conventional:{tmp_path / 's1.img'}:{128 * MiB}"]
