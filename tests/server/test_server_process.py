@@ -180,6 +180,10 @@ def test_status_lists_the_servers(tmp_path: Path, meta_url: str, servers: list[S
     (row,) = json.loads(capsys.readouterr().out)["servers"]
     assert (row["state"], row["labels"], row["drives"]) == ("up", {"rack": "b"}, 1)
     assert 0 < row["free_bytes"] <= row["capacity_bytes"] == row["tiers"]["cold"]["capacity_bytes"]
+    assert cli("status", meta_url, "--servers", "--json") == 0  # opens no drive
+    only_servers = json.loads(capsys.readouterr().out)
+    assert set(only_servers) == {"meta_url", "servers"}
+    assert [r["state"] for r in only_servers["servers"]] == ["up"]
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(timeout=60) == 0
     assert cli("status", meta_url) == 0

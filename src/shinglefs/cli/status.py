@@ -132,6 +132,29 @@ def _status_of_url(meta_url: str, server_timeout_s: float | None) -> dict[str, A
         vfs.shutdown()
 
 
+def _show_servers_of_url(meta_url: str, timeout_s: float | None, as_json: bool) -> None:
+    """``status URL --servers``: the servers registered in the metadata, no drive opened."""
+    from rich.console import Console
+
+    from shinglefs.client.filesystem import absolute_meta_url, require_metadata_file
+    from shinglefs.meta import open_meta
+
+    meta_url = absolute_meta_url(meta_url)
+    require_metadata_file(meta_url)
+    meta = open_meta(meta_url)
+    try:
+        meta.format_info()  # NotFormatted on an empty database
+        servers = server_status(meta, timeout_s)
+    finally:
+        meta.close()
+    if as_json:
+        typer.echo(json.dumps({"meta_url": meta_url, "servers": servers}))
+    elif servers:
+        _print_servers(servers, Console())
+    else:
+        typer.echo(f"no storage server is registered in {meta_url}")
+
+
 def human(n: float) -> str:
     """``n`` bytes for a person: ``3 B``, ``1.5 GiB``."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
@@ -210,8 +233,17 @@ def status_command(
     server_timeout: float | None = typer.Option(
         None, "--server-timeout", metavar="SECONDS",
         help="a storage server without a heartbeat for this long is down (default 15)"),
+    servers_only: bool = typer.Option(
+        False, "--servers", help="only the storage servers of a metadata URL (opens no "
+        "drive: works from any host, and while the file system is mounted)"),
 ) -> None:
     """Capacity, drives, zones by condition, write amplification, storage servers."""
+    if servers_only:
+        if target is None or not _is_url(target):
+            raise UsageError("--servers needs a metadata URL",
+                             hint="e.g. shinglefs status postgresql://db/shingle --servers")
+        _show_servers_of_url(target, server_timeout, as_json)
+        return
     if target is None:
         results = {mp: _status_of_mount(mp) for mp in mounts_of_type(FSTYPE)}
         if not results:
