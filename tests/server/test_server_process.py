@@ -208,8 +208,10 @@ def test_a_drive_in_use_is_exit_3(tmp_path: Path, meta_url: str, servers: list[S
     drive = f"emulated:{tmp_path / 's0.img'}:{256 * MiB}"
     servers.append(first := Server(meta_url, [drive], free_port()))
     first.ready()
-    assert cli("server", meta_url, "--drive", drive, "--listen", "127.0.0.1:0") == 3
+    assert cli("server", meta_url, "--drive", drive, "--listen", "127.0.0.1:0", "--zone-size",
+               "16M", "--drive", f"emulated:{tmp_path / 'new.img'}:{256 * MiB}") == 3
     assert f"in use by pid {first.proc.pid}" in capsys.readouterr().err
+    assert not (tmp_path / "new.img").exists()  # refused before any drive was made
 
 
 def test_unreachable_metadata_is_exit_3(tmp_path: Path,

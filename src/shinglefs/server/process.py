@@ -58,7 +58,7 @@ from shinglefs.meta.api import SERVER_HEARTBEAT_S, MetaStore, ServerDrive
 from shinglefs.meta.errors import FsError
 from shinglefs.server.auth import MIN_SECRET_BYTES
 from shinglefs.server.errors import AddressInUse, ClusterSecretError
-from shinglefs.server.node import StorageNode
+from shinglefs.server.node import DriveLock, StorageNode
 from shinglefs.server.service import SliceServer
 from shinglefs.store.config import StoreConfig
 from shinglefs.store.log import check_drive_size
@@ -204,6 +204,20 @@ def _identity(spec: DriveSpec, fs_uuid: str) -> str | None:
     return ident.drive if ident is not None else None
 
 
+def _check_not_in_use(specs: Sequence[DriveSpec]) -> None:
+    """``DriveInUse`` for a drive another process holds, before a new drive is
+    created (the node takes the locks for good when it opens the drives)."""
+    locks: list[DriveLock] = []
+    try:
+        for spec in specs:
+            lock = DriveLock(str(spec), spec.path)
+            lock.acquire()
+            locks.append(lock)
+    finally:
+        for lock in locks:
+            lock.release()
+
+
 def _drive_ids(uuids: Sequence[str | None], known: Mapping[str, int]) -> list[int]:
     """Each drive's id: the one meta recorded for its uuid, else the next free one."""
     ids = [known.get(u) if u is not None else None for u in uuids]
@@ -223,6 +237,7 @@ def open_drives(config: ServerConfig, fs_uuid: str,
     new = [i for i, s in enumerate(specs) if _is_new(s)]
     for i in new:
         _check_new(specs[i], zone_size)
+    _check_not_in_use([s for i, s in enumerate(specs) if i not in new])
     if new:
         StorageNode.open([(i, str(specs[i])) for i in new], create=True,
                          zone_size=config.zone_size, store_config=config.store_config).close()
