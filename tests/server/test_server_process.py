@@ -157,6 +157,10 @@ def life_cycle(tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Ser
     with RemoteNode(rejoined.address, key, timeout=30) as remote:
         assert remote.read(77, 0, len(piece), drive_id=drive) == piece
 
+    meta.unregister_server(rejoined.id)  # e.g. an operator: its next heartbeat registers again
+    wait_until(lambda: only(meta).live, "the unregistered server registered again")
+    assert only(meta).id == registered.id
+
     second.proc.send_signal(signal.SIGTERM)
     assert second.proc.wait(timeout=60) == 0
     stopped = only(meta)
