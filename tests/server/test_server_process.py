@@ -23,7 +23,7 @@ from shinglefs.cli.main import main
 from shinglefs.client.filesystem import format_filesystem
 from shinglefs.meta import open_meta
 from shinglefs.meta.api import MetaStore, ServerRecord
-from shinglefs.server.process import cluster_key
+from shinglefs.server.process import ServerConfig, StorageServer, cluster_key
 from shinglefs.server.remote import RemoteNode
 
 MiB = 1024 * 1024
@@ -237,3 +237,17 @@ def test_a_drive_of_another_file_system_is_refused(tmp_path: Path, meta_url: str
     assert cli("server", meta_url, "--listen", "127.0.0.1:0",
                "--drive", f"emulated:{tmp_path / 'theirs.img'}") == 18
     assert "belongs to another file system" in capsys.readouterr().err
+
+
+def test_reordered_drives_keep_their_ids(tmp_path: Path, meta_url: str) -> None:
+    a, b = (f"emulated:{tmp_path / name}:{256 * MiB}" for name in ("a.img", "b.img"))
+
+    def drive_ids(drives: list[str]) -> dict[str, int]:
+        config = ServerConfig(meta_url, tuple(drives), ("127.0.0.1", 0), heartbeat_s=60,
+                              zone_size=16 * MiB)
+        with StorageServer(config).start() as server:
+            return {d.spec.split(":")[1]: d.drive_id for d in server.drive_records()}
+
+    first = drive_ids([a, b])
+    assert sorted(first.values()) == [0, 1]
+    assert drive_ids([b, a]) == first

@@ -219,8 +219,12 @@ def _check_not_in_use(specs: Sequence[DriveSpec]) -> None:
 
 
 def _drive_ids(uuids: Sequence[str | None], known: Mapping[str, int]) -> list[int]:
-    """Each drive's id: the one meta recorded for its uuid, else the next free one."""
-    ids = [known.get(u) if u is not None else None for u in uuids]
+    """Each drive's id: the one meta recorded for its uuid (unless an earlier drive
+    took it: drives of two former servers), else the lowest id still free."""
+    ids: list[int | None] = []
+    for drive_uuid in uuids:
+        known_id = known.get(drive_uuid) if drive_uuid is not None else None
+        ids.append(known_id if known_id not in ids else None)
     taken = {i for i in ids if i is not None}
     free = (i for i in range(len(ids) + len(taken)) if i not in taken)
     return [i if i is not None else next(free) for i in ids]
@@ -242,16 +246,16 @@ def open_drives(config: ServerConfig, fs_uuid: str,
         StorageNode.open([(i, str(specs[i])) for i in new], create=True,
                          zone_size=config.zone_size, store_config=config.store_config).close()
         for i in new:
-            uuids[i] = str(_uuid.uuid4())
-            write_identity(specs[i], DriveIdentity(fs_uuid, uuids[i] or ""))
+            uuids[i] = drive_uuid = str(_uuid.uuid4())
+            write_identity(specs[i], DriveIdentity(fs_uuid, drive_uuid))
             log.info("formatted new drive %s", specs[i])
     ids = _drive_ids(uuids, known)
     node = StorageNode.open(list(zip(ids, map(str, specs), strict=True)),
                             store_config=config.store_config)
     for i, spec in enumerate(specs):
         if uuids[i] is None and header_path(spec) is not None:  # formatted before identities
-            uuids[i] = str(_uuid.uuid4())
-            write_identity(spec, DriveIdentity(fs_uuid, uuids[i] or ""))
+            uuids[i] = drive_uuid = str(_uuid.uuid4())
+            write_identity(spec, DriveIdentity(fs_uuid, drive_uuid))
     return node, dict(zip(ids, uuids, strict=True))
 
 
