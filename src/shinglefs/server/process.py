@@ -17,7 +17,7 @@ step fails:
    uuid) in its header; an existing drive is recovered as ``SliceStore.open``
    recovers it, after its identity is checked (``DriveIdentityError`` for a
    drive of another file system). ``DriveInUse`` when another process holds
-   a drive. A zoned block device has no header of ours: it is always opened
+   a drive, found before any new drive is created. A zoned block device has no header of ours: it is always opened
    as an existing slice store;
 4. serves the node with ``SliceServer`` on the listen address;
 5. registers in meta (``MetaStore.register_server``; a restart with the
