@@ -113,7 +113,7 @@ def _flat(prefix: str, values: dict[str, Any]) -> list[tuple[str, Any]]:
 
 def _shown(value: Any) -> str:
     if isinstance(value, float):  # small figures to 5 significant digits (a WAF of 1.0005)
-        return f"{value:,.0f}" if abs(value) >= 1e4 else \
+        return f"{value:,.0f}" if abs(value) >= 1e4 or (value.is_integer() and value) else \
             f"{value:,.1f}" if abs(value) >= 100 else f"{value:.5g}"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
@@ -178,6 +178,12 @@ def plots_section(result: dict[str, Any], img_dir: Path, report_dir: Path) -> li
     return lines
 
 
+def _raw(result: dict[str, Any]) -> str:
+    """``result`` as JSON, one top-level field a line."""
+    return "{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}"
+                               for k, v in result.items()) + "\n}"
+
+
 def render_report(results: dict[str, dict[str, Any]], img_dir: Path, report_dir: Path,
                   sources: Sequence[Path] = ()) -> str:
     """The report's text for ``{benchmark name: result}``; writes the plots into ``img_dir``."""
@@ -205,8 +211,8 @@ def render_report(results: dict[str, dict[str, Any]], img_dir: Path, report_dir:
         if name == "smr":
             lines += plots_section(result, img_dir, report_dir)
         lines += fields_table(name, result)
-        lines += ["", "<details><summary>raw JSON</summary>", "", "```json",
-                  json.dumps(result, indent=1), "```", "</details>", ""]
+        lines += ["", "<details><summary>raw JSON</summary>", "", "```json", _raw(result),
+                  "```", "</details>", ""]
     return "\n".join(lines)
 
 
