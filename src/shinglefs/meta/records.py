@@ -18,6 +18,10 @@ from typing import Final
 
 ROOT_INO: Final = 1
 CHUNK_SIZE: Final = 64 * 1024 * 1024
+"""The default chunk size: the file-offset unit of the chunk map, a format
+parameter (``FormatInfo.chunk_size``) defined here only. ``format`` refuses one
+above the store's largest slice (``shinglefs.store.api.MAX_SLICE_SIZE``), which
+this default equals: a slice never crosses a chunk and one fills a chunk."""
 BLOCK_SIZE: Final = 4096
 NAME_MAX: Final = 255
 SYMLINK_MAX: Final = 4095
