@@ -4,7 +4,7 @@
   (clients) of tests/support/netns.py, checked to reach each other and the
   bridge; torn down at the end of the session, even after a failure or an
   interrupt (Ctrl-C or SIGTERM). Skipped, with the reason, only where ``ip netns`` is impossible
-  (not root and no CAP_NET_ADMIN/CAP_SYS_ADMIN).
+  (CAP_NET_ADMIN or CAP_SYS_ADMIN missing).
 - ``cluster``: the same hosts for one test; every process the test started
   on them is stopped after it.
 - ``pg`` (session): a private PostgreSQL that also listens on the bridge

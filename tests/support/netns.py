@@ -27,10 +27,10 @@ are deleted. At ``create``, leftovers of a crashed earlier session — names
 with this prefix whose pid no longer runs — are removed the same way; a
 concurrent session's (pid alive) are left alone.
 
-Requires root or CAP_NET_ADMIN + CAP_SYS_ADMIN (``ip netns add`` mounts the
-namespace); ``unavailable_reason()`` says why when they are missing, and the
-fixture skips with it. Any other failure raises ``NetnsError`` with ``ip``'s
-message.
+Requires CAP_NET_ADMIN and CAP_SYS_ADMIN (``ip netns add`` mounts the
+namespace; root has both outside a restricted container);
+``unavailable_reason()`` says which is missing, and the fixture skips with
+it. Any other failure — ``ip`` missing included — raises ``NetnsError``.
 """
 
 from __future__ import annotations
@@ -66,21 +66,21 @@ class NetnsError(RuntimeError):
 
 
 def unavailable_reason() -> str | None:
-    """Why network namespaces cannot be built here, or None when they can."""
-    if shutil.which("ip") is None:
-        return "the `ip` command (iproute2) is missing"
-    if os.geteuid() == 0:
-        return None
+    """Why this process cannot build network namespaces (missing capabilities),
+    or None when it can. Root in a container without them counts as unable."""
     try:
         found = re.search(r"^CapEff:\s*([0-9a-f]+)", Path("/proc/self/status").read_text(), re.M)
-        caps = int(found.group(1), 16) if found else 0
-    except (OSError, ValueError):
-        caps = 0
+    except OSError:
+        found = None
+    if found is None:
+        return None if os.geteuid() == 0 else "not root (capabilities unreadable)"
+    caps = int(found.group(1), 16)
     missing = [name for bit, name in ((_CAP_NET_ADMIN, "CAP_NET_ADMIN"),
                                       (_CAP_SYS_ADMIN, "CAP_SYS_ADMIN"))
                if not caps >> bit & 1]
     if missing:
-        return f"`ip netns` needs root or {' and '.join(missing)}"
+        who = "root" if os.geteuid() == 0 else "this user"
+        return f"`ip netns` needs CAP_NET_ADMIN and CAP_SYS_ADMIN; {who} lacks {', '.join(missing)}"
     return None
 
 
@@ -159,9 +159,11 @@ def choose_subnet(start: int) -> ipaddress.IPv4Network:
     raise NetnsError(f"every /24 of {SUBNET_BASE} is in use on this machine")
 
 
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: no dlopen after fork
+
+
 def _die_with_parent() -> None:  # runs in the child between fork and exec
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -291,6 +293,9 @@ class Cluster:
         """Build the bridge and one namespace per name. Raises ``NetnsError``."""
         if len(names) > 200 or len(set(names)) != len(names):
             raise ValueError("host names must be distinct, at most 200")
+        if shutil.which("ip") is None:
+            raise NetnsError("the `ip` command is missing: apt-get install iproute2 "
+                             "(scripts/setup.sh does)")
         remove_leftovers(prefix)
         log_dir.mkdir(parents=True, exist_ok=True)
         cluster = cls(prefix, choose_subnet(os.getpid()), log_dir)
