@@ -15,8 +15,10 @@ Jobs:
   it), printing ``{"streaming": ...}`` after the first acknowledgment, then
   ``{"victim_error": TYPE, ...}``; then writes and reads back a slice on
   every ``--other`` server (``{"others": ...}``) and asks the victim again.
-- ``rogue``: a ``RemoteNode`` holding the wrong secret, then a raw handshake
-  that ignores the server's proof and sends a wrong one (``{"rogue": ...}``).
+- ``hostile``: a ``RemoteNode`` holding the wrong secret (``--wrong-secret-file``),
+  a raw handshake that ignores the server's proof and sends a wrong one, a
+  recorded good handshake replayed on a new connection, a frame with a bad
+  magic after a good handshake, then a good client (``{"hostile": ...}``).
 - ``meta URL``: opens the metadata with ``open_meta`` and prints its format.
 """
 
@@ -132,9 +134,25 @@ def job_stream(args: argparse.Namespace, secret: bytes) -> None:
     say(victim_again=again)
 
 
-def job_rogue(args: argparse.Namespace, wrong_secret: bytes) -> None:
-    from shinglefs.server.auth import client_proof
+def _answer_or_close(sock: socket.socket) -> str:
+    """What the server does next on ``sock``: an answer's kind, or closing it."""
     from shinglefs.server.errors import NodeError
+    from shinglefs.server.wire import HEADER_SIZE, Kind, Limits, read_frame
+
+    try:
+        answer, _ = read_frame(sock, bytearray(HEADER_SIZE), Limits())
+        kinds = {int(k): k.name for k in Kind}
+        return f"answered {kinds.get(answer.kind, answer.kind)}"
+    except (NodeError, OSError) as exc:
+        return f"closed ({type(exc).__name__})"
+
+
+def _raw_handshake(address: str, secret: bytes, replay: tuple[bytes, bytes] | None = None
+                   ) -> tuple[socket.socket, bytes, bytes]:
+    """HELLO, CHALLENGE, PROOF by hand, ignoring the server's proof; ``replay``:
+    send these recorded (hello, proof) frames instead of fresh ones. Returns the
+    socket and the frames sent."""
+    from shinglefs.server.auth import client_proof
     from shinglefs.server.wire import (
         HEADER_SIZE,
         NONCE_SIZE,
@@ -145,29 +163,55 @@ def job_rogue(args: argparse.Namespace, wrong_secret: bytes) -> None:
         read_frame,
     )
 
+    host, _, port = address.rpartition(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    nc = os.urandom(NONCE_SIZE)
+    hello = replay[0] if replay else Header(Kind.HELLO, payload_len=NONCE_SIZE).pack() + nc
+    sock.sendall(hello)
+    _, body = read_frame(sock, bytearray(HEADER_SIZE), Limits())
+    proof = replay[1] if replay else (Header(Kind.PROOF, payload_len=PROOF_SIZE).pack()
+                                      + client_proof(secret, nc, bytes(body[:NONCE_SIZE])))
+    sock.sendall(proof)
+    return sock, hello, proof
+
+
+def job_hostile(args: argparse.Namespace, secret: bytes) -> None:
+    """Wrong secret, replayed handshake, malformed frame; then a good client."""
+    from shinglefs.server.auth import client_handshake
+    from shinglefs.server.errors import NodeError
+    from shinglefs.server.wire import HEADER_SIZE, Limits
+
+    address = args.server[0]
+    with open(args.wrong_secret_file, "rb") as f:
+        wrong = f.read()
+    seen: dict[str, str] = {}
     try:
-        with remote(args.server[0], wrong_secret) as node:
+        with remote(address, wrong) as node:
             node.ping()
-            remote_node = "answered"
+            seen["wrong_secret_client"] = "answered"
     except NodeError as exc:
-        remote_node = type(exc).__name__
-    # A client that does not check the server's proof and sends one made with
-    # the wrong secret: the server must close without a WELCOME.
-    host, _, port = args.server[0].rpartition(":")
+        seen["wrong_secret_client"] = type(exc).__name__
+    # A client that ignores the server's proof and sends one of the wrong secret.
+    sock, _, _ = _raw_handshake(address, wrong)
+    with sock:
+        seen["wrong_proof"] = _answer_or_close(sock)
+    # A good handshake recorded, then replayed verbatim on a new connection.
+    sock, hello, proof = _raw_handshake(address, secret)
+    with sock:
+        seen["recorded"] = _answer_or_close(sock)
+    sock, _, _ = _raw_handshake(address, secret, replay=(hello, proof))
+    with sock:
+        seen["replayed"] = _answer_or_close(sock)
+    # An authenticated connection that sends a frame with a bad magic.
+    host, _, port = address.rpartition(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        nc = os.urandom(NONCE_SIZE)
-        sock.sendall(Header(Kind.HELLO, payload_len=NONCE_SIZE).pack() + nc)
-        header_buf = bytearray(HEADER_SIZE)
-        _, body = read_frame(sock, header_buf, Limits())
-        ns = bytes(body[:NONCE_SIZE])
-        sock.sendall(Header(Kind.PROOF, payload_len=PROOF_SIZE).pack()
-                     + client_proof(wrong_secret, nc, ns))
-        try:
-            answer, _ = read_frame(sock, header_buf, Limits())
-            raw = f"answered kind {answer.kind}"
-        except (NodeError, OSError) as exc:
-            raw = f"closed ({type(exc).__name__})"
-    say(rogue={"remote_node": remote_node, "raw": raw})
+        client_handshake(sock, secret, Limits())
+        sock.sendall(b"JUNK" + bytes(HEADER_SIZE - 4))
+        seen["malformed"] = _answer_or_close(sock)
+    with remote(address, secret) as node:
+        node.ping()
+        seen["good_client"] = "answered"
+    say(hostile=seen)
 
 
 def job_meta(url: str) -> None:
@@ -183,9 +227,10 @@ def job_meta(url: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="one client host's job")
-    parser.add_argument("job", choices=["write", "read", "stream", "rogue", "meta"])
+    parser.add_argument("job", choices=["write", "read", "stream", "hostile", "meta"])
     parser.add_argument("url", nargs="?", help="meta: the metadata URL")
     parser.add_argument("--secret-file")
+    parser.add_argument("--wrong-secret-file")
     parser.add_argument("--server", action="append", default=[])
     parser.add_argument("--slices", type=int, default=2)
     parser.add_argument("--size", type=int, default=3 * MiB + 4321)
@@ -203,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.secret_file, "rb") as f:
         secret = f.read()
     {"write": job_write, "read": job_read, "stream": job_stream,
-     "rogue": job_rogue}[args.job](args, secret)
+     "hostile": job_hostile}[args.job](args, secret)
     return 0
 
 

@@ -3,7 +3,8 @@ network namespace of their own (tests/support/netns.py), talking over a bridge.
 
 Servers run as processes on s1, s2, s3 over their own emulated drives;
 clients are processes on a and b (tests/cluster/hostjob.py), which print
-what they observed as JSON; the assertions are made here.
+what they observed as JSON; the assertions are made here. `make test` runs
+the first test; `make test-cluster` all of them.
 """
 
 from __future__ import annotations
@@ -90,22 +91,26 @@ def test_killed_server_fails_fast_others_serve_and_restart_serves_durable_slices
 
 
 @pytest.mark.slow
-def test_client_with_wrong_secret_is_refused(
+def test_wrong_secret_replayed_handshake_and_malformed_frame_are_refused(
         cluster: Cluster, start_servers: StartServers, secret_file: Path,
         tmp_path: Path) -> None:
     server = start_servers("s1")["s1"]
     wrong = tmp_path / "wrong.secret"
     wrong.write_bytes(b"not the cluster secret, 32 bytes")
-    rogue = job(cluster, "b", "rogue", "--secret-file", str(wrong),
-                "--server", server_address(cluster, "s1"))["rogue"]
-    assert isinstance(rogue, dict)
-    assert rogue["remote_node"] == "AuthFailed"
-    assert str(rogue["raw"]).startswith("closed"), rogue
-    log = server.errors()
+    seen = job(cluster, "b", "hostile", "--secret-file", str(secret_file),
+               "--wrong-secret-file", str(wrong),
+               "--server", server_address(cluster, "s1"))["hostile"]
+    assert isinstance(seen, dict)
+    assert seen["wrong_secret_client"] == "AuthFailed"
+    assert seen["recorded"] == "answered WELCOME"  # the handshake replayed below was good
+    for attempt in ("wrong_proof", "replayed", "malformed"):
+        assert str(seen[attempt]).startswith("closed"), (attempt, seen)
+    assert seen["good_client"] == "answered"
     peer = f"connection from {cluster.host('b').address}:"
-    refusals = [line for line in log.splitlines() if peer in line and "AuthFailed" in line]
-    assert any("proof is wrong" in line for line in refusals), log
-    # The server keeps serving whoever holds the secret.
+    refusals = [line for line in server.errors().splitlines() if peer in line]
+    assert sum("AuthFailed: the client's proof is wrong" in line for line in refusals) == 2, refusals
+    assert any("FrameError" in line for line in refusals), refusals
+    # The server keeps serving whoever holds the secret, from any host.
     common = ["--secret-file", str(secret_file), "--server", server_address(cluster, "s1"),
               "--slices", "1", "--size", "5000"]
     job(cluster, "b", "write", *common)
