@@ -4,7 +4,8 @@
 per host name, named ``PREFIX<pid>-<host>`` (``pid``: this test session), and
 a Linux bridge ``PREFIX<pid>br`` in the root namespace holding ``.1`` of a
 private ``10.213.X.0/24`` (the first X, from the session's pid on, whose
-network overlaps no address or route of the root namespace). Each host gets
+network overlaps no address or route of the root namespace; 172.29.0.0/16,
+then 192.168.0.0/16 if every one does). Each host gets
 one veth pair: ``PREFIX<pid>v<i>`` on the bridge, ``eth0`` inside the
 namespace with address ``.(10+i)``, and its loopback up. So hosts reach each
 other and the bridge address (where the session's PostgreSQL listens, see
@@ -54,7 +55,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PREFIX = "sfst"
-SUBNET_BASE = ipaddress.IPv4Network("10.213.0.0/16")
+# Private ranges to take a /24 from, in order (the first where one is free).
+SUBNET_BASES = tuple(ipaddress.IPv4Network(n) for n in
+                     ("10.213.0.0/16", "172.29.0.0/16", "192.168.0.0/16"))
 HOST_OFFSET = 10  # host i gets .(10+i); .1 is the bridge
 _CAP_NET_ADMIN = 12
 _CAP_SYS_ADMIN = 21
@@ -139,7 +142,8 @@ def remove_leftovers(prefix: str = PREFIX, *, only_dead: bool = True) -> list[st
 
 
 def choose_subnet(start: int) -> ipaddress.IPv4Network:
-    """A /24 of ``SUBNET_BASE`` overlapping no address or route of the root namespace."""
+    """A /24 of ``SUBNET_BASES`` (the ``start``-th on, wrapping) overlapping no
+    address or route of the root namespace."""
     used: list[ipaddress.IPv4Network] = []
     for route in json.loads(_ip("-j", "-4", "route", "show", "table", "all") or "[]"):
         dst = str(route.get("dst", ""))
@@ -151,12 +155,14 @@ def choose_subnet(start: int) -> ipaddress.IPv4Network:
             with contextlib.suppress(ValueError, KeyError):
                 used.append(ipaddress.IPv4Network(f"{info['local']}/{info['prefixlen']}",
                                                   strict=False))
-    subnets = list(SUBNET_BASE.subnets(new_prefix=24))
-    for i in range(len(subnets)):
-        candidate = subnets[(start + i) % len(subnets)]
-        if not any(candidate.overlaps(net) for net in used):
-            return candidate
-    raise NetnsError(f"every /24 of {SUBNET_BASE} is in use on this machine")
+    for base in SUBNET_BASES:
+        subnets = list(base.subnets(new_prefix=24))
+        for i in range(len(subnets)):
+            candidate = subnets[(start + i) % len(subnets)]
+            if not any(candidate.overlaps(net) for net in used):
+                return candidate
+    raise NetnsError("every /24 of " + ", ".join(map(str, SUBNET_BASES))
+                     + " overlaps an address or route of this machine")
 
 
 _prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: no dlopen after fork
