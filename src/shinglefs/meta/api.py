@@ -116,7 +116,11 @@ class MetaStore(ABC):
     ) -> FormatInfo:
         """Create the schema, the format record and the root directory (ino 1,
         mode 0o755, owned by root). ``schema_version`` must be None or equal to
-        the code's version (SchemaVersionError otherwise).
+        the code's version (SchemaVersionError otherwise). ``chunk_size`` (the
+        file-offset unit of the chunk map, default ``CHUNK_SIZE``) must be a
+        positive multiple of ``block_size`` no larger than the store's largest
+        slice, ``shinglefs.store.api.MAX_SLICE_SIZE`` (ChunkSizeError, nothing
+        written, otherwise).
 
         Raises AlreadyFormatted if the database already holds a file system.
         """

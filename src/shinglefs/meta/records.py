@@ -3,8 +3,9 @@
 Everything a caller passes to or gets back from a ``MetaStore`` (see
 ``shinglefs.meta.api``): credentials (``Ctx``), inode attributes, directory
 entries, slice references and the chunk map, slices and replicas, sessions,
-storage servers (membership), the format record and statfs. Pure values: no I/O, no database, no import of
-the rest of the package, so every layer may hold and compare them freely.
+storage servers (membership), the format record and statfs. Pure values: no
+I/O, no database, no import of the rest of the package, so every layer may
+hold and compare them freely.
 ``shinglefs.meta.api`` re-exports every name here.
 """
 
@@ -18,6 +19,10 @@ from typing import Final
 
 ROOT_INO: Final = 1
 CHUNK_SIZE: Final = 64 * 1024 * 1024
+"""The default chunk size: the file-offset unit of the chunk map, a format
+parameter (``FormatInfo.chunk_size``) defined here only. ``format`` refuses one
+above the store's largest slice (``shinglefs.store.api.MAX_SLICE_SIZE``), which
+this default equals: a slice never crosses a chunk and one fills a chunk."""
 INLINE_SLICE_BIT: Final = 1 << 62
 """Set in the id of an *inline slice*: a small slice whose bytes live in the
 metadata itself (``SliceCommit.inline``), never on a drive. Regular slice ids

@@ -2,7 +2,7 @@
 
 Statements are written once with ``?`` placeholders and ``{greatest}`` /
 ``{blob}`` / ``{without_rowid}`` markers; ``Dialect.sql`` renders them for a
-backend (and caches the result). Only SQL that SQLite >= 3.35, PostgreSQL >= 13,
+backend (and caches the result, ``Dialect.rendered``). Only SQL that SQLite >= 3.35, PostgreSQL >= 13,
 CockroachDB and YugabyteDB all accept is used: ``INSERT ... ON CONFLICT``,
 ``RETURNING``, plain B-tree indexes, no triggers, no sequences, no stored
 procedures. One statement is the exception: ``lock_inodes`` (``SELECT ... FOR
@@ -19,6 +19,7 @@ by ``(parent, name)`` so lookup is one point read and listing one range scan on
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 SCHEMA_VERSION = 5
@@ -181,6 +182,25 @@ TABLES = [
 ]  # fmt: skip
 
 
+class Rendered(dict[str, str]):
+    """The statements of one dialect, each rendered on first use (``__missing__``).
+
+    ``rendered[text]`` is what a transaction executes: after the first use of a
+    statement it is one dict lookup, without a Python call (it runs for every
+    statement of every operation)."""
+
+    __slots__ = ("_render",)
+
+    def __init__(self, render: Callable[[str], str]) -> None:
+        super().__init__()
+        self._render = render
+
+    def __missing__(self, text: str) -> str:
+        rendered = self._render(text)
+        self[text] = rendered
+        return rendered
+
+
 @dataclass
 class Dialect:
     """The small differences between backends, applied to the shared SQL text."""
@@ -192,18 +212,22 @@ class Dialect:
     blob: str
     greatest: str
     without_rowid: str
-    _cache: dict[str, str] = field(default_factory=dict)
+    rendered: Rendered = field(init=False, repr=False, compare=False)
+    """Every statement used so far, rendered for this backend (``Rendered``)."""
+
+    def __post_init__(self) -> None:
+        self.rendered = Rendered(self._render)
 
     def sql(self, text: str) -> str:
         """Render a statement written with ``?`` and ``{markers}`` for this backend."""
-        rendered = self._cache.get(text)
-        if rendered is None:
-            rendered = text.format(
-                blob=self.blob, greatest=self.greatest, without_rowid=self.without_rowid
-            )
-            if self.placeholder != "?":
-                rendered = rendered.replace("?", self.placeholder)
-            self._cache[text] = rendered
+        return self.rendered[text]
+
+    def _render(self, text: str) -> str:
+        rendered = text.format(
+            blob=self.blob, greatest=self.greatest, without_rowid=self.without_rowid
+        )
+        if self.placeholder != "?":
+            rendered = rendered.replace("?", self.placeholder)
         return rendered
 
 

@@ -21,7 +21,13 @@ from typing import Any
 from shinglefs.meta import schema as S
 from shinglefs.meta.backend import Tx
 from shinglefs.meta.engine.core import SqlCore, now_ns
-from shinglefs.meta.errors import AlreadyFormatted, FsError, NotFormatted, SchemaVersionError
+from shinglefs.meta.errors import (
+    AlreadyFormatted,
+    ChunkSizeError,
+    FsError,
+    NotFormatted,
+    SchemaVersionError,
+)
 from shinglefs.meta.records import (
     BLOCK_SIZE,
     CHUNK_SIZE,
@@ -63,6 +69,25 @@ def _write_format(tx: Tx, info: FormatInfo, capacity_bytes: int, where: str) -> 
          ROOT_INO, FIRST_COOKIE, None, None, None),
     )  # fmt: skip
     tx.run(S.ADD_COUNTERS, (0, 1, 0))
+
+
+def check_chunk_size(chunk_size: int, block_size: int) -> None:
+    """``ChunkSizeError`` unless ``chunk_size`` is a positive multiple of
+    ``block_size`` no larger than the store's largest slice (a slice never
+    crosses a chunk, and one slice must be able to fill one)."""
+    # Imported here: the slice store's package is heavy, and only format needs it.
+    from shinglefs.store.api import MAX_SLICE_SIZE
+
+    if block_size <= 0 or chunk_size <= 0 or chunk_size % block_size:
+        raise ChunkSizeError(
+            chunk_size, block_size, MAX_SLICE_SIZE,
+            f"is not a positive multiple of the block size {block_size}",
+        )  # fmt: skip
+    if chunk_size > MAX_SLICE_SIZE:
+        raise ChunkSizeError(
+            chunk_size, block_size, MAX_SLICE_SIZE,
+            f"exceeds the store's maximum slice size {MAX_SLICE_SIZE}",
+        )  # fmt: skip
 
 
 class FormatOps(SqlCore):
@@ -112,10 +137,7 @@ class FormatOps(SqlCore):
                 f"version {S.SCHEMA_VERSION}",
                 hint="omit schema_version or use the matching release",
             )
-        if chunk_size <= 0 or chunk_size % block_size or block_size <= 0:
-            raise FsError(
-                E.EINVAL, f"chunk size {chunk_size} must be a multiple of block size {block_size}"
-            )
+        check_chunk_size(chunk_size, block_size)
         try:
             existing = self.format_info()
         except NotFormatted:
