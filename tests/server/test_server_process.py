@@ -251,3 +251,16 @@ def test_reordered_drives_keep_their_ids(tmp_path: Path, meta_url: str) -> None:
     first = drive_ids([a, b])
     assert sorted(first.values()) == [0, 1]
     assert drive_ids([b, a]) == first
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--listen", "7070"], "is not HOST:PORT"),
+    (["--listen", "127.0.0.1:0", "--label", "rack"], "is not KEY=VALUE"),
+    (["--listen", "127.0.0.1:0", "--heartbeat", "0"], "not a positive number"),
+])
+def test_malformed_flags_are_exit_2(tmp_path: Path, meta_url: str, flags: list[str], says: str,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    drive = f"emulated:{tmp_path / 's0.img'}:{256 * MiB}"
+    assert cli("server", meta_url, "--drive", drive, *flags) == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "s0.img").exists()
