@@ -3,7 +3,7 @@
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-all lint bench clean
+.PHONY: setup demo test test-all test-cluster lint bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -16,6 +16,11 @@ test: setup
 
 test-all: setup
 	@bash scripts/test.sh
+
+# Every multi-host test (test hosts as network namespaces, tests/cluster);
+# `make test` runs a representative one. Needs CAP_NET_ADMIN + CAP_SYS_ADMIN (root).
+test-cluster: setup
+	$(BIN)/python -m pytest tests/cluster
 
 lint: setup
 	$(BIN)/ruff check src tests

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what is missing for ShingleFS, idempotently:
-#   1. Debian packages (fuse3, libfuse3-dev, pkg-config, postgresql) via apt-get
+#   1. Debian packages (fuse3, libfuse3-dev, pkg-config, postgresql, iproute2) via apt-get
 #      when running as root; otherwise prints the exact command and stops.
 #   2. A virtual environment at .venv with shinglefs installed editable and its
 #      test extras (torch is pinned to the CPU build that lies on this machine).
@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(fuse3 libfuse3-dev pkg-config postgresql)
+APT_PACKAGES=(fuse3 libfuse3-dev pkg-config postgresql iproute2)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then

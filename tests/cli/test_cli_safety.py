@@ -111,7 +111,7 @@ def work(tmp_path: Path) -> Iterator[Path]:
 
 def small_format(cwd: Path, data: str, name: str = "fs") -> subprocess.CompletedProcess[str]:
     (cwd / data).mkdir(exist_ok=True)
-    return run(cwd, "format", f"sqlite:{data}/meta.db", "--name", name,
+    return run(cwd, "format", f"sqlite3:{data}/meta.db", "--name", name,
                "--drive", f"smr:{data}/smr0.img:2G", "--drive", f"smr:{data}/smr1.img:2G")
 
 
@@ -139,9 +139,9 @@ def test_a_copied_data_dir_mounts_its_own_drives_while_the_original_is_mounted(
         work: Path) -> None:
     assert small_format(work, "a").returncode == 0
     copy_data_dir(work / "a", work / "b")
-    assert run(work, "mount", "sqlite:a/meta.db", "mnt").returncode == 0
+    assert run(work, "mount", "sqlite3:a/meta.db", "mnt").returncode == 0
     try:
-        copy = run(work, "mount", "sqlite:b/meta.db", "mnt2")  # was: drive in use (a's drives)
+        copy = run(work, "mount", "sqlite3:b/meta.db", "mnt2")  # was: drive in use (a's drives)
         assert copy.returncode == 0, copy.stderr
         (work / "mnt2" / "only-in-copy").write_text("b")
         assert run(work, "umount", "mnt2").returncode == 0
@@ -154,7 +154,7 @@ def test_a_copied_data_dir_mounts_its_own_drives_while_the_original_is_mounted(
 def test_a_moved_data_dir_mounts(work: Path) -> None:
     assert small_format(work, "a").returncode == 0
     (work / "a").rename(work / "moved")
-    mounted = run(work, "mount", "sqlite:moved/meta.db", "mnt")
+    mounted = run(work, "mount", "sqlite3:moved/meta.db", "mnt")
     assert mounted.returncode == 0, mounted.stderr
     assert run(work, "umount", "mnt").returncode == 0
 
@@ -163,7 +163,7 @@ def test_a_drive_of_another_file_system_is_refused_in_one_line(work: Path) -> No
     assert small_format(work, "a").returncode == 0
     assert small_format(work, "b").returncode == 0
     shutil.copy(work / "b" / "smr0.img.zones", work / "a" / "smr0.img.zones")
-    line = refused(run(work, "status", "sqlite:a/meta.db"), 18)
+    line = refused(run(work, "status", "sqlite3:a/meta.db"), 18)
     assert "belongs to another file system" in line
 
 
@@ -203,7 +203,7 @@ def test_a_data_dir_that_cannot_be_written_is_one_line(work: Path) -> None:
         ro.chmod(0o500)
     try:
         refused(run(work, "up", "ro/data", "mnt"), 20)
-        refused(run(work, "format", "sqlite:meta.db", "--drive", "smr:ro/d.img:2G"), 20)
+        refused(run(work, "format", "sqlite3:meta.db", "--drive", "smr:ro/d.img:2G"), 20)
     finally:
         if ROOT:
             subprocess.run(["umount", str(ro)], check=False)
@@ -211,7 +211,7 @@ def test_a_data_dir_that_cannot_be_written_is_one_line(work: Path) -> None:
 
 
 def test_format_names_a_missing_drive_directory_and_creates_nothing(tmp_path: Path) -> None:
-    line = refused(run(tmp_path, "format", "sqlite:meta.db", "--drive", "smr:d0.img:2G",
+    line = refused(run(tmp_path, "format", "sqlite3:meta.db", "--drive", "smr:d0.img:2G",
                        "--drive", "smr:missing/d1.img:2G"), 20)
     assert "directory" in line and "missing" in line and "does not exist" in line
     assert os.listdir(tmp_path) == []  # not d0.img, not meta.db
@@ -220,16 +220,16 @@ def test_format_names_a_missing_drive_directory_and_creates_nothing(tmp_path: Pa
 def test_format_never_overwrites_a_drive(tmp_path: Path) -> None:
     assert small_format(tmp_path, "a").returncode == 0
     before = (tmp_path / "a" / "smr0.img.zones").read_bytes()
-    line = refused(run(tmp_path, "format", "sqlite:b.db", "--drive", "smr:a/smr0.img:2G"), 20)
+    line = refused(run(tmp_path, "format", "sqlite3:b.db", "--drive", "smr:a/smr0.img:2G"), 20)
     assert "already exists" in line
     assert (tmp_path / "a" / "smr0.img.zones").read_bytes() == before
 
 
 def test_format_refuses_a_drive_too_small_with_the_real_minimum(tmp_path: Path) -> None:
-    line = refused(run(tmp_path, "format", "sqlite:meta.db", "--drive", "smr:d.img:1G"), 19)
+    line = refused(run(tmp_path, "format", "sqlite3:meta.db", "--drive", "smr:d.img:1G"), 19)
     assert "needs at least 5" in line and "reserved for GC" in line
     assert os.listdir(tmp_path) == []
-    assert run(tmp_path, "format", "sqlite:meta.db", "--drive",
+    assert run(tmp_path, "format", "sqlite3:meta.db", "--drive",
                "smr:d.img:1536M").returncode == 0  # six 256 MiB zones: the least that works
 
 
@@ -241,10 +241,10 @@ def test_an_unknown_log_level_is_one_line(tmp_path: Path) -> None:
 @pytest.mark.fuse
 def test_mount_options_are_checked_before_mounting(work: Path) -> None:
     assert small_format(work, "a").returncode == 0
-    line = refused(run(work, "mount", "sqlite:a/meta.db", "mnt", "-o", "bogus"), 2)
+    line = refused(run(work, "mount", "sqlite3:a/meta.db", "mnt", "-o", "bogus"), 2)
     assert "unknown mount option 'bogus'" in line
     assert mount_entry(work / "mnt") is None
-    good = run(work, "mount", "sqlite:a/meta.db", "mnt", "-o", "noatime,nodev")
+    good = run(work, "mount", "sqlite3:a/meta.db", "mnt", "-o", "noatime,nodev")
     assert good.returncode == 0, good.stderr
     assert run(work, "umount", "mnt").returncode == 0
 
@@ -256,9 +256,9 @@ def test_version() -> None:
 
 
 def test_mount_and_status_of_a_missing_sqlite_file_create_nothing(work: Path) -> None:
-    line = refused(run(work, "mount", "sqlite:nothere/meta.db", "mnt"), 3)
+    line = refused(run(work, "mount", "sqlite3:nothere/meta.db", "mnt"), 3)
     assert "does not exist" in line
-    refused(run(work, "status", f"sqlite:///{work / 'none.db'}"), 3)
+    refused(run(work, "status", f"sqlite3://{work / 'none.db'}"), 3)
     assert not (work / "none.db").exists() and not (work / "nothere").exists()
     assert mount_entry(work / "mnt") is None
 
@@ -267,8 +267,9 @@ def test_mount_and_status_of_a_missing_sqlite_file_create_nothing(work: Path) ->
 def test_relative_sqlite_urls_and_drive_paths_are_the_working_directory_s(work: Path) -> None:
     made = small_format(work, "data")
     assert made.returncode == 0, made.stderr
-    assert f"sqlite://{work / 'data' / 'meta.db'} " in made.stdout  # absolute in the output
+    assert f"sqlite3://{work / 'data' / 'meta.db'} " in made.stdout  # absolute in the output
     assert (work / "data" / "smr0.img").exists()
+    # The sqlite:// alias, relative too, names the same file as sqlite3://.
     mounted = run(work / "data", "mount", "sqlite://meta.db", "../mnt")
     assert mounted.returncode == 0, mounted.stderr
     assert run(work, "umount", "mnt").returncode == 0

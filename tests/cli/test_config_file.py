@@ -218,13 +218,13 @@ def chunk_size_of(url: str) -> int:
 def test_format_reads_the_file_and_a_flag_overrides_it(work: Path) -> None:
     config = write(work / "fs.toml", "[format]\nname = \"fromfile\"\nchunk_size = \"32M\"\n"
                    "[store]\ngc_reserve_zones = 3\n")
-    url = f"sqlite3:///{work / 'data' / 'a.db'}"
+    url = f"sqlite3://{work / 'data' / 'a.db'}"
     result = run("format", url, "--drive", f"smr:{work / 'data' / 'a.img'}:2G",
                  "--config", str(config), cwd=work)
     assert result.returncode == 0, result.stderr
     assert "formatted fromfile" in result.stdout
     assert chunk_size_of(url) == 32 * MiB
-    url_b = f"sqlite3:///{work / 'data' / 'b.db'}"
+    url_b = f"sqlite3://{work / 'data' / 'b.db'}"
     flagged = run("format", url_b, "--drive", f"smr:{work / 'data' / 'b.img'}:2G",
                   "--chunk-size", "16M", "--name", "fromflag", cwd=work,
                   env={CONFIG_ENV: str(config)})
@@ -235,7 +235,7 @@ def test_format_reads_the_file_and_a_flag_overrides_it(work: Path) -> None:
 def test_format_refuses_a_bad_key_or_a_chunk_above_the_slice_size_and_creates_nothing(
         work: Path) -> None:
     bad = write(work / "bad.toml", "[store]\ngc_reserve = 3\n")
-    url = f"sqlite3:///{work / 'data' / 'c.db'}"
+    url = f"sqlite3://{work / 'data' / 'c.db'}"
     drive = f"smr:{work / 'data' / 'c.img'}:2G"
     line = one_error(run("format", url, "--drive", drive, "--config", str(bad), cwd=work), 22)
     assert "store.gc_reserve: unknown key" in line
@@ -246,7 +246,7 @@ def test_format_refuses_a_bad_key_or_a_chunk_above_the_slice_size_and_creates_no
 
 @pytest.mark.fuse
 def test_mount_serves_with_the_file_and_flags_over_it(work: Path) -> None:
-    url = f"sqlite3:///{work / 'data' / 'meta.db'}"
+    url = f"sqlite3://{work / 'data' / 'meta.db'}"
     assert run("format", url, "--drive", f"smr:{work / 'data' / 'd.img'}:4G",
                cwd=work).returncode == 0
     log_file = work / "logs" / "daemon.log"

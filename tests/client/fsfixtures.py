@@ -27,7 +27,7 @@ class FsFactory:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.meta_url = f"sqlite3:///{root}/meta.db"
+        self.meta_url = f"sqlite3://{root}/meta.db"
         self.opened: list[VFS] = []
         self.formatted = False
 

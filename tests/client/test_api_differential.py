@@ -25,7 +25,7 @@ NAMES = ["a", "b", "d", "d/a", "d/e"]
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ShingleFS, Path]]:
     root = tmp_path_factory.mktemp("api-differential")
-    url = f"sqlite3:///{root}/meta.db"
+    url = f"sqlite3://{root}/meta.db"
     format_filesystem(url, drive_specs(root, 1), zone_size=64 * 1024 * 1024)
     fs = connect(url)
     local = root / "local"

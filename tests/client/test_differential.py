@@ -29,7 +29,7 @@ _names = itertools.count()
 @pytest.fixture(scope="module")
 def small_vfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VFS]:
     root: Path = tmp_path_factory.mktemp("differential")
-    url = f"sqlite3:///{root}/meta.db"
+    url = f"sqlite3://{root}/meta.db"
     format_filesystem(url, drive_specs(root, 1), chunk_size=CHUNK)
     config = ClientConfig(
         piece_size=16 * KiB,

@@ -75,7 +75,7 @@ def power_cut_trials(tmp_path: Path, trials: int, seed: int) -> list[crashload.V
     rng = random.Random(seed)
     data = tmp_path / "data"
     data.mkdir()
-    url = f"sqlite:///{data / 'meta.db'}"
+    url = f"sqlite3://{data / 'meta.db'}"
     format_filesystem(url, default_drives(data, smr_bytes=4 * GiB), name="power-cut")
     journal = tmp_path / "journal"
     verdicts = []

@@ -33,7 +33,7 @@ class Request:
 @contextmanager
 def handlers(tmp_path: Path, config: ClientConfig | None = None) -> Iterator[ShingleOperations]:
     """``ShingleOperations`` over a new file system in ``tmp_path`` (one SMR drive)."""
-    url = f"sqlite:///{tmp_path / 'meta.db'}"
+    url = f"sqlite3://{tmp_path / 'meta.db'}"
     format_filesystem(url, default_drives(tmp_path, smr_drives=1, smr_bytes=4 * GiB,
                                           conventional_bytes=0))
     vfs = open_filesystem(url, config=config)

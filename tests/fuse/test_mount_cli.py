@@ -52,7 +52,7 @@ def workdir(tmp_path: Path) -> Iterator[Path]:
 def format_in(workdir: Path) -> str:
     data = workdir / "data"
     data.mkdir(exist_ok=True)
-    url = f"sqlite:///{data / 'meta.db'}"
+    url = f"sqlite3://{data / 'meta.db'}"
     drives = default_drives(data, smr_drives=1, smr_bytes=4 * GiB, conventional_bytes=0)
     args = ["format", url, "--name", "clitest"]
     for spec in drives:
@@ -146,7 +146,7 @@ def test_mount_errors_have_one_line_and_documented_exit_codes(workdir: Path) -> 
     assert not_mounted.returncode == NotMountedError.exit_code
     bad_url = cli("mount", "nosuchdb://x", str(workdir / "mnt"))
     assert bad_url.returncode not in (0, 1) and "Traceback" not in bad_url.stderr
-    unformatted = cli("mount", f"sqlite:///{workdir / 'empty.db'}", str(workdir / "mnt"))
+    unformatted = cli("mount", f"sqlite3://{workdir / 'empty.db'}", str(workdir / "mnt"))
     assert unformatted.returncode not in (0, 1), unformatted.stderr
     assert "Traceback" not in unformatted.stderr and "hint:" in unformatted.stderr
     assert mount_entry(workdir / "mnt") is None

@@ -11,15 +11,18 @@ import pytest
 from tests.support.pgcluster import free_port
 
 from shinglefs.meta import open_meta
-from shinglefs.meta.api import ROOT_INO, SliceRef
+from shinglefs.meta.api import CHUNK_SIZE, ROOT_INO, SliceRef
 from shinglefs.meta.errors import (
     AlreadyFormatted,
+    ChunkSizeError,
+    FsError,
     MetaError,
     MetaUnavailable,
     MetaURLError,
     NotFormatted,
     SchemaVersionError,
 )
+from shinglefs.store.api import MAX_SLICE_SIZE
 
 
 def one_line(exc: MetaError) -> None:
@@ -116,6 +119,30 @@ def test_format_record_round_trips(meta_url):
     reopened = open_meta(meta_url)
     assert reopened.format_info() == info
     reopened.close()
+
+
+def test_format_refuses_a_chunk_size_no_slice_can_fill_and_writes_nothing(meta_url):
+    assert CHUNK_SIZE <= MAX_SLICE_SIZE  # the default formats
+    store = open_meta(meta_url)
+    try:
+        for bad, why in (
+            (MAX_SLICE_SIZE + 4096, "maximum slice size"),
+            (2 * MAX_SLICE_SIZE, "maximum slice size"),
+            (4096 + 1, "multiple of the block size"),
+            (0, "multiple of the block size"),
+        ):
+            with pytest.raises(ChunkSizeError) as info:
+                store.format("big", str(uuid.uuid4()), chunk_size=bad, block_size=4096)
+            assert isinstance(info.value, FsError) and info.value.errno == E.EINVAL
+            assert info.value.chunk_size == bad and info.value.max_slice_size == MAX_SLICE_SIZE
+            assert why in str(info.value)
+            one_line(info.value)
+            with pytest.raises(NotFormatted):
+                store.format_info()  # nothing written
+        info = store.format("edge", str(uuid.uuid4()), chunk_size=MAX_SLICE_SIZE, block_size=4096)
+        assert store.format_info().chunk_size == MAX_SLICE_SIZE == info.chunk_size
+    finally:
+        store.close()
 
 
 def test_format_refuses_another_schema_version(meta_url):

@@ -4,7 +4,9 @@
 server with ``pg_ctl -w`` on a free TCP port of 127.0.0.1 and a unix socket in
 the same directory; ``new_database()`` creates an empty database and returns
 its ``postgresql://`` URL; ``stop()`` shuts the server down (``-m immediate``:
-the data is thrown away anyway).
+the data is thrown away anyway). ``start(..., listen=["10.213.7.1/24"])`` also
+listens on those interface addresses and trusts clients of their networks
+(the test hosts of tests/support/netns.py); ``url(db, host=...)`` names one.
 
 PostgreSQL refuses to run as root, so as root every server-side command runs
 through ``runuser -u postgres --`` and ``base_dir`` is handed to that user.
@@ -15,11 +17,13 @@ Nothing is skipped: a missing installation or a server that cannot start raises
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import os
 import shutil
 import socket
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 PG_ROOT = Path("/usr/lib/postgresql")
@@ -79,9 +83,13 @@ class PgCluster:
         return []
 
     @classmethod
-    def start(cls, base_dir: Path, port: int | None = None, *, durable: bool = False) -> PgCluster:
+    def start(cls, base_dir: Path, port: int | None = None, *, durable: bool = False,
+              listen: Sequence[str] = ()) -> PgCluster:
         """initdb + start. ``durable=False`` (tests) turns fsync off; True keeps
-        the server's durable defaults (fsync, synchronous_commit) for benchmarks."""
+        the server's durable defaults (fsync, synchronous_commit) for benchmarks.
+        ``listen``: interfaces (``ADDRESS/PREFIX``) to listen on besides 127.0.0.1,
+        each network trusted in pg_hba.conf as 127.0.0.1 is."""
+        interfaces = [ipaddress.ip_interface(i) for i in listen]
         bindir = find_bindir()
         base_dir.mkdir(parents=True, exist_ok=True)
         wrap = cls._as_server_user()
@@ -116,8 +124,13 @@ class PgCluster:
             ],
             what="initdb",
         )  # fmt: skip
+        if interfaces:
+            with open(cluster.data_dir / "pg_hba.conf", "a") as hba:
+                for interface in interfaces:
+                    hba.write(f"host all all {interface.network} trust\n")
+        addresses = ",".join(["127.0.0.1", *(str(i.ip) for i in interfaces)])
         options = (
-            f"-c listen_addresses=127.0.0.1 -c port={cluster.port} "
+            f"-c listen_addresses={addresses} -c port={cluster.port} "
             f"-c unix_socket_directories={cluster.socket_dir} "
             + ("" if durable else "-c fsync=off -c synchronous_commit=off -c full_page_writes=off ")
             + "-c max_connections=200 -c shared_buffers=128MB -c max_locks_per_transaction=256"
@@ -173,8 +186,8 @@ class PgCluster:
 
     # -- databases -------------------------------------------------------------------------
 
-    def url(self, database: str = "postgres") -> str:
-        return f"postgresql://{self.user}@127.0.0.1:{self.port}/{database}"
+    def url(self, database: str = "postgres", host: str = "127.0.0.1") -> str:
+        return f"postgresql://{self.user}@{host}:{self.port}/{database}"
 
     def new_database(self, name: str | None = None) -> str:
         """Create an empty database (from template0) and return its URL.

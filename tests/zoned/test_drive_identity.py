@@ -30,7 +30,7 @@ SIZE = 16 * ZONE
 
 def _format(data: Path, name: str = "fs") -> str:
     data.mkdir(parents=True, exist_ok=True)
-    url = f"sqlite:///{data / 'meta.db'}"
+    url = f"sqlite3://{data / 'meta.db'}"
     format_filesystem(url, [f"emulated:{data / 'smr0.img'}:{SIZE}",
                             f"conventional:{data / 'conv.img'}:{SIZE}"],
                       name=name, zone_size=ZONE)
@@ -105,7 +105,7 @@ def test_a_copied_data_dir_opens_its_own_drives_and_the_original_is_untouched(
     url = _format(tmp_path / "a")
     _write_file(url, b"both", b"x" * 5000)
     _copy_data_dir(tmp_path / "a", tmp_path / "b")
-    copy_url = f"sqlite:///{tmp_path / 'b' / 'meta.db'}"
+    copy_url = f"sqlite3://{tmp_path / 'b' / 'meta.db'}"
     original = open_filesystem(url)  # both open at once: no shared drive (no DriveInUse)
     try:
         _write_file(copy_url, b"only-in-copy", b"y" * 5000)
@@ -119,7 +119,7 @@ def test_a_moved_data_dir_mounts(tmp_path: Path) -> None:
     url = _format(tmp_path / "a")
     _write_file(url, b"kept", b"k" * 5000)
     (tmp_path / "a").rename(tmp_path / "moved")
-    assert _names(f"sqlite:///{tmp_path / 'moved' / 'meta.db'}") == [b"kept"]
+    assert _names(f"sqlite3://{tmp_path / 'moved' / 'meta.db'}") == [b"kept"]
 
 
 def test_a_drive_of_another_file_system_or_position_is_refused_before_opening(
@@ -157,7 +157,7 @@ def test_drives_recorded_before_identities_are_adopted_and_a_legacy_copy_opens_i
             f.write(bytes(64))
         assert read_identity(spec) is None
     _copy_data_dir(tmp_path / "a", tmp_path / "b")
-    copy_url = f"sqlite:///{tmp_path / 'b' / 'meta.db'}"
+    copy_url = f"sqlite3://{tmp_path / 'b' / 'meta.db'}"
     _write_file(copy_url, b"copy", b"c" * 5000)  # opens b's drives, not a's
     assert _names(url) == [b"old"]
     meta = open_meta(url)
@@ -171,7 +171,7 @@ def test_drives_recorded_before_identities_are_adopted_and_a_legacy_copy_opens_i
 
 
 def test_format_refuses_a_drive_too_small_before_creating_anything(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'meta.db'}"
+    url = f"sqlite3://{tmp_path / 'meta.db'}"
     with pytest.raises(DriveTooSmall, match=r"needs at least 5 .*2 reserved for GC"):
         format_filesystem(url, [f"emulated:{tmp_path / 'ok.img'}:{SIZE}",
                                 f"emulated:{tmp_path / 'small.img'}:{5 * ZONE}"], zone_size=ZONE)

@@ -166,7 +166,7 @@ def _populate(store: SqlMetaStore, parent: int, n: int) -> None:
     """Fill ``parent`` with ``n`` empty files in one bulk transaction (faster
     than n creates; the listing, not the filling, is measured)."""
     # Reserve a contiguous id range past any local batch.
-    last = store._b.run(lambda tx: tx.one(S.ALLOC_IDS, (n, "inode")), "autocommit")[0]
+    last = store.backend.run(lambda tx: tx.one(S.ALLOC_IDS, (n, "inode")), "autocommit")[0]
     base = last - n
     now = time.time_ns()
 
@@ -181,7 +181,7 @@ def _populate(store: SqlMetaStore, parent: int, n: int) -> None:
         tx.run("UPDATE inodes SET next_cookie = ? WHERE ino = ?", (FIRST_COOKIE + n, parent))
         tx.run(S.ADD_COUNTERS, (0, n, 0))
 
-    store._b.run(txn, "write")
+    store.backend.run(txn, "write")
 
 
 def _readdir(url: str, n: int) -> float:

@@ -10,15 +10,16 @@ raw JSON, and for ``bench smr`` the PNG plots (``sim.plots``) written into
 
 An input file holds one benchmark's dict (named by the file's stem, e.g.
 ``smr.json``) or ``bench all``'s ``{name: dict}``. A field's target is the
-benchmark's own (``TARGETS`` of its module, the ``targets`` of its JSON); met
-or missed is the benchmark's ``targets_met`` when it says, else value against
-target. Raises ``ReportInputError`` for a file that is missing or not a JSON
+benchmark's own (its module's constants, the ``targets`` of its JSON:
+``declared_targets``); met or missed is the benchmark's ``targets_met`` when
+it says, else value against target. Raises ``ReportInputError`` for a file that is missing or not a JSON
 object; writes nothing then.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import importlib
 import json
 import os
 from collections.abc import Sequence
@@ -71,24 +72,29 @@ def load_results(paths: Sequence[Path]) -> dict[str, dict[str, Any]]:
 
 
 def declared_targets(name: str, result: dict[str, Any]) -> dict[str, Target]:
-    """The targets benchmark ``name`` states for its fields (flattened names)."""
-    targets: dict[str, Target] = {}
-    if name == "smr":
-        from shinglefs.bench import smr
+    """The targets benchmark ``name`` states for its fields (flattened names).
 
-        for key, value in result.get("targets", smr.TARGETS).items():
-            targets[key] = ("<=" if key in smr.UPPER_BOUNDS else ">=", float(value))
-    elif name == "meta" and "target_create_per_s" in result:
-        targets["sqlite.create_per_s"] = (">=", float(result["target_create_per_s"]))
-    elif name == "mount":
+    A benchmark module states them as module constants: ``TARGETS`` and
+    ``OF_FLOOR_TARGETS`` (met when at least), ``CEILINGS`` (met when at most),
+    ``UPPER_BOUNDS`` (names in ``TARGETS`` met when at most); its JSON's
+    ``targets`` object adds to them (at least, unless an upper bound).
+    """
+    module = None
+    if name in BENCHMARKS:
         try:
-            from shinglefs.bench import mount
-        except ImportError:  # without FUSE: the JSON's targets_met still says met or missed
-            return targets
-        for key, value in {**mount.TARGETS, **mount.OF_FLOOR_TARGETS}.items():
-            targets[key] = (">=", float(value))
-        for key, value in mount.CEILINGS.items():
-            targets[key] = ("<=", float(value))
+            module = importlib.import_module(f"shinglefs.bench.{name.replace('-', '_')}")
+        except ImportError:  # e.g. mount without FUSE: its JSON's targets_met still says
+            module = None
+    upper = set(getattr(module, "UPPER_BOUNDS", ()))
+    targets: dict[str, Target] = {}
+    given: dict[str, Any] = result["targets"] if isinstance(result.get("targets"), dict) else {}
+    for source, op in ((getattr(module, "TARGETS", {}), ">="), (given, ">="),
+                       (getattr(module, "OF_FLOOR_TARGETS", {}), ">="),
+                       (getattr(module, "CEILINGS", {}), "<=")):
+        for key, value in source.items():
+            targets[key] = ("<=" if key in upper else op, float(value))
+    if "target_create_per_s" in result:  # bench meta states its one target in its JSON
+        targets["sqlite.create_per_s"] = (">=", float(result["target_create_per_s"]))
     return targets
 
 
@@ -113,7 +119,7 @@ def _flat(prefix: str, values: dict[str, Any]) -> list[tuple[str, Any]]:
 
 def _shown(value: Any) -> str:
     if isinstance(value, float):  # small figures to 5 significant digits (a WAF of 1.0005)
-        return f"{value:,.0f}" if abs(value) >= 1e4 else \
+        return f"{value:,.0f}" if abs(value) >= 1e4 or (value.is_integer() and value) else \
             f"{value:,.1f}" if abs(value) >= 100 else f"{value:.5g}"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
@@ -178,6 +184,12 @@ def plots_section(result: dict[str, Any], img_dir: Path, report_dir: Path) -> li
     return lines
 
 
+def _raw(result: dict[str, Any]) -> str:
+    """``result`` as JSON, one top-level field a line."""
+    return "{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}"
+                               for k, v in result.items()) + "\n}"
+
+
 def render_report(results: dict[str, dict[str, Any]], img_dir: Path, report_dir: Path,
                   sources: Sequence[Path] = ()) -> str:
     """The report's text for ``{benchmark name: result}``; writes the plots into ``img_dir``."""
@@ -205,8 +217,8 @@ def render_report(results: dict[str, dict[str, Any]], img_dir: Path, report_dir:
         if name == "smr":
             lines += plots_section(result, img_dir, report_dir)
         lines += fields_table(name, result)
-        lines += ["", "<details><summary>raw JSON</summary>", "", "```json",
-                  json.dumps(result, indent=1), "```", "</details>", ""]
+        lines += ["", "<details><summary>raw JSON</summary>", "", "```json", _raw(result),
+                  "```", "</details>", ""]
     return "\n".join(lines)
 
 

@@ -138,7 +138,7 @@ def up_drive_specs(data_dir: Path) -> list[str]:
 
 
 def meta_url_of(data_dir: Path) -> str:
-    return f"sqlite3:///{data_dir.resolve() / 'meta.db'}"
+    return f"sqlite3://{data_dir.resolve() / 'meta.db'}"
 
 
 def _prepare_data_dir(data_dir: Path) -> None:

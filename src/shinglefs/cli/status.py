@@ -1,6 +1,8 @@
 """The ``status`` command: capacity, drives, zones by condition and write
 amplification, of a running mount (asked through its virtual status xattr) or
-of an unmounted file system (opened by its metadata URL).
+of an unmounted file system (opened by its metadata URL), and the storage
+servers registered in its metadata (up, down or stopped; last heartbeat;
+address, labels, free and capacity bytes).
 
 ``collect_status`` is also what a mount serves in that xattr (``cli.filesystem``
 passes it to the mount). ``status`` acts only on ShingleFS mounts (exit 17 for
@@ -22,10 +24,41 @@ from shinglefs.fuse.mount import FSTYPE, mount_entry, mounts_of_type
 
 if TYPE_CHECKING:
     from shinglefs.client.vfs import VFS
+    from shinglefs.meta.api import MetaStore
 
 
-def collect_status(vfs: VFS, *, meta_url: str | None = None) -> dict[str, Any]:
-    """Capacity, drives, zones by condition and write amplification of an open file system."""
+def server_status(meta: MetaStore, timeout_s: float | None = None) -> list[dict[str, Any]]:
+    """The storage servers registered in ``meta``: ``state`` is ``up`` (live),
+    ``down`` (no heartbeat within ``timeout_s``, default ``SERVER_TIMEOUT_S``)
+    or ``stopped`` (unregistered cleanly); free and capacity bytes as of the
+    last heartbeat, in total and per tier."""
+    import time
+
+    from shinglefs.meta.api import SERVER_TIMEOUT_S
+
+    now = time.time_ns()
+    out = []
+    for server in meta.list_servers(SERVER_TIMEOUT_S if timeout_s is None else timeout_s):
+        tiers = server.tiers()
+        state = "up" if server.live else "stopped" if server.stopped_ns else "down"
+        out.append({
+            "id": server.id,
+            "address": server.address,
+            "state": state,
+            "heartbeat_age_s": round(max(0, now - server.heartbeat_ns) / 1e9, 1),
+            "labels": server.labels,
+            "drives": len(server.drives),
+            "capacity_bytes": sum(cap for cap, _ in tiers.values()),
+            "free_bytes": sum(free for _, free in tiers.values()),
+            "tiers": {t: {"capacity_bytes": c, "free_bytes": f} for t, (c, f) in tiers.items()},
+        })
+    return out
+
+
+def collect_status(vfs: VFS, *, meta_url: str | None = None,
+                   server_timeout_s: float | None = None) -> dict[str, Any]:
+    """Capacity, drives, zones by condition and write amplification of an open
+    file system, and its storage servers (``server_status``)."""
     from shinglefs.meta.api import ROOT_CTX
 
     statfs = vfs.statfs(ROOT_CTX)
@@ -62,6 +95,7 @@ def collect_status(vfs: VFS, *, meta_url: str | None = None) -> dict[str, Any]:
         "write_amplification": round(node.device_bytes_written / user, 4) if user else 1.0,
         "zones": zones,
         "drives": drives,
+        "servers": server_status(vfs.meta, server_timeout_s),
     }
 
 
@@ -87,15 +121,38 @@ def _status_of_mount(mountpoint: str) -> dict[str, Any]:
     return dict(json.loads(raw))
 
 
-def _status_of_url(meta_url: str) -> dict[str, Any]:
+def _status_of_url(meta_url: str, server_timeout_s: float | None) -> dict[str, Any]:
     from shinglefs.client.filesystem import absolute_meta_url, open_filesystem
 
     meta_url = absolute_meta_url(meta_url)
     vfs = open_filesystem(meta_url)
     try:
-        return collect_status(vfs, meta_url=meta_url)
+        return collect_status(vfs, meta_url=meta_url, server_timeout_s=server_timeout_s)
     finally:
         vfs.shutdown()
+
+
+def _show_servers_of_url(meta_url: str, timeout_s: float | None, as_json: bool) -> None:
+    """``status URL --servers``: the servers registered in the metadata, no drive opened."""
+    from rich.console import Console
+
+    from shinglefs.client.filesystem import absolute_meta_url, require_metadata_file
+    from shinglefs.meta import open_meta
+
+    meta_url = absolute_meta_url(meta_url)
+    require_metadata_file(meta_url)
+    meta = open_meta(meta_url)
+    try:
+        meta.format_info()  # NotFormatted on an empty database
+        servers = server_status(meta, timeout_s)
+    finally:
+        meta.close()
+    if as_json:
+        typer.echo(json.dumps({"meta_url": meta_url, "servers": servers}))
+    elif servers:
+        _print_servers(servers, Console())
+    else:
+        typer.echo(f"no storage server is registered in {meta_url}")
 
 
 def human(n: float) -> str:
@@ -137,6 +194,30 @@ def _print_status(status: dict[str, Any], title: str) -> None:
             ", ".join(f"{k} {v}" for k, v in sorted(drive["zones"].items())),
         )
     console.print(drives)
+    if status.get("servers"):
+        _print_servers(status["servers"], console)
+
+
+def _print_servers(servers: list[dict[str, Any]], console: Any) -> None:
+    from rich.table import Table
+
+    table = Table(title="storage servers")
+    table.add_column("id")
+    table.add_column("address", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    table.add_column("heartbeat")
+    table.add_column("labels", min_width=10, overflow="fold")
+    table.add_column("free / capacity")
+    for server in servers:
+        space = [f"{tier} {human(t['free_bytes'])} / {human(t['capacity_bytes'])}"
+                 for tier, t in sorted(server["tiers"].items())]
+        table.add_row(
+            str(server["id"]), server["address"], server["state"],
+            f"{server['heartbeat_age_s']:.0f} s",
+            " ".join(f"{k}={v}" for k, v in sorted(server["labels"].items())),
+            "\n".join(space),
+        )
+    console.print(table)
 
 
 def _is_url(target: str) -> bool:
@@ -149,14 +230,26 @@ def status_command(
     target: str | None = typer.Argument(None, help="a mount point or a metadata URL "
                                         "(default: every ShingleFS mount)"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    server_timeout: float | None = typer.Option(
+        None, "--server-timeout", metavar="SECONDS",
+        help="a storage server without a heartbeat for this long is down (default 15)"),
+    servers_only: bool = typer.Option(
+        False, "--servers", help="only the storage servers of a metadata URL (opens no "
+        "drive: works from any host, and while the file system is mounted)"),
 ) -> None:
-    """Capacity, drives, zones by condition and write amplification."""
+    """Capacity, drives, zones by condition, write amplification, storage servers."""
+    if servers_only:
+        if target is None or not _is_url(target):
+            raise UsageError("--servers needs a metadata URL",
+                             hint="e.g. shinglefs status postgresql://db/shingle --servers")
+        _show_servers_of_url(target, server_timeout, as_json)
+        return
     if target is None:
         results = {mp: _status_of_mount(mp) for mp in mounts_of_type(FSTYPE)}
         if not results:
             raise NotMountedError("(no ShingleFS mount)")
     elif _is_url(target):
-        results = {target: _status_of_url(target)}
+        results = {target: _status_of_url(target, server_timeout)}
     else:
         mountpoint = os.path.abspath(target)
         if not os.path.isdir(mountpoint):

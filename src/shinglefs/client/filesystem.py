@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import stat
 import uuid as _uuid
 from pathlib import Path
@@ -233,6 +234,7 @@ def format_filesystem(
     chunk_size: int = CHUNK_SIZE,
     zone_size: int | None = None,
     store_config: StoreConfig | None = None,
+    secret: str | None = None,
 ) -> None:
     """Format each drive (``KIND:PATH[:SIZE]``) as a slice store and create the metadata.
 
@@ -240,6 +242,9 @@ def format_filesystem(
     a slice never crosses a chunk. Smaller values are for tests only.
     ``zone_size`` applies to emulated drives created here (default 256 MiB).
     ``store_config`` tunes the slice stores formatted (default ``StoreConfig()``).
+    ``secret``: the cluster secret storage servers and clients authenticate
+    with (docs/network.md); default a random one (``secrets.token_hex(32)``),
+    recorded in the format record (``MetaStore.cluster_secret``).
     Relative drive paths are relative to the working directory.
 
     Refuses (``AlreadyFormatted``) before touching any drive when the metadata
@@ -275,7 +280,8 @@ def format_filesystem(
             drive_uuid = str(_uuid.uuid4())
             uuids.append(drive_uuid if write_identity(spec, DriveIdentity(fs_uuid, drive_uuid))
                          else None)
-        meta.format(name, fs_uuid, chunk_size=chunk_size, capacity_bytes=capacity)
+        meta.format(name, fs_uuid, chunk_size=chunk_size, capacity_bytes=capacity,
+                    secret=secret if secret is not None else secrets.token_hex(32))
         meta.set_capacity(capacity)
         base = _drive_base(meta_url)
         meta.set_drives([_recorded_spec(s, base) for s in specs], uuids)

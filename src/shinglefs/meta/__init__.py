@@ -11,7 +11,9 @@ module per concern); ``backend`` (connections, transactions, retries, URL
 parsing); ``schema`` (every SQL statement); ``connect`` (``open_meta``: URL ->
 store); ``overlay``; ``check``/``fsck``/``dump`` (maintenance); ``errors``.
 
-May call: nothing of ShingleFS but ``shinglefs.errors``.
+May call: ``shinglefs.errors``; ``shinglefs.zoned.fileio`` (the durability
+calls: the backend's WAL and directory syncs); ``shinglefs.store.api`` only for
+``MAX_SLICE_SIZE``, which ``format`` checks the chunk size against.
 """
 
 from shinglefs.meta.api import (

@@ -32,7 +32,7 @@ Rules every method follows (stated once here, repeated only where they bend):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from shinglefs.meta.records import (
     BLOCK_SIZE,
@@ -47,7 +47,10 @@ from shinglefs.meta.records import (
     RENAME_NOREPLACE,
     ROOT_CTX,
     ROOT_INO,
+    SERVER_HEARTBEAT_S,
+    SERVER_TIMEOUT_S,
     SYMLINK_MAX,
+    TIERS,
     UTIME_NOW,
     UTIME_OMIT,
     W_OK,
@@ -68,6 +71,8 @@ from shinglefs.meta.records import (
     ReadPiece,
     RenameResult,
     Replica,
+    ServerDrive,
+    ServerRecord,
     Session,
     SessionInfo,
     SliceCommit,
@@ -111,7 +116,11 @@ class MetaStore(ABC):
     ) -> FormatInfo:
         """Create the schema, the format record and the root directory (ino 1,
         mode 0o755, owned by root). ``schema_version`` must be None or equal to
-        the code's version (SchemaVersionError otherwise).
+        the code's version (SchemaVersionError otherwise). ``chunk_size`` (the
+        file-offset unit of the chunk map, default ``CHUNK_SIZE``) must be a
+        positive multiple of ``block_size`` no larger than the store's largest
+        slice, ``shinglefs.store.api.MAX_SLICE_SIZE`` (ChunkSizeError, nothing
+        written, otherwise).
 
         Raises AlreadyFormatted if the database already holds a file system.
         """
@@ -399,6 +408,48 @@ class MetaStore(ABC):
         close their files (freeing unlinked inodes nobody else holds open).
         Returns the expired session ids."""
 
+    # ---- storage servers -------------------------------------------------------
+
+    @abstractmethod
+    def register_server(self, address: str, drives: Sequence[ServerDrive],
+                        labels: Mapping[str, str] | None = None) -> int:
+        """Register a starting storage server (``address`` = ``host:port`` clients
+        connect to) with its drives and labels; returns its server id, live from
+        now (heartbeat = now, not stopped).
+
+        A server that registered before rejoins under its old id, its row
+        updated (address, drives, labels, start time): the registration sharing
+        the most drive uuids with ``drives``, else (drives without uuid) the one
+        at the same address with the same drive specs. Otherwise a new id, never
+        one used before. EINVAL for an empty address, no drives, repeated drive
+        ids, a tier not in ``TIERS`` or labels that are not strings."""
+
+    @abstractmethod
+    def heartbeat_server(self, server_id: int, drives: Sequence[ServerDrive]) -> None:
+        """Mark the server alive now and record its drives as they are now (free
+        bytes). ESTALE when the server is stopped or removed: it must
+        ``register_server`` again."""
+
+    @abstractmethod
+    def list_servers(self, timeout_s: float = SERVER_TIMEOUT_S) -> list[ServerRecord]:
+        """Every registered server by id, stopped and stale ones included; ``live``
+        when it is not stopped and its last heartbeat is younger than
+        ``timeout_s`` (by this host's clock)."""
+
+    @abstractmethod
+    def unregister_server(self, server_id: int, *, forget: bool = False) -> None:
+        """A clean stop: the server is no longer live from now on. Its row (id,
+        drives) stays so that it rejoins under the same id; ``forget`` removes
+        the row for good (a server taken out of the cluster). Idempotent."""
+
+    @abstractmethod
+    def cluster_secret(self) -> str:
+        """The cluster secret every storage server and client authenticates with
+        (``shinglefs format`` creates it). A file system formatted without one
+        gets a random one now, stored in one transaction that writes only an
+        empty secret: concurrent first callers all get the one that committed.
+        NotFormatted on an empty database."""
+
     # ---- ids ---------------------------------------------------------------------
 
     @abstractmethod
@@ -536,7 +587,10 @@ __all__ = [
     "ROOT_CTX",
     "ROOT_INO",
     "R_OK",
+    "SERVER_HEARTBEAT_S",
+    "SERVER_TIMEOUT_S",
     "SYMLINK_MAX",
+    "TIERS",
     "UTIME_NOW",
     "UTIME_OMIT",
     "W_OK",
@@ -558,6 +612,8 @@ __all__ = [
     "ReadPiece",
     "RenameResult",
     "Replica",
+    "ServerDrive",
+    "ServerRecord",
     "Session",
     "SessionInfo",
     "SliceCommit",

@@ -41,8 +41,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from shinglefs.meta import schema
 from shinglefs.meta.errors import FsError, MetaUnavailable, MetaURLError, NotFormatted
-from shinglefs.meta.schema import Dialect
-from shinglefs.zoned.fileio import sync_dir, sync_file
+from shinglefs.meta.schema import Dialect, Rendered
 
 T = TypeVar("T")
 Mode = Literal["write", "read", "single", "autocommit"]
@@ -89,22 +88,22 @@ def _gave_up(where: str, exc: BaseException) -> MetaUnavailable:
 
 
 class _SqliteTx:
-    __slots__ = ("conn", "render")
+    __slots__ = ("conn", "rendered")
 
-    def __init__(self, conn: sqlite3.Connection, render: Callable[[str], str]) -> None:
+    def __init__(self, conn: sqlite3.Connection, rendered: Rendered) -> None:
         self.conn = conn
-        self.render = render
+        self.rendered = rendered
 
     def one(self, sql: str, params: Sequence[Any] = ()) -> Any:
         # fetchall: a RETURNING statement must be stepped to completion.
-        rows = self.conn.execute(self.render(sql), params).fetchall()
+        rows = self.conn.execute(self.rendered[sql], params).fetchall()
         return rows[0] if rows else None
 
     def all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        return self.conn.execute(self.render(sql), params).fetchall()
+        return self.conn.execute(self.rendered[sql], params).fetchall()
 
     def run(self, sql: str, params: Sequence[Any] = ()) -> int:
-        return self.conn.execute(self.render(sql), params).rowcount
+        return self.conn.execute(self.rendered[sql], params).rowcount
 
 
 def _sqlite_busy(exc: BaseException) -> bool:
@@ -224,7 +223,7 @@ class SqliteBackend:
     def _run(self, fn: Callable[[Tx], T], mode: Mode) -> T:
         conn = self._conn()
         local_pid = self._local.pid
-        tx = _SqliteTx(conn, self.dialect.sql)
+        tx = _SqliteTx(conn, self.dialect.rendered)
         begin = "BEGIN IMMEDIATE" if mode == "write" else "BEGIN"
         for attempt in range(MAX_ATTEMPTS):
             try:
@@ -300,6 +299,11 @@ class SqliteBackend:
         flushed); a checkpoint has already synced whatever it moved out of it."""
         if self.synchronous == "FULL":
             return
+        # The durability calls live in zoned/fileio; imported here, not at the
+        # top, because importing zoned loads every drive kind (~0.1 s) into
+        # processes that only use metadata (the CLI's status, bench meta).
+        from shinglefs.zoned.fileio import sync_dir, sync_file
+
         wal = Path(f"{self.path}-wal")
         try:
             fd = os.open(wal, os.O_RDONLY)
@@ -335,20 +339,20 @@ class SqliteBackend:
 
 
 class _PgTx:
-    __slots__ = ("conn", "render")
+    __slots__ = ("conn", "rendered")
 
-    def __init__(self, conn: Any, render: Callable[[str], str]) -> None:
+    def __init__(self, conn: Any, rendered: Rendered) -> None:
         self.conn = conn
-        self.render = render
+        self.rendered = rendered
 
     def one(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        return self.conn.execute(self.render(sql), params).fetchone()
+        return self.conn.execute(self.rendered[sql], params).fetchone()
 
     def all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        return self.conn.execute(self.render(sql), params).fetchall()
+        return self.conn.execute(self.rendered[sql], params).fetchall()
 
     def run(self, sql: str, params: Sequence[Any] = ()) -> int:
-        return self.conn.execute(self.render(sql), params).rowcount
+        return self.conn.execute(self.rendered[sql], params).rowcount
 
 
 def _connection_lost(exc: BaseException) -> bool:
@@ -442,7 +446,7 @@ class PostgresBackend:
             committing = mode == "autocommit"
             try:
                 with self.pool.connection() as conn:
-                    tx = _PgTx(conn, self.dialect.sql)
+                    tx = _PgTx(conn, self.dialect.rendered)
                     if mode in ("single", "autocommit"):
                         return fn(tx)
                     conn.execute(begin)

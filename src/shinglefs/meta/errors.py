@@ -3,10 +3,11 @@
 Two families:
 
 - ``FsError`` (and the few named subclasses below it): a namespace or content
-  operation failed the way a Linux file system would fail it. It carries the
-  errno the FUSE boundary returns unchanged (``ENOENT``, ``EEXIST``,
-  ``ENOTEMPTY``...). The transaction that raised it was rolled back: nothing
-  of the operation is visible.
+  operation (or ``format``'s arguments: ``ChunkSizeError``) failed the way a
+  Linux file system would fail it. It carries the errno the FUSE boundary
+  returns unchanged (``ENOENT``, ``EEXIST``, ``ENOTEMPTY``...). The
+  transaction that raised it was rolled back: nothing of the operation is
+  visible.
 - Set-up errors (``MetaURLError``, ``MetaUnavailable``, ``SchemaVersionError``,
   ``NotFormatted``, ``AlreadyFormatted``): the engine cannot serve at all. Each
   says in one line what was expected and carries a ``hint`` saying how to fix
@@ -73,6 +74,29 @@ class SliceStateError(FsError):
         super().__init__(_errno.ESTALE, f"slice {slice_id} is {state}; cannot {wanted}", hint=None)
         self.slice_id = slice_id
         self.state = state
+
+
+class ChunkSizeError(FsError):
+    """``format`` was given a chunk size this file system cannot use: not a
+    positive multiple of the block size, or larger than the store's largest
+    slice (``shinglefs.store.api.MAX_SLICE_SIZE``: a slice never crosses a
+    chunk, and one slice must be able to fill one). Nothing was written.
+
+    ``chunk_size``, ``block_size`` and ``max_slice_size`` are the values checked.
+    """
+
+    exit_code = 2
+
+    def __init__(self, chunk_size: int, block_size: int, max_slice_size: int, why: str) -> None:
+        super().__init__(
+            _errno.EINVAL,
+            f"chunk size {chunk_size} {why}",
+            hint=f"use a multiple of {block_size} bytes, at most {max_slice_size} "
+            f"({max_slice_size / (1 << 20):g} MiB)",
+        )
+        self.chunk_size = chunk_size
+        self.block_size = block_size
+        self.max_slice_size = max_slice_size
 
 
 class MetaURLError(MetaError):

@@ -3,8 +3,9 @@
 Everything a caller passes to or gets back from a ``MetaStore`` (see
 ``shinglefs.meta.api``): credentials (``Ctx``), inode attributes, directory
 entries, slice references and the chunk map, slices and replicas, sessions,
-the format record and statfs. Pure values: no I/O, no database, no import of
-the rest of the package, so every layer may hold and compare them freely.
+storage servers (membership), the format record and statfs. Pure values: no
+I/O, no database, no import of the rest of the package, so every layer may
+hold and compare them freely.
 ``shinglefs.meta.api`` re-exports every name here.
 """
 
@@ -18,6 +19,10 @@ from typing import Final
 
 ROOT_INO: Final = 1
 CHUNK_SIZE: Final = 64 * 1024 * 1024
+"""The default chunk size: the file-offset unit of the chunk map, a format
+parameter (``FormatInfo.chunk_size``) defined here only. ``format`` refuses one
+above the store's largest slice (``shinglefs.store.api.MAX_SLICE_SIZE``), which
+this default equals: a slice never crosses a chunk and one fills a chunk."""
 INLINE_SLICE_BIT: Final = 1 << 62
 """Set in the id of an *inline slice*: a small slice whose bytes live in the
 metadata itself (``SliceCommit.inline``), never on a drive. Regular slice ids
@@ -302,6 +307,55 @@ class Session:
     open_inodes: tuple[int, ...] = ()
 
 
+SERVER_HEARTBEAT_S = 3.0
+"""How often a storage server heartbeats in meta (``shinglefs server --heartbeat``)."""
+SERVER_TIMEOUT_S = 15.0
+"""A server whose last heartbeat is older than this is not live (five missed beats)."""
+TIERS = ("hot", "cold")
+"""Tiers of drives: hot (flash or conventional drives) and cold (SMR)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerDrive:
+    """One drive of a storage server as meta records it: the server's own id for
+    it, its spec on the server's host, the drive uuid in its header (None for a
+    drive without one, e.g. a zoned block device), its tier, and its capacity
+    and free bytes as of the last heartbeat."""
+
+    drive_id: int
+    spec: str
+    uuid: str | None
+    tier: str
+    capacity_bytes: int
+    free_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ServerRecord:
+    """A registered storage server as ``list_servers`` returns it.
+
+    ``stopped_ns`` is 0 while the server runs and the time of its clean stop
+    (``unregister_server``) after one; ``live`` says it runs and its last
+    heartbeat is younger than the timeout ``list_servers`` was given."""
+
+    id: int
+    address: str
+    labels: dict[str, str]
+    drives: tuple[ServerDrive, ...]
+    started_ns: int
+    heartbeat_ns: int
+    stopped_ns: int
+    live: bool
+
+    def tiers(self) -> dict[str, tuple[int, int]]:
+        """``{tier: (capacity_bytes, free_bytes)}`` summed over the server's drives."""
+        out: dict[str, tuple[int, int]] = {}
+        for d in self.drives:
+            cap, free = out.get(d.tier, (0, 0))
+            out[d.tier] = (cap + d.capacity_bytes, free + d.free_bytes)
+        return out
+
+
 @dataclass(frozen=True, slots=True)
 class RenameResult:
     """What ``rename`` did: the inode now at the target name, and the inode the
@@ -347,7 +401,10 @@ __all__ = [
     "ROOT_CTX",
     "ROOT_INO",
     "R_OK",
+    "SERVER_HEARTBEAT_S",
+    "SERVER_TIMEOUT_S",
     "SYMLINK_MAX",
+    "TIERS",
     "UTIME_NOW",
     "UTIME_OMIT",
     "W_OK",
@@ -368,6 +425,8 @@ __all__ = [
     "ReadPiece",
     "RenameResult",
     "Replica",
+    "ServerDrive",
+    "ServerRecord",
     "Session",
     "SessionInfo",
     "SliceCommit",

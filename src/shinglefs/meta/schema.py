@@ -2,7 +2,7 @@
 
 Statements are written once with ``?`` placeholders and ``{greatest}`` /
 ``{blob}`` / ``{without_rowid}`` markers; ``Dialect.sql`` renders them for a
-backend (and caches the result). Only SQL that SQLite >= 3.35, PostgreSQL >= 13,
+backend (and caches the result, ``Dialect.rendered``). Only SQL that SQLite >= 3.35, PostgreSQL >= 13,
 CockroachDB and YugabyteDB all accept is used: ``INSERT ... ON CONFLICT``,
 ``RETURNING``, plain B-tree indexes, no triggers, no sequences, no stored
 procedures. One statement is the exception: ``lock_inodes`` (``SELECT ... FOR
@@ -19,15 +19,18 @@ by ``(parent, name)`` so lookup is one point read and listing one range scan on
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Version 1 kept the drive list as the root xattr below; opening a version-1
 # database migrates it into the drives table (engine/format.py).
 # Version 2 had no drives.uuid column (the drive identity written in each
 # drive's header); opening a version-2 database adds it, NULL for every drive.
 # Version 3 had no inline_slices table (small files whose bytes live in meta);
 # opening a version-3 database creates it, empty (the DDL is idempotent).
+# Version 4 had no servers table (storage-server membership) and no "server"
+# id counter; opening a version-4 database creates both.
 V1_DRIVES_XATTR = b"trusted.shinglefs.drives"
 
 # Inode columns in the order InodeAttr takes them.
@@ -158,12 +161,44 @@ DRIVES_DDL = """CREATE TABLE IF NOT EXISTS drives (
 )"""
 ADD_DRIVES_UUID = "ALTER TABLE drives ADD COLUMN uuid TEXT"
 DDL.append(DRIVES_DDL)
+# Storage servers: one row a server, kept across restarts (its id is what a
+# replica will name). ``labels`` and ``drives`` are JSON text (a server has a
+# handful of drives, read and written whole); ``stopped_ns`` is 0 while it runs.
+SERVERS_DDL = """CREATE TABLE IF NOT EXISTS servers (
+    id BIGINT PRIMARY KEY,
+    address TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    drives TEXT NOT NULL,
+    started_ns BIGINT NOT NULL,
+    heartbeat_ns BIGINT NOT NULL,
+    stopped_ns BIGINT NOT NULL
+)"""
+DDL.append(SERVERS_DDL)
 
 TABLES = [
     "format", "ids", "counters", "inodes", "dentries", "xattrs", "chunks", "chunk_refs",
     "slices", "slice_replicas", "deletions", "sessions", "open_files", "drives",
-    "inline_slices",
+    "inline_slices", "servers",
 ]  # fmt: skip
+
+
+class Rendered(dict[str, str]):
+    """The statements of one dialect, each rendered on first use (``__missing__``).
+
+    ``rendered[text]`` is what a transaction executes: after the first use of a
+    statement it is one dict lookup, without a Python call (it runs for every
+    statement of every operation)."""
+
+    __slots__ = ("_render",)
+
+    def __init__(self, render: Callable[[str], str]) -> None:
+        super().__init__()
+        self._render = render
+
+    def __missing__(self, text: str) -> str:
+        rendered = self._render(text)
+        self[text] = rendered
+        return rendered
 
 
 @dataclass
@@ -177,18 +212,22 @@ class Dialect:
     blob: str
     greatest: str
     without_rowid: str
-    _cache: dict[str, str] = field(default_factory=dict)
+    rendered: Rendered = field(init=False, repr=False, compare=False)
+    """Every statement used so far, rendered for this backend (``Rendered``)."""
+
+    def __post_init__(self) -> None:
+        self.rendered = Rendered(self._render)
 
     def sql(self, text: str) -> str:
         """Render a statement written with ``?`` and ``{markers}`` for this backend."""
-        rendered = self._cache.get(text)
-        if rendered is None:
-            rendered = text.format(
-                blob=self.blob, greatest=self.greatest, without_rowid=self.without_rowid
-            )
-            if self.placeholder != "?":
-                rendered = rendered.replace("?", self.placeholder)
-            self._cache[text] = rendered
+        return self.rendered[text]
+
+    def _render(self, text: str) -> str:
+        rendered = text.format(
+            blob=self.blob, greatest=self.greatest, without_rowid=self.without_rowid
+        )
+        if self.placeholder != "?":
+            rendered = rendered.replace("?", self.placeholder)
         return rendered
 
 
@@ -227,6 +266,8 @@ DEL_DRIVES = "DELETE FROM drives"
 SET_SCHEMA_VERSION = "UPDATE format SET schema_version = ? WHERE id = 1"
 SET_CAPACITY = "UPDATE format SET capacity_bytes = ? WHERE id = 1"
 INS_ID = "INSERT INTO ids (name, next_id) VALUES (?, ?)"
+INS_ID_IF_MISSING = "INSERT INTO ids (name, next_id) VALUES (?, ?) ON CONFLICT (name) DO NOTHING"
+SET_SECRET_IF_EMPTY = "UPDATE format SET secret = ? WHERE id = 1 AND secret = ''"
 ALLOC_IDS = "UPDATE ids SET next_id = next_id + ? WHERE name = ? RETURNING next_id"
 INS_COUNTER = "INSERT INTO counters (shard, used_bytes, inodes) VALUES (?, 0, 0)"
 ADD_COUNTERS = (
@@ -410,3 +451,22 @@ DEL_OPEN = "DELETE FROM open_files WHERE session = ? AND ino = ?"
 SEL_OPEN_OF_SESSION = "SELECT ino FROM open_files WHERE session = ? ORDER BY ino"
 DEL_OPEN_OF_SESSION = "DELETE FROM open_files WHERE session = ?"
 IS_OPEN = "SELECT 1 FROM open_files WHERE ino = ? LIMIT 1"
+
+# ---- storage servers ---------------------------------------------------------------
+SEL_SERVERS = (
+    "SELECT id, address, labels, drives, started_ns, heartbeat_ns, stopped_ns FROM servers "
+    "ORDER BY id"
+)
+INS_SERVER = (
+    "INSERT INTO servers (id, address, labels, drives, started_ns, heartbeat_ns, stopped_ns) "
+    "VALUES (?, ?, ?, ?, ?, ?, 0)"
+)
+REJOIN_SERVER = (
+    "UPDATE servers SET address = ?, labels = ?, drives = ?, started_ns = ?, heartbeat_ns = ?, "
+    "stopped_ns = 0 WHERE id = ?"
+)
+HEARTBEAT_SERVER = (
+    "UPDATE servers SET heartbeat_ns = ?, drives = ? WHERE id = ? AND stopped_ns = 0"
+)
+STOP_SERVER = "UPDATE servers SET stopped_ns = ? WHERE id = ?"
+DEL_SERVER = "DELETE FROM servers WHERE id = ?"

@@ -148,3 +148,26 @@ class RemoteNodeError(NodeError):
         super().__init__(f"{kind} on the storage server: {message}")
         self.kind = kind
         self.errno = errno
+
+
+# ------------------------------------------------------------------ the server process
+# Raised by ``shinglefs server`` (server/process.py) before it serves.
+
+
+class AddressInUse(NodeError):
+    """The address a storage server is to listen on is taken by another process."""
+
+    errno = _errno.EADDRINUSE
+    exit_code = 23
+
+    def __init__(self, address: str) -> None:
+        super().__init__(f"cannot listen on {address}: the address is in use",
+                         hint="stop the process listening there, or choose another --listen port")
+        self.address = address
+
+
+class ClusterSecretError(NodeError):
+    """The cluster secret recorded in meta is too short to authenticate with."""
+
+    errno = _errno.EACCES
+    exit_code = 3

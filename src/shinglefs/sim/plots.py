@@ -156,6 +156,7 @@ def _cost(plt: Any, r: dict[str, Any], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 3.2))
     ax.barh(list(tiers), list(tiers.values()), color="tab:green")
     ax.set_xscale("log")
+    ax.set_xlim(left=1)
     ax.set(xlabel="USD per usable TB-month (log; assumed prices)", title="Cost by tier")
     for i, v in enumerate(tiers.values()):
         ax.text(v, i, f" {v:g}", va="center", fontsize=8)

@@ -5,8 +5,9 @@ Rows per file follow the metadata schema (``meta/schema.py``): one inode and
 one dentry row; per 64 MiB chunk one chunk row, one chunk_refs row (one slice
 per chunk when a file is written sequentially), one slices row and one
 slice_replicas row per replica. Index memory per server: one extent per slice
-on its drive at ``index_bytes_per_extent`` (29.5 B measured by ``shinglefs
-bench index-scale``, docs/benchmarks.md).
+on its drive at ``index_bytes_per_extent`` (29.5 B at 3.5 M extents, measured
+by ``shinglefs bench index-scale`` at full size; the quick run's 350 k extents
+cost more a piece).
 """
 
 from __future__ import annotations

@@ -10,12 +10,24 @@ Rules:
   ``Declined`` having queued nothing.
 - The writer thread picks groups oldest-head first (round robin by age). A
   group is eligible when it has ``min_run_bytes`` queued, or a durable piece,
-  or its oldest piece waited ``linger_s``, or a flush barrier covers it. It
+  or a flush barrier covers it, or it lingered: no piece came to the store
+  for ``linger_s`` (a lone writer waiting for its piece), or its oldest
+  piece waited ``LINGER_BOUND`` lingers (submitters that keep feeding the
+  store let its groups grow towards full runs, up to that bound). It
   takes up to ``max_run_bytes`` of each eligible group (up to ``batch_bytes``
   a batch), so 16 writers of 16 groups become 16 long per-group runs rather
   than interleaved small writes. Within a run, consecutive pieces of one slice
   become one record, and the run's records go out as one ``pwritev`` of the
   callers' own memoryviews (no concatenation).
+- Admission under pressure: while a submitter waits for room, the writer
+  takes only what frees that room — the groups a caller waits for, then
+  the oldest group (eligible or not: a waiting submitter never waits out a
+  linger) — instead of every eligible group. Pieces arriving round robin
+  over many groups (a checkpoint's ranks) then stagger the groups' queues
+  and a run grows to about twice ``max_queue_bytes`` / groups, not once;
+  the oldest-first order is the fairness (every group's turn comes, and a
+  single submitter feeding many groups never waits for one it does not
+  feed).
 - A caller about to wait for a piece (``urgent=True``, or
   ``PieceFuture.expedite()`` on a piece already queued) skips the wait: when
   the writer is idle, the calling thread writes the queued run of the piece's
@@ -58,6 +70,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("shinglefs.store.scheduler")
 
 COLLECTOR_WAKE_S = 0.05  # the zone collector is woken at most this often by writes
+LINGER_BOUND = 25  # while the store is fed, a short run waits at most this many lingers
 
 
 @dataclass(slots=True, eq=False)
@@ -93,6 +106,8 @@ class WriteScheduler:
         self._group_durable: dict[int, int] = {}
         self._group_pending: dict[int, int] = {}
         self._queued_bytes = 0
+        self._room_wanted = 0  # bytes submitters wait to queue (back-pressure)
+        self._last_queued = 0.0  # when the newest piece was queued
         self._ticket = 0
         self._expected: dict[int, int] = {}
         self._slice_pending: dict[int, int] = {}
@@ -133,12 +148,10 @@ class WriteScheduler:
         with self._cond:
             if self._stopping:
                 raise StoreClosed("store is closing", drive=self.log.name)
-            while self._queued_bytes and self._queued_bytes + n > self.max_queue_bytes:
+            if self._queued_bytes and self._queued_bytes + n > self.max_queue_bytes:
                 if not wait:
                     raise Declined(f"{self.log.name}: the write queue is full")
-                self._cond.wait()
-                if self._stopping:
-                    raise StoreClosed("store is closing", drive=self.log.name)
+                self._wait_for_room(n)
             piece = self._new_piece(slice_id, offset, data, group, durable, indexed_length)
             if n == 0:
                 piece.future.set_result(None)
@@ -149,6 +162,7 @@ class WriteScheduler:
                 self._group_bytes[group] = 0
                 self._group_durable[group] = 0
             queue.append(piece)
+            self._last_queued = piece.queued_at
             self._group_bytes[group] += n
             self._group_pending[group] = self._group_pending.get(group, 0) + 1
             if durable:
@@ -157,6 +171,20 @@ class WriteScheduler:
             self.queued_bytes_peak = max(self.queued_bytes_peak, self._queued_bytes)
             self._cond.notify_all()
             return piece
+
+    def _wait_for_room(self, n: int) -> None:
+        """Back-pressure: wait until ``n`` more bytes fit the queue (``_cond`` held).
+        While it waits the writer drains only as much as it needs (``_take``)."""
+        self._room_wanted += n
+        self._cond.notify_all()  # the writer may sleep out a linger: pressure changes that
+        try:
+            while self._queued_bytes and self._queued_bytes + n > self.max_queue_bytes:
+                self._cond.wait()
+                if self._stopping:
+                    raise StoreClosed("store is closing", drive=self.log.name)
+        finally:
+            self._room_wanted -= n
+            self._cond.notify_all()  # the writer goes back to its usual rules
 
     def _new_piece(self, slice_id: int, offset: int, data: Payload, group: int,
                    durable: bool, indexed_length: Callable[[int], int]) -> PendingWrite:
@@ -327,13 +355,47 @@ class WriteScheduler:
             if (self._stopping or self._group_bytes[group] >= self.min_run_bytes
                     or self._group_durable[group] or head.ticket <= barrier
                     or group in self._urgent
-                    or now - head.queued_at >= self.linger_s):
+                    or now >= self._lingered_until(queue)):
                 out.append(group)
         out.sort(key=lambda g: self._groups[g][0].ticket)
         return out
 
     def _take(self, now: float) -> list[tuple[int, list[PendingWrite]]]:
-        return self._take_groups(self._eligible(now))
+        groups = self._eligible(now)
+        if self._room_wanted and not self._stopping:
+            groups = self._for_waiters(groups)
+        return self._take_groups(groups)
+
+    def _for_waiters(self, eligible: list[int]) -> list[int]:
+        """The groups to take under queue pressure (a submitter waits for room;
+        ``_cond`` held): those a caller waits for (urgent, durable, under a
+        flush barrier), then, oldest head first, only as many as free the
+        room the waiters need: of the ``eligible`` groups, or when none is,
+        of all (waiting out the linger would idle the drive while a submitter
+        waits).
+
+        Draining every eligible group at once keeps the groups' queues in
+        step (all at queue / groups bytes) and caps every run there. A group
+        at a time, oldest head first, staggers them: the group written is the
+        one queued longest, so the fullest when pieces arrive round robin,
+        and runs grow to about twice queue / groups. Fair by age: every
+        group's turn comes, and a submitter never waits for a group it does
+        not feed (the oldest group is taken whatever it is)."""
+        barrier = max((t for t, _ in self._barriers), default=0)
+        out = [g for g in eligible
+               if g in self._urgent or self._group_durable[g]
+               or self._groups[g][0].ticket <= barrier]
+        need = self._queued_bytes + self._room_wanted - self.max_queue_bytes
+        need -= sum(min(self._group_bytes[g], self.max_run_bytes) for g in out)
+        candidates = eligible or sorted((g for g, q in self._groups.items() if q),
+                                        key=lambda g: self._groups[g][0].ticket)
+        for group in candidates:
+            if need <= 0:
+                break
+            if group not in out:
+                out.append(group)
+                need -= min(self._group_bytes[group], self.max_run_bytes)
+        return out
 
     def _take_groups(self, groups: list[int]) -> list[tuple[int, list[PendingWrite]]]:
         runs = []
@@ -366,11 +428,21 @@ class WriteScheduler:
             self._cond.notify_all()  # back-pressure waiters
         return runs
 
+    def _lingered_until(self, queue: deque[PendingWrite]) -> float:
+        """When a group's short run stops waiting for more: once no piece came
+        to the store for ``linger_s`` (while submitters keep feeding it, a
+        group grows towards a full run), or at the latest ``LINGER_BOUND``
+        lingers after its oldest piece."""
+        return min(self._last_queued + self.linger_s,
+                   queue[0].queued_at + LINGER_BOUND * self.linger_s)
+
     def _next_wait(self, now: float) -> float | None:
-        heads = [q[0].queued_at for q in self._groups.values() if q]
-        if not heads:
+        if self._room_wanted:
+            return None  # the waiting submitters wake the writer (``_wait_for_room``)
+        until = [self._lingered_until(q) for q in self._groups.values() if q]
+        if not until:
             return None
-        return max(0.0, min(heads) + self.linger_s - now)
+        return max(0.0, min(until) - now)
 
     def _ready_barriers(self) -> list[tuple[int, Future[None]]]:
         """Barriers none of whose pieces is still queued (``_cond`` held)."""

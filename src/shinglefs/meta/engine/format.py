@@ -21,7 +21,13 @@ from typing import Any
 from shinglefs.meta import schema as S
 from shinglefs.meta.backend import Tx
 from shinglefs.meta.engine.core import SqlCore, now_ns
-from shinglefs.meta.errors import AlreadyFormatted, FsError, NotFormatted, SchemaVersionError
+from shinglefs.meta.errors import (
+    AlreadyFormatted,
+    ChunkSizeError,
+    FsError,
+    NotFormatted,
+    SchemaVersionError,
+)
 from shinglefs.meta.records import (
     BLOCK_SIZE,
     CHUNK_SIZE,
@@ -51,7 +57,8 @@ def _write_format(tx: Tx, info: FormatInfo, capacity_bytes: int, where: str) -> 
         (info.name, info.uuid, info.chunk_size, info.block_size, S.SCHEMA_VERSION,
          info.secret, now, capacity_bytes),
     )  # fmt: skip
-    for id_name, first in (("inode", ROOT_INO + 1), ("slice", 1), ("session", 1)):
+    for id_name, first in (("inode", ROOT_INO + 1), ("slice", 1), ("session", 1),
+                           ("server", 1)):
         tx.run(S.INS_ID, (id_name, first))
     for shard in range(S.COUNTER_SHARDS):
         tx.run(S.INS_COUNTER, (shard,))
@@ -62,6 +69,25 @@ def _write_format(tx: Tx, info: FormatInfo, capacity_bytes: int, where: str) -> 
          ROOT_INO, FIRST_COOKIE, None, None, None),
     )  # fmt: skip
     tx.run(S.ADD_COUNTERS, (0, 1, 0))
+
+
+def check_chunk_size(chunk_size: int, block_size: int) -> None:
+    """``ChunkSizeError`` unless ``chunk_size`` is a positive multiple of
+    ``block_size`` no larger than the store's largest slice (a slice never
+    crosses a chunk, and one slice must be able to fill one)."""
+    # Imported here: the slice store's package is heavy, and only format needs it.
+    from shinglefs.store.api import MAX_SLICE_SIZE
+
+    if block_size <= 0 or chunk_size <= 0 or chunk_size % block_size:
+        raise ChunkSizeError(
+            chunk_size, block_size, MAX_SLICE_SIZE,
+            f"is not a positive multiple of the block size {block_size}",
+        )  # fmt: skip
+    if chunk_size > MAX_SLICE_SIZE:
+        raise ChunkSizeError(
+            chunk_size, block_size, MAX_SLICE_SIZE,
+            f"exceeds the store's maximum slice size {MAX_SLICE_SIZE}",
+        )  # fmt: skip
 
 
 class FormatOps(SqlCore):
@@ -75,7 +101,8 @@ class FormatOps(SqlCore):
             info = self.format_info()
         except NotFormatted:
             return
-        migrations = {1: self._migrate_v1, 2: self._migrate_v2, 3: self._migrate_v3}
+        migrations = {1: self._migrate_v1, 2: self._migrate_v2, 3: self._migrate_v3,
+                      4: self._migrate_v4}
         try:
             while info.schema_version in migrations:
                 migrations[info.schema_version]()
@@ -110,10 +137,7 @@ class FormatOps(SqlCore):
                 f"version {S.SCHEMA_VERSION}",
                 hint="omit schema_version or use the matching release",
             )
-        if chunk_size <= 0 or chunk_size % block_size or block_size <= 0:
-            raise FsError(
-                E.EINVAL, f"chunk size {chunk_size} must be a multiple of block size {block_size}"
-            )
+        check_chunk_size(chunk_size, block_size)
         try:
             existing = self.format_info()
         except NotFormatted:
@@ -190,6 +214,20 @@ class FormatOps(SqlCore):
             if row is None or row[4] != 3:
                 return  # migrated concurrently
             tx.run(S.SET_SCHEMA_VERSION, (4,))
+
+        self._run(txn)
+
+    def _migrate_v4(self) -> None:
+        """Version 4 -> 5: the ``servers`` table (storage-server membership), empty,
+        and the ``server`` id counter."""
+        self._run(functools.partial(_run_ddl, ddl=S.SERVERS_DDL), "autocommit")
+
+        def txn(tx: Tx) -> None:
+            row = tx.one(S.SEL_FORMAT)
+            if row is None or row[4] != 4:
+                return  # migrated concurrently
+            tx.run(S.INS_ID_IF_MISSING, ("server", 1))
+            tx.run(S.SET_SCHEMA_VERSION, (5,))
 
         self._run(txn)
 

@@ -38,10 +38,13 @@ from shinglefs.meta.records import (
     UnlinkResult,
 )
 
+NAME_TYPES = (bytes, bytearray)
+"""What a name may be (a tuple: ``bytes | bytearray`` would build a union on every call)."""
+
 
 def check_name(name: bytes) -> None:
     """EINVAL for names no path component can be; ENAMETOOLONG above NAME_MAX."""
-    if not isinstance(name, bytes | bytearray):
+    if not isinstance(name, NAME_TYPES):
         raise FsError(E.EINVAL, f"a name must be bytes, not {type(name).__name__}")
     if not name or b"/" in name or b"\0" in name:
         raise FsError(E.EINVAL, f"invalid name {bytes(name)!r}", name=bytes(name))

@@ -12,6 +12,7 @@ allocation, freeing):
 | extended attributes | ``xattrs`` | get/set/list/removexattr |
 | chunk map and slices | ``chunks`` | commit_slice(s), read_map, get_chunk, compaction, add/get_slice, replicas, ids |
 | sessions and the deletion queue | ``sessions`` | sessions, open files, abandoned/discard, pop/ack deletions |
+| storage servers | ``servers`` | register/heartbeat/list/unregister_server, cluster_secret |
 | format and statfs | ``format`` | format, format_info, sync, close, drives, statfs, capacity, migrations |
 """
 
@@ -23,12 +24,13 @@ from shinglefs.meta.engine.chunks import ChunkOps
 from shinglefs.meta.engine.format import FormatOps
 from shinglefs.meta.engine.namespace import NamespaceOps
 from shinglefs.meta.engine.rename import RenameOps
+from shinglefs.meta.engine.servers import ServerOps
 from shinglefs.meta.engine.sessions import SessionOps
 from shinglefs.meta.engine.xattrs import XattrOps
 
 
 class SqlMetaStore(
-    NamespaceOps, RenameOps, AttributeOps, XattrOps, ChunkOps, SessionOps, FormatOps
+    NamespaceOps, RenameOps, AttributeOps, XattrOps, ChunkOps, SessionOps, ServerOps, FormatOps
 ):
     """The metadata engine on SQLite or PostgreSQL (see ``backend``).
 

@@ -12,6 +12,7 @@ import errno as E
 from shinglefs.meta import schema as S
 from shinglefs.meta.backend import Tx
 from shinglefs.meta.engine.core import SqlCore, attr_of, enoent, now_ns
+from shinglefs.meta.engine.namespace import NAME_TYPES
 from shinglefs.meta.engine.permissions import permits
 from shinglefs.meta.errors import FsError
 from shinglefs.meta.records import (
@@ -32,7 +33,7 @@ XATTR_NAMESPACES = (b"user.", b"trusted.", b"security.", b"system.")
 def check_xattr_name(name: bytes) -> None:
     """EINVAL if not bytes; ERANGE if empty or longer than XATTR_NAME_MAX;
     EOPNOTSUPP outside the four namespaces (or a bare namespace prefix)."""
-    if not isinstance(name, bytes | bytearray):
+    if not isinstance(name, NAME_TYPES):
         raise FsError(E.EINVAL, "an xattr name must be bytes")
     if not name or len(name) > XATTR_NAME_MAX:
         raise FsError(E.ERANGE, f"xattr name of {len(name)} bytes (1..{XATTR_NAME_MAX})")

@@ -1,0 +1,160 @@
+"""Storage-server membership and the cluster secret.
+
+A storage server registers itself (address, labels, drives with capacity and
+free bytes), heartbeats, and unregisters on a clean stop. Its row stays after
+a stop or a crash: the id is what replicas will name, so a server restarted
+with the same drives rejoins under it. Which registration a starting server
+is: the row sharing the most drive uuids with it (a drive's uuid lives in its
+own header, so a server that moved to another address is still found); for
+drives without a uuid (zoned block devices), the row at the same address
+with the same drive specs; otherwise a new id from the ``server`` counter.
+
+Liveness is judged by the reader: a server is live while it runs (not
+stopped) and its last heartbeat is younger than the timeout the reader
+passes. Heartbeat times are the server's clock and ages the reader's, so the
+hosts' clocks must agree to well within the timeout (NTP).
+
+The cluster secret is the format record's ``secret``. A file system
+formatted before secrets were created at format time holds an empty one;
+the first caller of ``cluster_secret`` stores a random one in a transaction
+that writes only while it is still empty, so of two first callers at once
+both get the one that committed first.
+"""
+
+from __future__ import annotations
+
+import errno as E
+import json
+import secrets
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from shinglefs.meta import schema as S
+from shinglefs.meta.backend import Tx
+from shinglefs.meta.engine.core import SqlCore, now_ns
+from shinglefs.meta.errors import FsError, NotFormatted
+from shinglefs.meta.records import (
+    SERVER_TIMEOUT_S,
+    TIERS,
+    ServerDrive,
+    ServerRecord,
+)
+
+SECRET_BYTES = 32
+"""Random bytes of a generated cluster secret (stored as 64 hex characters)."""
+
+
+def _drives_json(drives: Sequence[ServerDrive]) -> str:
+    return json.dumps([
+        {"drive_id": d.drive_id, "spec": d.spec, "uuid": d.uuid, "tier": d.tier,
+         "capacity_bytes": d.capacity_bytes, "free_bytes": d.free_bytes}
+        for d in drives
+    ], sort_keys=True)
+
+
+def _drives_of(text: str) -> tuple[ServerDrive, ...]:
+    return tuple(ServerDrive(**d) for d in json.loads(text))
+
+
+def _check_drives(drives: Sequence[ServerDrive]) -> None:
+    ids = [d.drive_id for d in drives]
+    if not drives or len(set(ids)) != len(ids):
+        raise FsError(E.EINVAL, f"a server needs drives with distinct ids, got {ids}")
+    for d in drives:
+        if d.tier not in TIERS or not d.spec or min(d.capacity_bytes, d.free_bytes) < 0:
+            raise FsError(E.EINVAL, f"bad drive record {d!r} (tier one of {TIERS})")
+
+
+def _check_labels(labels: Mapping[str, str]) -> None:
+    if not all(isinstance(k, str) and k and isinstance(v, str) for k, v in labels.items()):
+        raise FsError(E.EINVAL, f"labels are non-empty string keys with string values: "
+                                f"{dict(labels)!r}")
+
+
+def _same_server(rows: Sequence[Any], address: str,
+                 drives: Sequence[ServerDrive]) -> int | None:
+    """The id of the registration ``drives`` belong to (module docstring), or None."""
+    uuids = {d.uuid for d in drives if d.uuid is not None}
+    best, best_shared = None, 0
+    for row in rows:
+        shared = len(uuids & {d.uuid for d in _drives_of(row[3]) if d.uuid is not None})
+        if shared > best_shared:
+            best, best_shared = row[0], shared
+    if best is not None:
+        return int(best)
+    specs = sorted(d.spec for d in drives if d.uuid is None)
+    for row in rows:
+        if row[1] == address and specs and sorted(
+                d.spec for d in _drives_of(row[3]) if d.uuid is None) == specs:
+            return int(row[0])
+    return None
+
+
+class ServerOps(SqlCore):
+    """register_server, heartbeat_server, list_servers, unregister_server, and
+    cluster_secret."""
+
+    def register_server(self, address: str, drives: Sequence[ServerDrive],
+                        labels: Mapping[str, str] | None = None) -> int:
+        labels = dict(labels or {})
+        if not address:
+            raise FsError(E.EINVAL, "a server registers with a non-empty address")
+        _check_drives(drives)
+        _check_labels(labels)
+        drives_text = _drives_json(drives)
+        labels_text = json.dumps(labels, sort_keys=True)
+
+        def txn(tx: Tx) -> int:
+            now = now_ns()
+            known = _same_server(tx.all(S.SEL_SERVERS), address, drives)
+            if known is not None:
+                tx.run(S.REJOIN_SERVER, (address, labels_text, drives_text, now, now, known))
+                return known
+            row = tx.one(S.ALLOC_IDS, (1, "server"))
+            if row is None:
+                raise NotFormatted(f"{self.url_where} has no id counters; format it first")
+            server_id = int(row[0]) - 1
+            tx.run(S.INS_SERVER, (server_id, address, labels_text, drives_text, now, now))
+            return server_id
+
+        self._require_formatted()
+        return self._run(txn)
+
+    def heartbeat_server(self, server_id: int, drives: Sequence[ServerDrive]) -> None:
+        _check_drives(drives)
+        text = _drives_json(drives)
+        if not self._run(lambda tx: tx.run(S.HEARTBEAT_SERVER, (now_ns(), text, server_id)),
+                         "autocommit"):
+            raise FsError(E.ESTALE, f"server {server_id} is not registered (stopped or removed)",
+                          hint="register again")
+
+    def list_servers(self, timeout_s: float = SERVER_TIMEOUT_S) -> list[ServerRecord]:
+        rows = self._run(lambda tx: tx.all(S.SEL_SERVERS), "read")
+        cutoff = now_ns() - int(timeout_s * 1e9)
+        return [
+            ServerRecord(int(r[0]), r[1], dict(json.loads(r[2])), _drives_of(r[3]), int(r[4]),
+                         int(r[5]), int(r[6]), live=r[6] == 0 and r[5] >= cutoff)
+            for r in rows
+        ]
+
+    def unregister_server(self, server_id: int, *, forget: bool = False) -> None:
+        if forget:
+            self._run(lambda tx: tx.run(S.DEL_SERVER, (server_id,)), "autocommit")
+        else:
+            self._run(lambda tx: tx.run(S.STOP_SERVER, (now_ns(), server_id)), "autocommit")
+
+    def cluster_secret(self) -> str:
+        secret = self.format_info().secret
+        if secret:
+            return secret
+        candidate = secrets.token_hex(SECRET_BYTES)
+
+        def txn(tx: Tx) -> str:
+            tx.run(S.SET_SECRET_IF_EMPTY, (candidate,))
+            row = tx.one(S.SEL_FORMAT)
+            if row is None:
+                raise NotFormatted(f"{self.url_where} holds no ShingleFS file system",
+                                   hint="format it first: `shinglefs format URL --drive ...`")
+            return str(row[5])
+
+        return self._run(txn)
