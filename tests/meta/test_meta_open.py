@@ -236,3 +236,12 @@ def test_postgres_operations_survive_killed_server_connections(pg_cluster):
     assert len(store.readdir(ROOT_INO)) == 6
     store.close()
     pg_cluster.drop_database(url)
+
+
+def test_format_filesystem_refuses_a_bad_chunk_size_before_creating_a_drive(tmp_path):
+    from shinglefs.client.filesystem import format_filesystem
+
+    with pytest.raises(ChunkSizeError):
+        format_filesystem(f"sqlite3://{tmp_path}/meta.db",
+                          [f"emulated:{tmp_path}/d0.img:8G"], chunk_size=MAX_SLICE_SIZE * 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no drive file, no database

@@ -40,8 +40,8 @@ from shinglefs.client.errors import NotAFileSystem
 from shinglefs.client.groups import GroupPolicy
 from shinglefs.client.vfs import VFS
 from shinglefs.errors import PathError, UsageError
-from shinglefs.meta import open_meta
-from shinglefs.meta.api import CHUNK_SIZE, DriveRecord, FormatInfo, MetaStore
+from shinglefs.meta import check_chunk_size, open_meta
+from shinglefs.meta.api import BLOCK_SIZE, CHUNK_SIZE, DriveRecord, FormatInfo, MetaStore
 from shinglefs.meta.backend import SQLITE_SCHEMES
 from shinglefs.meta.errors import AlreadyFormatted, NotFormatted
 from shinglefs.server.node import StorageNode
@@ -256,6 +256,7 @@ def format_filesystem(
     if not drives:
         raise UsageError("format needs at least one drive", hint="e.g. emulated:/data/d0.img:64G")
     specs = [_absolute(d) for d in drives]
+    check_chunk_size(chunk_size, BLOCK_SIZE)  # before any drive file is created
     _check_new_drives(specs, zone_size or DEFAULT_ZONE_SIZE)
     meta = open_meta(meta_url)
     try:

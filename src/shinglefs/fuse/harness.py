@@ -51,7 +51,7 @@ class MountedFileSystem:
                  meta_url: str | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.mountpoint = Path(mountpoint)
-        self.meta_url = meta_url or f"sqlite3:///{self.data_dir.resolve() / 'meta.db'}"
+        self.meta_url = meta_url or f"sqlite3://{self.data_dir.resolve() / 'meta.db'}"
         self.drives = drives
         self.env = env
         self.extra_args = extra_args or []

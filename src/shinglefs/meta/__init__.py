@@ -28,6 +28,7 @@ from shinglefs.meta.api import (
     SliceRef,
 )
 from shinglefs.meta.connect import open_meta
+from shinglefs.meta.engine.format import check_chunk_size
 from shinglefs.meta.errors import FsError, MetaError
 
 __all__ = [
@@ -42,5 +43,6 @@ __all__ = [
     "ReadPiece",
     "SliceInfo",
     "SliceRef",
+    "check_chunk_size",
     "open_meta",
 ]
