@@ -43,7 +43,8 @@ Workloads (sizes for full / ``--quick``):
   paces (the faster the readers, the longer the runs the drive sees).
 - ``ckpt_write_fraction_64_queue_1gib``: the 64-rank checkpoint with the
   scheduler's queue at 1 GiB instead of 256 MiB (``StoreConfig.max_queue_bytes``):
-  with 64 groups the queue bound caps a run at about 256 MiB / 64 = 4 MiB.
+  with 64 groups the queue bound keeps runs near 2 x 256 MiB / 64 = 8 MiB
+  (the writer drains the oldest group while a submitter waits for room).
 - Churn: each round the corpus grows by a file and an 8-rank checkpoint is
   written, the checkpoint three rounds old deleted (``churn``: WAF, GC bytes,
   zone resets per round); ``churn_ungrouped`` is the same without lifetime
