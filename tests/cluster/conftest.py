@@ -17,10 +17,8 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -32,7 +30,7 @@ if str(ROOT) not in sys.path:
 
 from tests.cluster.hosts import CLIENTS, SERVERS, server_address  # noqa: E402
 from tests.support.netns import Cluster, HostProcess, unavailable_reason  # noqa: E402
-from tests.support.pgcluster import PgCluster, PgClusterError  # noqa: E402
+from tests.support.pgcluster import PgCluster, private_cluster  # noqa: E402
 from tests.support.slice_server_main import server_command  # noqa: E402
 
 
@@ -71,18 +69,8 @@ def _interrupt(signum: int, _frame: object) -> None:
 
 @pytest.fixture(scope="session")
 def pg(network: Cluster) -> Iterator[PgCluster]:
-    # Outside pytest's basetemp, as tests/meta/conftest.py explains.
-    base = Path(tempfile.mkdtemp(prefix="shinglefs-pgcluster-", dir="/var/tmp"))
-    try:
-        server = PgCluster.start(
-            base, listen=[f"{network.bridge_address}/{network.subnet.prefixlen}"])
-    except PgClusterError as exc:
-        pytest.fail(f"the private PostgreSQL cluster could not start: {exc}", pytrace=False)
-    try:
+    with private_cluster(listen=[f"{network.bridge_address}/{network.subnet.prefixlen}"]) as server:
         yield server
-    finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture

@@ -11,9 +11,7 @@
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tests.support.pgcluster import PgCluster, PgClusterError  # noqa: E402
+from tests.support.pgcluster import PgCluster, private_cluster  # noqa: E402
 
 from shinglefs.meta import open_meta  # noqa: E402
 from shinglefs.meta.check import check_consistency  # noqa: E402
@@ -38,18 +36,8 @@ BACKENDS = [
 
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[PgCluster]:
-    # Outside pytest's basetemp: concurrent pytest sessions prune each other's
-    # numbered temp dirs, and the server's data must outlive that.
-    base = Path(tempfile.mkdtemp(prefix="shinglefs-pgcluster-", dir="/var/tmp"))
-    try:
-        cluster = PgCluster.start(base)
-    except PgClusterError as exc:
-        pytest.fail(f"the private PostgreSQL cluster could not start: {exc}", pytrace=False)
-    try:
+    with private_cluster() as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(params=BACKENDS)

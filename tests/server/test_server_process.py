@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.support.pgcluster import PgCluster, PgClusterError
+from tests.support.pgcluster import PgCluster, private_cluster
 from tests.support.polling import wait_until
 
 from shinglefs.cli.main import main
@@ -51,16 +49,8 @@ def meta_url(tmp_path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def pg_cluster() -> Iterator[PgCluster]:
-    base = Path(tempfile.mkdtemp(prefix="shinglefs-server-pg-", dir="/var/tmp"))
-    try:
-        cluster = PgCluster.start(base)
-    except PgClusterError as exc:
-        pytest.fail(f"the private PostgreSQL cluster could not start: {exc}", pytrace=False)
-    try:
+    with private_cluster("shinglefs-server-pg-") as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(params=[pytest.param("sqlite", id="sqlite"),

@@ -17,13 +17,15 @@ Nothing is skipped: a missing installation or a server that cannot start raises
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import itertools
 import os
 import shutil
 import socket
 import subprocess
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 PG_ROOT = Path("/usr/lib/postgresql")
@@ -210,3 +212,27 @@ class PgCluster:
         name = url.rsplit("/", 1)[1]
         with psycopg.connect(self.url(), autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def private_cluster(prefix: str = "shinglefs-pgcluster-",
+                    listen: Sequence[str] = ()) -> Iterator[PgCluster]:
+    """A private cluster for one test session or module, removed afterwards.
+
+    Its data lives outside pytest's basetemp (concurrent pytest sessions prune
+    each other's numbered temp dirs, and the server's data must outlive that).
+    A cluster that cannot start FAILS the test (never skips)."""
+    import pytest
+
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
+    try:
+        try:
+            cluster = PgCluster.start(base, listen=list(listen)) if listen else PgCluster.start(base)
+        except PgClusterError as exc:
+            pytest.fail(f"the private PostgreSQL cluster could not start: {exc}", pytrace=False)
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
