@@ -83,11 +83,7 @@ class MountedFileSystem:
                 self.command(), stdout=log, stderr=log, env=env, start_new_session=True,
             )
         deadline = time.monotonic() + timeout
-        # Serving is not enough: the daemon stats its own mount point while it
-        # starts (run_fuse_loop). A SIGKILL that lands while that request is with
-        # the dying daemon leaves it stuck in the kernel until the connection is
-        # aborted, so wait until it has published its state (after those stats).
-        while not (os.path.ismount(self.mountpoint) and self._published()):
+        while not os.path.ismount(self.mountpoint):
             if self.process.poll() is not None:
                 code = self.process.returncode
                 self.process = None
@@ -98,13 +94,6 @@ class MountedFileSystem:
                 raise RuntimeError(f"the mount did not come up within {timeout} s:\n"
                                    f"{self.log_text()}")
             time.sleep(0.02)
-
-    def _published(self) -> bool:
-        from shinglefs.fuse.mount import read_state
-
-        state = read_state(self.mountpoint) or read_state(os.path.realpath(self.mountpoint))
-        return (state is not None and self.process is not None
-                and state.pid == self.process.pid)
 
     def stop(self, timeout: float = 60.0) -> int | None:
         """Unmount and wait for the child; escalates to signals and a lazy unmount."""
