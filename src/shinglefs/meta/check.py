@@ -249,18 +249,10 @@ def _orphans(tx: Tx, ctx: CheckContext) -> list[Finding]:
 
 
 def deref_slices(tx: Tx, counts: dict[int, int]) -> None:
-    """Drop ``counts`` references per slice; a slice at zero is queued for deletion
-    (an inline slice is deleted with its bytes at once, as ``SqlCore._deref`` does)."""
-    now = time.time_ns()
-    for sid, n in sorted(counts.items()):
-        row = tx.one(S.DEREF_SLICE, (n, sid))
-        if row is not None and row[0] <= 0:
-            if is_inline_slice(sid):
-                tx.run(S.DEL_INLINE, (sid,))
-                tx.run(S.DEL_SLICE, (sid,))
-                continue
-            tx.run(S.DOOM_SLICE, (sid,))
-            tx.run(S.QUEUE_DELETION, (sid, now))
+    """``engine.core.deref_slices`` at the current time (repairs drop references)."""
+    from shinglefs.meta.engine.core import deref_slices as deref
+
+    deref(tx, counts, time.time_ns())
 
 
 def _free_orphans(ctx: CheckContext, found: list[Finding]) -> None:

@@ -24,7 +24,7 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from shinglefs.meta import schema as S
@@ -40,6 +40,21 @@ ID_BATCH = {"inode": 1024, "slice": 1024, "session": 1}
 
 def now_ns() -> int:
     return time.time_ns()
+
+
+def deref_slices(tx: Tx, counts: Mapping[int, int], now: int) -> None:
+    """Drop ``counts`` references per slice inside ``tx``; a slice reaching zero is
+    queued for deletion, or, an inline slice (no drive copy), deleted with its
+    bytes at once. The one place that decides a slice's end (engine and fsck)."""
+    for sid, n in sorted(counts.items()):
+        row = tx.one(S.DEREF_SLICE, (n, sid))
+        if row is not None and row[0] <= 0:
+            if is_inline_slice(sid):
+                tx.run(S.DEL_INLINE, (sid,))
+                tx.run(S.DEL_SLICE, (sid,))
+                continue
+            tx.run(S.DOOM_SLICE, (sid,))
+            tx.run(S.QUEUE_DELETION, (sid, now))
 
 
 def attr_of(row: Sequence[Any], offset: int = 0) -> InodeAttr:
@@ -144,17 +159,7 @@ class SqlCore(MetaStore):
         tx.run(S.ADD_COUNTERS, (used_delta, inode_delta, self._shard))
 
     def _deref(self, tx: Tx, counts: Counter[int], now: int) -> None:
-        """Drop references; a slice reaching zero is queued for deletion, or, an
-        inline slice (no drive copy), deleted with its bytes at once."""
-        for sid, n in sorted(counts.items()):
-            row = tx.one(S.DEREF_SLICE, (n, sid))
-            if row is not None and row[0] <= 0:
-                if is_inline_slice(sid):
-                    tx.run(S.DEL_INLINE, (sid,))
-                    tx.run(S.DEL_SLICE, (sid,))
-                    continue
-                tx.run(S.DOOM_SLICE, (sid,))
-                tx.run(S.QUEUE_DELETION, (sid, now))
+        deref_slices(tx, counts, now)
 
     def _free_inode(self, tx: Tx, ino: int, size: int, now: int) -> None:
         """Delete an inode that has no links and is open nowhere, with its content."""
