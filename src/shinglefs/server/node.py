@@ -44,7 +44,7 @@ from shinglefs.server.errors import (
     UnknownDrive,
 )
 from shinglefs.store import SliceStore, StoreConfig
-from shinglefs.store.api import MAX_SLICE_SIZE, PieceBytes, SliceStoreAPI, StoreStats
+from shinglefs.store.api import MAX_SLICE_SIZE, PieceBytes, SliceStoreAPI, StoreSpace, StoreStats
 from shinglefs.store.api import Declined as Declined  # re-exported: the node's contract
 from shinglefs.store.api import PieceFuture as PieceFuture  # re-exported: the node's contract
 from shinglefs.store.errors import SliceNotFound, StoreFull
@@ -167,7 +167,7 @@ class StorageNode:
         self._affinity: OrderedDict[int, int] = OrderedDict()  # group -> drive
         self._affinity_capacity = affinity_capacity
         self._placed: dict[int, int] = {}  # slice -> drive, for slices written by this node
-        self._stats_cache: dict[int, tuple[float, StoreStats]] = {}
+        self._stats_cache: dict[int, tuple[float, StoreSpace]] = {}
         self._pending_bytes: dict[int, int] = dict.fromkeys(stores, 0)  # submitted, not written
         self._since_stats: dict[int, int] = dict.fromkeys(stores, 0)  # submitted since refresh
         self._reserved = 0  # accepted by writers, not yet stored (``reserve``)
@@ -239,12 +239,14 @@ class StorageNode:
         except KeyError:
             raise UnknownDrive(drive_id, self.drive_ids) from None
 
-    def _store_stats(self, drive_id: int) -> StoreStats:
+    def _store_stats(self, drive_id: int) -> StoreSpace:
+        """A drive's space figures, cached for ``stats_ttl`` (``SliceStore.space``:
+        cheap, but reserve and placement ask on every write)."""
         now = time.monotonic()
         cached = self._stats_cache.get(drive_id)
         if cached is not None and now - cached[0] < self._stats_ttl:
             return cached[1]
-        stats = self._stores[drive_id].stats()
+        stats = self._stores[drive_id].space()
         self._stats_cache[drive_id] = (now, stats)
         self._since_stats[drive_id] = 0
         return stats
@@ -263,14 +265,14 @@ class StorageNode:
         """Forget the cached per-drive stats: the next placement reads fresh figures."""
         self._stats_cache.clear()
 
-    def _estimated_free(self, drive_id: int) -> tuple[int, StoreStats]:
+    def _estimated_free(self, drive_id: int) -> tuple[int, StoreSpace]:
         """Free bytes of a drive: its (cached) stats minus what was submitted since."""
         stats = self._store_stats(drive_id)
         unseen = max(self._pending_bytes[drive_id], self._since_stats[drive_id])
         return self._free_bytes(stats) - unseen, stats
 
     @staticmethod
-    def _free_bytes(stats: StoreStats) -> int:
+    def _free_bytes(stats: StoreSpace | StoreStats) -> int:
         """What can still be written (not capacity - live: the GC reserve and
         zone granularity are not writable; ``StoreStats.writable_bytes``)."""
         return stats.writable_bytes

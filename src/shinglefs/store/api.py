@@ -59,6 +59,17 @@ class StoreStats:
 
 
 @dataclass(frozen=True, slots=True)
+class StoreSpace:
+    """What a writer reserves against and placement weighs (``StoreStats``'s
+    space fields), cheap enough to read on the write path: no per-zone
+    report, no per-zone dict."""
+
+    writable_bytes: int
+    zones_collecting: int
+    capacity_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class StoreAbilities:
     """What a slice store offers beyond the abstract methods (``SliceStoreAPI.abilities``).
 
@@ -201,6 +212,10 @@ class SliceStoreAPI(ABC):
 
     @abstractmethod
     def stats(self) -> StoreStats: ...
+
+    @abstractmethod
+    def space(self) -> StoreSpace:
+        """``stats()``'s space fields alone, in microseconds (the write path's figure)."""
 
     @abstractmethod
     def close(self) -> None:

@@ -398,6 +398,12 @@ class SliceLog(LogReads):
                 zones_collecting=len(self.gc_busy),
             )
 
+    def space(self) -> tuple[int, int]:
+        """``(writable_bytes, zones_collecting)``, read together under the index lock
+        (like ``usage``, without its per-zone dict)."""
+        with self._cv:
+            return self.writable_bytes(), len(self.gc_busy)
+
     def close(self) -> None:
         with self.io_lock:
             if self.closed:

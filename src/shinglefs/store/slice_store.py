@@ -14,6 +14,7 @@ from shinglefs.store.api import (
     PieceFuture,
     SliceStoreAPI,
     StoreAbilities,
+    StoreSpace,
     StoreStats,
 )
 from shinglefs.store.config import StoreConfig
@@ -242,6 +243,11 @@ class SliceStore(SliceStoreAPI):
             writable_bytes=usage.writable_bytes,
             zones_collecting=usage.zones_collecting,
         )
+
+    def space(self) -> StoreSpace:
+        slog = self._log
+        writable, collecting = slog.space()
+        return StoreSpace(writable, collecting, slog.seq_zones * slog.zs)
 
     def checkpoint(self) -> int:
         """Write an index checkpoint now; returns its size in bytes."""
