@@ -10,16 +10,20 @@ Life of a mount (details and reasons in docs/mount.md):
    reports the mount serving, or prints the child's error and exits with its
    exit code.
 3. The child (or the foreground process) opens the VFS, mounts, starts the
-   trio loop, and reports ready once a ``stat`` of the mount point through
-   FUSE succeeds. It then writes a state file
+   trio loop and, once a ``stat`` of the mount point made by a child process
+   was answered through it, raises the bdi's read-ahead, writes a state file
    ``/run/shinglefs/<hash of mount point>.json`` naming its pid and meta URL
-   (``shinglefs status``/``umount`` read it).
-4. SIGINT/SIGTERM: the kernel's dirty pages are written back (``syncfs``
-   while the loop still serves), the mount is unmounted (lazily if busy), the
-   loop ends, and ``VFS.shutdown`` stores every buffered byte before the
-   process exits. An external ``umount``/``fusermount3 -u`` takes the same
-   path from the point where the loop ends (the kernel writes back dirty pages
-   before it lets the unmount finish).
+   (``shinglefs status``/``umount`` read it) and reports ready. The daemon
+   never touches its own mount point (a SIGKILL while one of its threads
+   waits on its own loop would leave it stuck in the kernel): the bdi is
+   found in /proc/self/mountinfo.
+4. SIGINT/SIGTERM: the kernel's dirty pages are written back (``sync -f`` in
+   a child process while the loop still serves), the mount is unmounted (by
+   fusermount3; lazily if busy), the loop ends, and ``VFS.shutdown`` stores
+   every buffered byte before the process exits. An external
+   ``umount``/``fusermount3 -u`` takes the same path from the point where the
+   loop ends (the kernel writes back dirty pages before it lets the unmount
+   finish).
 """
 
 from __future__ import annotations
@@ -112,38 +116,58 @@ def _unescape_mountinfo(field: str) -> str:
     return "".join(out)
 
 
-def mount_entry(mountpoint: str | os.PathLike[str]) -> dict[str, str] | None:
-    """The /proc/self/mountinfo entry mounted at ``mountpoint`` (the last one), if any.
+def _mountinfo_lines(mountinfo: Iterable[str] | None) -> list[str]:
+    if mountinfo is not None:
+        return list(mountinfo)
+    with open("/proc/self/mountinfo") as info:
+        return info.readlines()
+
+
+def mount_entry(mountpoint: str | os.PathLike[str], *,
+                mountinfo: Iterable[str] | None = None) -> dict[str, str] | None:
+    """The /proc/self/mountinfo entry mounted at ``mountpoint`` (the last one,
+    the newest of mounts stacked there), if any; ``mountinfo``: those lines
+    instead of this process's.
 
     Works for dead FUSE mounts too (whose ``stat`` fails with ENOTCONN, so
-    ``os.path.ismount`` says False).
+    ``os.path.ismount`` says False), and never touches the mount itself.
     """
     target = os.path.abspath(mountpoint)
     found = None
-    with open("/proc/self/mountinfo") as info:
-        for line in info:
-            fields = line.split()
-            sep = fields.index("-")
-            if _unescape_mountinfo(fields[4]) == target:
-                found = {
-                    "mountpoint": target,
-                    "major_minor": fields[2],
-                    "fstype": fields[sep + 1],
-                    "source": _unescape_mountinfo(fields[sep + 2]),
-                }
+    for line in _mountinfo_lines(mountinfo):
+        fields = line.split()
+        sep = fields.index("-")
+        if _unescape_mountinfo(fields[4]) == target:
+            found = {
+                "mountpoint": target,
+                "major_minor": fields[2],
+                "fstype": fields[sep + 1],
+                "source": _unescape_mountinfo(fields[sep + 2]),
+            }
     return found
+
+
+def mount_device(mountpoint: str | os.PathLike[str], *,
+                 mountinfo: Iterable[str] | None = None) -> tuple[int, int] | None:
+    """(major, minor) of the device of the mount at ``mountpoint`` (its files'
+    ``st_dev``; a FUSE mount's bdi is named after it), from the mount table,
+    so without a request to the mount; None if nothing is mounted there."""
+    entry = mount_entry(mountpoint, mountinfo=mountinfo)
+    if entry is None:
+        return None
+    major, minor = entry["major_minor"].split(":")
+    return int(major), int(minor)
 
 
 def mounts_of_type(fstype: str = FSTYPE) -> list[str]:
     """The mount points of every ``fstype`` mount (default: ShingleFS) in
     /proc/self/mountinfo, dead FUSE mounts included."""
     mounts = []
-    with open("/proc/self/mountinfo") as info:
-        for line in info:
-            fields = line.split()
-            sep = fields.index("-")
-            if fields[sep + 1] == fstype:
-                mounts.append(_unescape_mountinfo(fields[4]))
+    for line in _mountinfo_lines(None):
+        fields = line.split()
+        sep = fields.index("-")
+        if fields[sep + 1] == fstype:
+            mounts.append(_unescape_mountinfo(fields[4]))
     return mounts
 
 
@@ -254,9 +278,12 @@ def _umount_syscall(mountpoint: str, flags: int) -> int:
     return ctypes.get_errno()
 
 
-def _kernel_unmount(mountpoint: str, lazy: bool) -> tuple[bool, str]:
-    """Unmount via umount2 (root) or fusermount3; returns (ok, error text)."""
-    if os.geteuid() == 0:
+def _kernel_unmount(mountpoint: str, lazy: bool, *, syscall: bool = True) -> tuple[bool, str]:
+    """Unmount via umount2 (root, if ``syscall``) or fusermount3 (else umount) in
+    a child process; returns (ok, error text). The daemon itself passes
+    ``syscall=False``: an unmount may wait on requests to the mount, which its
+    own loop serves (see ``run_fuse_loop``)."""
+    if syscall and os.geteuid() == 0:
         err = _umount_syscall(mountpoint, MNT_DETACH if lazy else 0)
         if err == 0:
             return True, ""
@@ -334,12 +361,54 @@ def fuse_options(allow_other: bool, options: Iterable[str], name: str) -> set[st
     return opts
 
 
-def _tune_bdi(mountpoint: str) -> None:
-    """Raise the read-ahead of the mount's bdi (root only; a no-op elsewhere)."""
+def write_back_outside(mountpoint: str) -> bool:
+    """Have the kernel write the mount's dirty pages back (``syncfs``, run by
+    ``sync -f`` in a child process), for a daemon whose loop still serves them.
+
+    Returns whether ``sync`` succeeded: then every page dirty when it started
+    has been handed to the loop (not necessarily stored by the VFS yet).
+    Raises nothing. A child, because a thread of the daemon waiting in the
+    kernel on its own mount cannot be killed: a SIGKILL would leave the daemon
+    stuck; the child instead gets ENOTCONN when the daemon dies.
+    """
     try:
-        dev = os.stat(mountpoint).st_dev
-        path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
-        with open(path, "w") as bdi:
+        proc = subprocess.run(["sync", "-f", mountpoint], capture_output=True, text=True,
+                              check=False)
+    except OSError as exc:
+        log.warning("cannot run sync -f %s: %s", mountpoint, exc)
+        return False
+    if proc.returncode != 0:
+        log.warning("sync -f %s failed: %s", mountpoint, proc.stderr.strip())
+    return proc.returncode == 0
+
+
+def _stat_outside(mountpoint: str) -> None:
+    """``stat`` the mount point in a child process; returns once it was
+    answered. Raises MountFailedError if the stat failed."""
+    proc = subprocess.run(["stat", "--format=%d", mountpoint], capture_output=True, text=True,
+                          check=False)
+    if proc.returncode != 0:
+        raise MountFailedError(f"the mount at {mountpoint} does not answer: "
+                               f"{proc.stderr.strip()}")
+
+
+def _tune_bdi(mountpoint: str) -> None:
+    """Raise the read-ahead of the mount's bdi (root only; a no-op elsewhere).
+
+    The bdi is named after the mount's device, read from the mount table: a
+    ``stat`` of the mount point would be a request to our own loop. The mount
+    table names the mount point with its parent's symlinks resolved.
+    """
+    mountpoint = os.path.abspath(mountpoint)
+    resolved = os.path.join(os.path.realpath(os.path.dirname(mountpoint)),
+                            os.path.basename(mountpoint))
+    entry = mount_entry(resolved)
+    if entry is None or entry["fstype"] != FSTYPE:
+        log.info("read-ahead not raised (no ShingleFS mount at %s in the mount table); "
+                 "the kernel default applies", resolved)
+        return
+    try:
+        with open(f"/sys/class/bdi/{entry['major_minor']}/read_ahead_kb", "w") as bdi:
             bdi.write(str(READ_AHEAD_KB))
     except OSError as exc:
         log.info("read-ahead not raised (%s); the kernel default applies", exc)
@@ -349,16 +418,26 @@ def run_fuse_loop(
     mountpoint: str,
     *,
     on_serving: Callable[[], None] | None = None,
-    before_unmount: Callable[[], None] | None = None,
+    before_unmount: Callable[[], object] | None = None,
 ) -> None:
     """Run the pyfuse3 loop of a mount ``pyfuse3.init`` set up, until it is
     unmounted or SIGINT/SIGTERM arrives.
 
-    Once a stat of the mount point through the loop succeeded, the bdi's
-    read-ahead is raised and ``on_serving()`` called. On a signal,
-    ``before_unmount()`` runs in a thread (the loop still serves), then the
-    mount is unmounted, or the loop ended and left for a lazy detach when it
-    is busy. The caller closes pyfuse3 (``pyfuse3.close``) afterwards.
+    Once a ``stat`` of the mount point, made by a child process, was answered
+    through the loop (so the kernel's INIT is answered too: no request passes
+    before it), the bdi's read-ahead is raised (INIT would lower it again) and
+    ``on_serving()`` called in the loop's thread: the mount serves requests.
+    On a signal, ``before_unmount()`` runs in a thread (the loop still
+    serves), then the mount is unmounted by a child process, or the loop
+    ended and left for a lazy detach when it is busy. The caller closes
+    pyfuse3 (``pyfuse3.close``) afterwards.
+
+    This process never sends a request to its own mount (no ``stat``,
+    ``syncfs`` or unmount from a thread of ours while the loop serves): a
+    thread waiting in the kernel on our own loop cannot be killed, so a
+    SIGKILL then would leave the daemon stuck until its FUSE connection is
+    aborted by hand. A child stuck that way gets ENOTCONN when the daemon
+    dies. ``before_unmount`` must keep that rule too (``write_back_outside``).
     """
     import pyfuse3
     import trio
@@ -369,7 +448,8 @@ def run_fuse_loop(
                 log.info("signal %s: unmounting %s", signum, mountpoint)
                 if before_unmount is not None:
                     await trio.to_thread.run_sync(before_unmount)
-                ok, detail = await trio.to_thread.run_sync(_kernel_unmount, mountpoint, False)
+                ok, detail = await trio.to_thread.run_sync(
+                    lambda: _kernel_unmount(mountpoint, False, syscall=False))
                 if not ok:
                     log.info("unmount on signal failed (%s); detaching", detail)
                     pyfuse3.terminate()
@@ -383,7 +463,7 @@ def run_fuse_loop(
 
             nursery.start_soon(run_loop)
             nursery.start_soon(watch_signals)
-            await trio.to_thread.run_sync(os.stat, mountpoint)
+            await trio.to_thread.run_sync(_stat_outside, mountpoint)
             await trio.to_thread.run_sync(_tune_bdi, mountpoint)
             if on_serving is not None:
                 on_serving()
@@ -406,7 +486,9 @@ def serve(
     """Mount ``vfs`` at ``mountpoint`` and serve until unmounted or SIGINT/SIGTERM.
 
     Returns after ``vfs.shutdown()`` stored every buffered byte and the mount
-    is gone. ``on_ready`` is called once a stat through the mount succeeded.
+    is gone. ``on_ready`` is called (in the loop's thread) once the mount
+    serves requests (``run_fuse_loop``'s ``on_serving``), after the state file
+    is written.
     ``allow_other``: other users may use the mount (None: when root, see
     ``resolve_allow_other``).
     ``status(vfs)`` feeds the root's virtual ``user.shinglefs.status`` xattr.
@@ -444,14 +526,11 @@ def serve(
         if on_ready is not None:
             on_ready()
 
-    def write_back() -> None:
-        # Write back the kernel's dirty pages while the loop still serves them.
-        with contextlib.suppress(Exception):
-            pyfuse3.syncfs(mountpoint)
-
     failed: BaseException | None = None
     try:
-        run_fuse_loop(mountpoint, on_serving=ready, before_unmount=write_back)
+        # Write back the kernel's dirty pages while the loop still serves them.
+        run_fuse_loop(mountpoint, on_serving=ready,
+                      before_unmount=lambda: write_back_outside(mountpoint))
     except BaseException as exc:
         failed = exc
         log.exception("the FUSE loop of %s ended with an error", mountpoint)
