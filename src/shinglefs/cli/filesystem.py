@@ -211,8 +211,11 @@ def _mount(meta_url: str, mountpoint: Path, settings: Settings, *, foreground: b
 def format_command(
     meta_url: str = typer.Argument(..., help="metadata URL: sqlite3:///PATH or postgresql://..."),
     drive: list[str] = typer.Option(
-        ..., "--drive", "-d", help="KIND:PATH[:SIZE], repeat for each drive"
+        [], "--drive", "-d", help="KIND:PATH[:SIZE], repeat for each drive"
     ),
+    servers: bool = typer.Option(
+        False, "--servers",
+        help="no drives here: the data lives on storage servers (`shinglefs server`)"),
     name: str | None = typer.Option(None, "--name",
                                     help="file system name (default: shinglefs)"),
     chunk_size: str | None = typer.Option(
@@ -234,8 +237,9 @@ def format_command(
     meta_url = absolute_meta_url(meta_url)
     fmt = settings.format
     format_filesystem(meta_url, list(drive), name=fmt.name, chunk_size=fmt.chunk_size,
-                      zone_size=fmt.zone_size, store_config=settings.store)
-    typer.echo(f"formatted {fmt.name} at {meta_url} with {len(drive)} drive(s)")
+                      zone_size=fmt.zone_size, store_config=settings.store, servers=servers)
+    where = "for storage servers" if servers else f"with {len(drive)} drive(s)"
+    typer.echo(f"formatted {fmt.name} at {meta_url} {where}")
 
 
 def mount_command(

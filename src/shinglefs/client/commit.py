@@ -48,6 +48,44 @@ from shinglefs.meta.api import (
 )
 
 LOCAL_SERVER = "local"
+"""The server name of a replica on a drive of the client's own process."""
+
+# Naming replicas. A drive of the client's own process has a small id (its
+# position in the drive list recorded at format time); a drive of a storage
+# server is ``server_id << DRIVE_BITS | drive_id`` (server ids start at 1), so
+# one int names any drive in the client and the writer, deletions and
+# compaction need not know which kind it is (server/cluster.py).
+DRIVE_BITS = 16
+"""A cluster drive id is ``server_id << DRIVE_BITS | drive_id``."""
+
+
+def cluster_drive_id(server_id: int, drive_id: int) -> int:
+    """The client's id for drive ``drive_id`` of server ``server_id`` (ids from 1)."""
+    if server_id < 1 or not 0 <= drive_id < 1 << DRIVE_BITS:
+        raise ValueError(f"no cluster drive id for server {server_id}, drive {drive_id}")
+    return server_id << DRIVE_BITS | drive_id
+
+
+def split_drive_id(drive_id: int) -> tuple[int, int]:
+    """``(server_id, drive_id on that server)`` of a cluster drive id; server 0 is local."""
+    return drive_id >> DRIVE_BITS, drive_id & ((1 << DRIVE_BITS) - 1)
+
+
+def replica_for(drive_id: int) -> Replica:
+    """The replica meta records for a slice on ``drive_id`` (local or cluster id)."""
+    server, drive = split_drive_id(drive_id)
+    return Replica(str(server) if server else LOCAL_SERVER, str(drive))
+
+
+def drive_for(replica: Replica) -> int | None:
+    """The drive id of a recorded replica; None for one this code cannot name."""
+    try:
+        drive = int(replica.drive)
+        if replica.server == LOCAL_SERVER:
+            return drive
+        return cluster_drive_id(int(replica.server), drive)
+    except ValueError:
+        return None
 
 
 def register_slice(meta: MetaStore, slice_id: int, drive_id: int, group: int) -> None:
@@ -60,7 +98,7 @@ def register_slice(meta: MetaStore, slice_id: int, drive_id: int, group: int) ->
             length=0,
             group=group,
             state=SliceState.WRITING,
-            replicas=(Replica(LOCAL_SERVER, str(drive_id)),),
+            replicas=(replica_for(drive_id),),
         )
     )
 
@@ -89,7 +127,8 @@ class FinishedSlice:
                    None, 0, durable=True, inline=data)
 
     def to_commit(self, file_end: int) -> SliceCommit:
-        registered = self.registered or self.drive_id is None
+        replicas = () if self.registered or self.drive_id is None else (
+            replica_for(self.drive_id),)
         return SliceCommit(
             self.ino,
             self.chunk_index,
@@ -97,7 +136,7 @@ class FinishedSlice:
             file_end,
             group=self.group,
             slice_length=self.length,
-            replicas=() if registered else (Replica(LOCAL_SERVER, str(self.drive_id)),),
+            replicas=replicas,
             inline=self.inline,
         )
 

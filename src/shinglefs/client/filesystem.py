@@ -235,8 +235,14 @@ def format_filesystem(
     zone_size: int | None = None,
     store_config: StoreConfig | None = None,
     secret: str | None = None,
+    servers: bool = False,
 ) -> None:
     """Format each drive (``KIND:PATH[:SIZE]``) as a slice store and create the metadata.
+
+    ``servers``: a file system whose drives belong to storage servers
+    (``shinglefs server``): no drive here (``drives`` must be empty), the
+    metadata records none, and clients reach the servers that register
+    (``server.cluster.ClusterNode``).
 
     ``chunk_size`` (default 64 MiB) is the file-offset unit of the chunk map;
     a slice never crosses a chunk. Smaller values are for tests only.
@@ -253,8 +259,15 @@ def format_filesystem(
     the module docstring). Raises ``DriveInUse`` if a drive is locked by a
     running process, ``UsageError`` for an empty drive list.
     """
-    if not drives:
-        raise UsageError("format needs at least one drive", hint="e.g. emulated:/data/d0.img:64G")
+    if servers and drives:
+        raise UsageError("a file system on storage servers has no drives of its own",
+                         hint="give either --servers or --drive, not both")
+    if not drives and not servers:
+        raise UsageError("format needs at least one drive, or --servers",
+                         hint="e.g. --drive emulated:/data/d0.img:64G")
+    if servers:
+        _format_meta(meta_url, name, chunk_size, secret)
+        return
     specs = [_absolute(d) for d in drives]
     check_chunk_size(chunk_size, BLOCK_SIZE)  # before any drive file is created
     _check_new_drives(specs, zone_size or DEFAULT_ZONE_SIZE)
@@ -286,6 +299,26 @@ def format_filesystem(
         meta.set_capacity(capacity)
         base = _drive_base(meta_url)
         meta.set_drives([_recorded_spec(s, base) for s in specs], uuids)
+    finally:
+        meta.close()
+
+
+def _format_meta(meta_url: str, name: str, chunk_size: int, secret: str | None) -> None:
+    """The metadata of a file system on storage servers: no drives, capacity 0
+    (the servers report theirs)."""
+    check_chunk_size(chunk_size, BLOCK_SIZE)
+    meta = open_meta(meta_url)
+    try:
+        try:
+            info = meta.format_info()
+        except NotFormatted:
+            pass
+        else:
+            raise AlreadyFormatted(
+                f"{meta_url} already holds file system {info.name!r} ({info.uuid})",
+                hint="format a new metadata URL, or mount the file system already there")
+        meta.format(name, str(_uuid.uuid4()), chunk_size=chunk_size, capacity_bytes=0,
+                    secret=secret if secret is not None else secrets.token_hex(32))
     finally:
         meta.close()
 
@@ -367,11 +400,15 @@ def open_filesystem(
 ) -> VFS:
     """Open the metadata, the recorded drives as an in-process node, register a session.
 
+    A file system formatted with ``servers=True`` (no drives recorded) is opened
+    on its storage servers instead (``server.cluster.ClusterNode``): nothing is
+    opened locally; ``ClusterSecretError`` when meta holds no usable secret.
+
     ``config`` tunes the client, ``store_config`` every drive's slice store.
     ``groups`` replaces the default lifetime-group rule (docs/client.md).
     Raises ``MetaURLError``/``MetaUnavailable`` (bad or unreachable URL),
     ``NotFormatted`` (also for a SQLite file that does not exist: nothing is
-    created), ``NotAFileSystem`` (no drive list), ``DriveIdentityError`` (a
+    created), ``DriveIdentityError`` (a
     drive missing, of another file system or swapped; checked before any
     drive is opened), ``DriveInUse`` (a drive's lock is held by another
     process, named by pid), and the drives' own errors; nothing stays open on
@@ -381,6 +418,8 @@ def open_filesystem(
     meta = open_meta(meta_url)
     try:
         info = meta.format_info()
+        if not meta.drive_records():
+            return _open_on_servers(meta, config, mountpoint, groups)
         records = _records(meta)
         base = _drive_base(meta.url_where)
         specs = [_opened_spec(r, base) for r in records]
@@ -395,4 +434,18 @@ def open_filesystem(
             raise
     except BaseException:
         meta.close()
+        raise
+
+
+def _open_on_servers(meta: MetaStore, config: ClientConfig | None, mountpoint: str,
+                     groups: GroupPolicy | None) -> VFS:
+    """A client of a file system whose drives belong to storage servers."""
+    from shinglefs.server.cluster import ClusterNode  # the wire code, only when needed
+    from shinglefs.server.process import cluster_key
+
+    node = ClusterNode(meta, cluster_key(meta))
+    try:
+        return VFS(meta, node, config, mountpoint=mountpoint, groups=groups)
+    except BaseException:
+        node.close()
         raise

@@ -37,7 +37,7 @@ from shinglefs.meta.backend import Tx
 from shinglefs.meta.check import CheckContext, path_of
 from shinglefs.meta.dump import backend_of, dump_backend, load_backend
 from shinglefs.meta.fsck import FsckReport, run_fsck
-from shinglefs.server.node import StorageNode, drive_path
+from shinglefs.server.node import SliceNode, StorageNode, drive_path
 from shinglefs.store.metabackup import (
     BackupError,
     BackupSlot,
@@ -235,7 +235,7 @@ class MetadataBackup:
     retried at the next interval (a backup never stops the caller's work).
     """
 
-    def __init__(self, meta: MetaStore, node: StorageNode, *,
+    def __init__(self, meta: MetaStore, node: SliceNode, *,
                  interval_s: float = BACKUP_INTERVAL_S, first_s: float = FIRST_BACKUP_S) -> None:
         self.meta = meta
         self.node = node
@@ -244,7 +244,7 @@ class MetadataBackup:
         self.written = 0
 
     def maybe_write(self) -> None:
-        if not self.interval_s or time.monotonic() < self.next_due:
+        if not self.interval_s or time.monotonic() < self.next_due or not self._logs():
             return
         self.next_due = time.monotonic() + self.interval_s
         try:
@@ -254,6 +254,8 @@ class MetadataBackup:
                           self.interval_s)
 
     def _logs(self) -> list[SliceStore]:
+        if not isinstance(self.node, StorageNode):  # a cluster: the servers hold the drives
+            return []
         stores = [self.node.store(d) for d in self.node.drive_ids]
         return [s for s in stores if isinstance(s, SliceStore)]
 

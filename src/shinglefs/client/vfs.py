@@ -70,7 +70,7 @@ from shinglefs.meta.api import (
 )
 from shinglefs.meta.errors import FsError
 from shinglefs.server.errors import NodeFull
-from shinglefs.server.node import Declined, StorageNode
+from shinglefs.server.node import Declined, SliceNode
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class VFS:
     def __init__(
         self,
         meta: MetaStore,
-        node: StorageNode,
+        node: SliceNode,
         config: ClientConfig | None = None,
         *,
         groups: GroupPolicy | None = None,

@@ -29,7 +29,7 @@ from shinglefs.client.inodes import InodeTable, OpenInode
 from shinglefs.client.writer import FileWriter, WriteBudget
 from shinglefs.meta.api import InodeAttr, MetaStore
 from shinglefs.server.errors import NodeFull
-from shinglefs.server.node import Declined, StorageNode
+from shinglefs.server.node import Declined, SliceNode
 
 __all__ = ["WritePath"]
 
@@ -40,7 +40,7 @@ class WritePath:
     def __init__(
         self,
         meta: MetaStore,
-        node: StorageNode,
+        node: SliceNode,
         config: ClientConfig,
         *,
         chunk_size: int,

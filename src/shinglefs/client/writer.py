@@ -37,7 +37,7 @@ from shinglefs.client.commit import FinishedSlice
 from shinglefs.client.config import ClientConfig
 from shinglefs.client.settling import SettlingSlices
 from shinglefs.server.errors import NodeFull
-from shinglefs.server.node import Declined, PieceFuture, StorageNode, wait_piece
+from shinglefs.server.node import Declined, PieceFuture, SliceNode, wait_piece
 from shinglefs.zoned.model import Buffer
 
 log = logging.getLogger(__name__)
@@ -195,7 +195,7 @@ class FileWriter:
         self,
         ino: int,
         *,
-        node: StorageNode,
+        node: SliceNode,
         config: ClientConfig,
         chunk_size: int,
         budget: WriteBudget,

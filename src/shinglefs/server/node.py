@@ -34,7 +34,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from shinglefs.server.errors import (
     DriveInUse,
@@ -137,6 +137,45 @@ def drive_path(spec: str) -> str:
     if len(parts) < 2:
         return spec
     return parts[1]
+
+
+class SliceNode(Protocol):
+    """What a client needs of the drives it writes to: ``StorageNode`` (drives of
+    this process) or ``server.cluster.ClusterNode`` (drives of storage servers).
+    Each method's contract is ``StorageNode``'s."""
+
+    @property
+    def drive_ids(self) -> list[int]: ...
+
+    def reserve(self, nbytes: int) -> None: ...
+
+    def unreserve(self, nbytes: int) -> None: ...
+
+    def has_room(self, drive_id: int | None, nbytes: int) -> bool: ...
+
+    def submit(self, slice_id: int, offset: int, data: PieceBytes, group: int, *,
+               drive_id: int | None = None, durable: bool = False, urgent: bool = False,
+               wait: bool = True) -> tuple[int, PieceFuture]: ...
+
+    def write(self, slice_id: int, offset: int, data: PieceBytes, group: int, *,
+              drive_id: int | None = None, durable: bool = False) -> int: ...
+
+    def forget(self, slice_id: int) -> None: ...
+
+    def delete(self, slice_id: int, drive_id: int | None = None) -> None: ...
+
+    def flush(self, drive_ids: Iterable[int] | None = None) -> None: ...
+
+    def read_view(self, slice_id: int, offset: int, length: int,
+                  drive_id: int | None = None) -> memoryview: ...
+
+    def prefetch(self, slice_id: int, offset: int, length: int) -> None: ...
+
+    def stats(self) -> NodeStats: ...
+
+    def close(self) -> None: ...
+
+    def abandon(self) -> None: ...
 
 
 class StorageNode:

@@ -28,7 +28,7 @@ from shinglefs.client.reader import DirectReader, ReadSlice, assemble
 from shinglefs.meta.api import MetaStore, ReadPiece, SliceRef
 from shinglefs.meta.errors import ChunkChanged, FsError
 from shinglefs.server.errors import SliceMissing
-from shinglefs.server.node import StorageNode
+from shinglefs.server.node import SliceNode
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class Compactor:
     def __init__(
         self,
         meta: MetaStore,
-        node: StorageNode,
+        node: SliceNode,
         config: ClientConfig,
         *,
         chunk_size: int,

@@ -16,10 +16,10 @@ import logging
 import threading
 from collections.abc import Callable
 
-from shinglefs.client.commit import LOCAL_SERVER
+from shinglefs.client.commit import drive_for
 from shinglefs.client.config import ClientConfig
 from shinglefs.meta.api import MetaStore
-from shinglefs.server.node import StorageNode
+from shinglefs.server.node import SliceNode
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class DeletionConsumer:
     def __init__(
         self,
         meta: MetaStore,
-        node: StorageNode,
+        node: SliceNode,
         config: ClientConfig,
         *,
         forget_slice: Callable[[int], None],
@@ -69,7 +69,7 @@ class DeletionConsumer:
             drives: set[int] = set()
             for info in batch:
                 try:
-                    local = [int(r.drive) for r in info.replicas if r.server == LOCAL_SERVER]
+                    local = [d for r in info.replicas if (d := drive_for(r)) is not None]
                     if not local:  # no replica recorded (crash before add_slice): ask every drive
                         self.node.delete(info.id)
                         drives.update(self.node.drive_ids)

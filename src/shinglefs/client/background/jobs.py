@@ -24,7 +24,7 @@ from shinglefs.client.inodes import InodeTable
 from shinglefs.client.reader import ExtentCache, ReadSlice
 from shinglefs.client.recovery import MetadataBackup
 from shinglefs.meta.api import MetaStore, SessionInfo
-from shinglefs.server.node import StorageNode
+from shinglefs.server.node import SliceNode
 
 __all__ = ["ClientJobs"]
 
@@ -38,7 +38,7 @@ class ClientJobs:
     def __init__(
         self,
         meta: MetaStore,
-        node: StorageNode,
+        node: SliceNode,
         config: ClientConfig,
         *,
         session: SessionInfo,

@@ -1,0 +1,209 @@
+"""Clients of a file system on storage servers (``format --servers``), on one host.
+
+Real ``shinglefs server`` processes on loopback, metadata in SQLite: a
+``connect()`` and a FUSE mount write and read through them (close-to-open
+across processes), deletions reach the servers, a killed server's slices come
+back after its restart, and with no live server a write fails with ENOSPC and
+a reason, before anything is stored.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.server.test_server_process import CLI, TIMEOUT_S, Server, free_port
+from tests.support.polling import wait_until
+
+import shinglefs
+from shinglefs.client.commit import drive_for, split_drive_id
+from shinglefs.client.filesystem import format_filesystem
+from shinglefs.errors import UsageError
+from shinglefs.fuse.harness import MountedFileSystem
+from shinglefs.meta import open_meta
+from shinglefs.meta.api import ROOT_CTX, MetaStore
+from shinglefs.server.errors import SliceMissing
+from shinglefs.server.process import cluster_key
+from shinglefs.server.remote import RemoteNode
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture
+def meta_url(tmp_path: Path) -> str:
+    url = f"sqlite3://{tmp_path / 'meta.db'}"
+    format_filesystem(url, [], servers=True, chunk_size=16 * MiB)
+    return url
+
+
+@pytest.fixture
+def meta(meta_url: str) -> Iterator[MetaStore]:
+    store = open_meta(meta_url)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def servers() -> Iterator[list[Server]]:
+    started: list[Server] = []
+    yield started
+    for server in started:
+        server.kill()
+
+
+def start_server(meta_url: str, tmp_path: Path, name: str, servers: list[Server],
+                 port: int | None = None) -> tuple[Server, int]:
+    port = port or free_port()
+    server = Server(meta_url, [f"emulated:{tmp_path / name}.img:{1024 * MiB}"], port)
+    server.ready()
+    servers.append(server)
+    return server, port
+
+
+def live_count(meta: MetaStore) -> int:
+    return sum(s.live for s in meta.list_servers(TIMEOUT_S))
+
+
+def slices_of(meta: MetaStore, fs: shinglefs.ShingleFS, path: str) -> list[tuple[int, int]]:
+    """``(slice_id, drive_id)`` of every stored slice of ``path``."""
+    ino = fs.stat(path).st_ino
+    out = []
+    for piece in meta.read_map(ino, 0, fs.stat(path).st_size):
+        if piece.inline is None and piece.slice_id:
+            (replica,) = meta.get_slice(piece.slice_id).replicas
+            drive = drive_for(replica)
+            assert drive is not None
+            out.append((piece.slice_id, drive))
+    return out
+
+
+def test_formatting_for_servers_takes_no_drives(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="no drives of its own"):
+        format_filesystem(f"sqlite3://{tmp_path / 'm.db'}", [f"emulated:{tmp_path}/d.img:1G"],
+                          servers=True)
+    assert not (tmp_path / "d.img").exists()
+    code = subprocess.run([*CLI, "format", f"sqlite3://{tmp_path / 'n.db'}"],
+                          capture_output=True, text=True)
+    assert code.returncode == 2 and "--servers" in code.stderr
+
+
+def test_a_client_writes_and_reads_through_two_servers(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+    start_server(meta_url, tmp_path, "s1", servers)
+    start_server(meta_url, tmp_path, "s2", servers)
+    wait_until(lambda: live_count(meta) == 2, "two servers live")
+    big = os.urandom(40 * MiB + 123)
+    small = [os.urandom(5000 + i) for i in range(8)]
+    fs = shinglefs.connect(meta_url)
+    try:
+        fs.makedirs("/a/b")
+        fs.write_bytes("/a/b/big.bin", big)
+        for i, data in enumerate(small):
+            fs.write_bytes(f"/a/s{i}", data)
+        stored = slices_of(meta, fs, "/a/b/big.bin")
+    finally:
+        fs.close()
+    # Every slice is on a server's drive, none "local"; 40 MiB over 16 MiB chunks.
+    assert len(stored) >= 3 and all(split_drive_id(d)[0] >= 1 for _, d in stored)
+    # Close-to-open across processes: another process reads it all back.
+    check = ("import shinglefs, sys, hashlib; fs = shinglefs.connect(sys.argv[1]); "
+             "print(hashlib.sha256(fs.read_bytes('/a/b/big.bin')).hexdigest()); "
+             "print(','.join(hashlib.sha256(fs.read_bytes(f'/a/s{i}')).hexdigest() "
+             "for i in range(8))); fs.close()")
+    out = subprocess.run([sys.executable, "-c", check, meta_url], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    import hashlib
+    lines = out.stdout.split()
+    assert lines[0] == hashlib.sha256(big).hexdigest()
+    assert lines[1] == ",".join(hashlib.sha256(d).hexdigest() for d in small)
+
+
+def test_deleting_a_file_frees_its_slices_on_the_servers(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+    start_server(meta_url, tmp_path, "s1", servers)
+    wait_until(lambda: live_count(meta) == 1, "server live")
+    fs = shinglefs.connect(meta_url)
+    try:
+        fs.write_bytes("/gone.bin", os.urandom(3 * MiB))
+        stored = slices_of(meta, fs, "/gone.bin")
+        fs.unlink("/gone.bin")
+    finally:
+        fs.close()
+    (record,) = meta.list_servers(TIMEOUT_S)
+    with RemoteNode(record.address, cluster_key(meta), timeout=30) as remote:
+        def gone() -> bool:
+            try:
+                for sid, drive in stored:
+                    remote.length(sid, split_drive_id(drive)[1])
+            except SliceMissing:
+                return True
+            return False
+
+        if not gone():  # the closing client ran its deletions; a new one finishes any left
+            shinglefs.connect(meta_url).close()
+        wait_until(gone, "slices deleted on the server", limit=30)
+
+
+def test_a_killed_server_comes_back_with_its_slices(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+    server, port = start_server(meta_url, tmp_path, "s1", servers)
+    wait_until(lambda: live_count(meta) == 1, "server live")
+    data = os.urandom(5 * MiB)
+    fs = shinglefs.connect(meta_url)
+    try:
+        fs.write_bytes("/kept.bin", data)
+    finally:
+        fs.close()
+    server.kill()  # SIGKILL: nothing unregistered, nothing flushed beyond the commit
+    start_server(meta_url, tmp_path, "s1", servers, port=port)
+    fs = shinglefs.connect(meta_url)
+    try:
+        assert fs.read_bytes("/kept.bin") == data
+    finally:
+        fs.close()
+
+
+def test_with_no_live_server_a_write_is_enospc_and_nothing_is_kept(
+        meta_url: str) -> None:
+    fs = shinglefs.connect(meta_url)
+    try:
+        with pytest.raises(OSError) as caught:
+            fs.write_bytes("/nowhere.bin", os.urandom(2 * MiB))
+        assert caught.value.errno == errno.ENOSPC
+        assert "storage server" in str(caught.value.__cause__)
+        assert not fs.exists("/nowhere.bin") or fs.stat("/nowhere.bin").st_size == 0
+    finally:
+        fs.close()
+
+
+def test_a_mount_and_a_connect_in_another_process_share_the_file_system(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+    start_server(meta_url, tmp_path, "s1", servers)
+    wait_until(lambda: live_count(meta) == 1, "server live")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    mounted = MountedFileSystem(tmp_path / "client", mnt, meta_url=meta_url)
+    (tmp_path / "client").mkdir()
+    mounted.start()  # not `with`: that would format
+    try:
+        data = os.urandom(9 * MiB + 7)
+        (mnt / "from_mount.bin").write_bytes(data)
+        (mnt / "tiny").write_bytes(b"hello")
+        fs = shinglefs.connect(meta_url)
+        try:
+            assert fs.read_bytes("/from_mount.bin") == data
+            assert fs.read_bytes("/tiny") == b"hello"
+            back = os.urandom(3 * MiB + 1)
+            fs.write_bytes("/from_connect.bin", back)
+        finally:
+            fs.close()
+        assert (mnt / "from_connect.bin").read_bytes() == back
+        assert meta.lookup(1, b"from_mount.bin", ROOT_CTX).size == len(data)
+    finally:
+        mounted.stop()
