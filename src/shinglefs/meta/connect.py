@@ -20,7 +20,13 @@ def open_meta(url: str, **options: object) -> MetaStore:
 
     ``sqlite3:///abs/path/meta.db`` (embedded, several processes on one host)
     or ``postgresql://user@host:port/db`` (psycopg 3 + a connection pool).
-    Query options: ``?synchronous=full`` (SQLite), ``?pool_max=N`` (PostgreSQL).
+    Query options: ``?synchronous=normal|full`` (both backends; default
+    ``normal``: a commit survives any client's crash at once and power loss
+    once ``MetaStore.sync()`` returns — on PostgreSQL, ``synchronous_commit =
+    off``, so a server crash or power cut may lose the un-synced commits of
+    the last ~3 x ``wal_writer_delay``; ``full``: every commit flushed before
+    it returns), ``?pool_max=N`` (PostgreSQL); other PostgreSQL query
+    parameters go to libpq.
     Raises MetaURLError (bad or unknown URL), MetaUnavailable (server
     unreachable, database or directory missing) or SchemaVersionError, each
     with a hint. An unformatted database opens fine; ``format`` it first.
