@@ -154,9 +154,12 @@ class MetaStore(ABC):
         """Make every transaction committed so far durable against power loss.
 
         SQLite with ``synchronous=normal`` (the default): an fsync of the WAL
-        (and of its directory); with ``synchronous=full`` and on PostgreSQL
-        commits are durable already and this returns at once. ``VFS.fsync``
-        calls it so an fsynced file's metadata survives a power cut.
+        (and of its directory); PostgreSQL with ``synchronous=normal`` (the
+        default, ``synchronous_commit = off``): one transaction whose COMMIT
+        waits for the server's WAL flush, which covers every earlier commit;
+        with ``synchronous=full`` commits are durable already and this
+        returns at once. ``VFS.fsync`` calls it so an fsynced file's metadata
+        survives a power cut.
         Raises ``MetaUnavailable`` when the flush fails."""
 
     # ---- namespace -------------------------------------------------------------
