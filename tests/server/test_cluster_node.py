@@ -70,15 +70,15 @@ def live_count(meta: MetaStore) -> int:
 
 
 def slices_of(meta: MetaStore, fs: shinglefs.ShingleFS, path: str) -> list[tuple[int, int]]:
-    """``(slice_id, drive_id)`` of every stored slice of ``path``."""
+    """``(slice_id, drive_id)`` of every replica of every stored slice of ``path``."""
     ino = fs.stat(path).st_ino
     out = []
     for piece in meta.read_map(ino, 0, fs.stat(path).st_size):
         if piece.inline is None and piece.slice_id:
-            (replica,) = meta.get_slice(piece.slice_id).replicas
-            drive = drive_for(replica)
-            assert drive is not None
-            out.append((piece.slice_id, drive))
+            for replica in meta.get_slice(piece.slice_id).replicas:
+                drive = drive_for(replica)
+                assert drive is not None
+                out.append((piece.slice_id, drive))
     return out
 
 
@@ -207,3 +207,85 @@ def test_a_mount_and_a_connect_in_another_process_share_the_file_system(
         assert meta.lookup(1, b"from_mount.bin", ROOT_CTX).size == len(data)
     finally:
         mounted.stop()
+
+
+def replica_servers(meta: MetaStore, fs: shinglefs.ShingleFS, path: str) -> list[set[int]]:
+    """For each stored slice of ``path``, the servers meta records replicas on."""
+    out = []
+    ino = fs.stat(path).st_ino
+    for piece in meta.read_map(ino, 0, fs.stat(path).st_size):
+        if piece.inline is None:
+            drives = [drive_for(r) for r in meta.get_slice(piece.slice_id).replicas]
+            out.append({split_drive_id(d)[0] for d in drives if d is not None})
+    return out
+
+
+def test_two_servers_hold_two_replicas_and_reads_survive_either_dying(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+    s1, _ = start_server(meta_url, tmp_path, "s1", servers)
+    start_server(meta_url, tmp_path, "s2", servers)
+    wait_until(lambda: live_count(meta) == 2, "two servers live")
+    data = os.urandom(20 * MiB + 11)
+    fs = shinglefs.connect(meta_url)
+    try:
+        fs.write_bytes("/two.bin", data)
+        placed = replica_servers(meta, fs, "/two.bin")
+    finally:
+        fs.close()
+    assert placed and all(len(servers_of) == 2 for servers_of in placed), placed
+    s1.kill()
+    fs = shinglefs.connect(meta_url)
+    try:
+        assert fs.read_bytes("/two.bin") == data  # every read fails over to s2
+    finally:
+        fs.close()
+
+
+def test_a_server_dying_mid_write_leaves_the_write_complete_and_no_partial_replica(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+    ports = {}
+    for name in ("s1", "s2", "s3"):
+        ports[name] = start_server(meta_url, tmp_path, name, servers)[1]
+    wait_until(lambda: live_count(meta) == 3, "three servers live")
+    data = os.urandom(96 * MiB)
+    written = [0]
+    failure: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            with fs.open("/ckpt.bin", "wb") as f:
+                for at in range(0, len(data), MiB):
+                    f.write(data[at:at + MiB])
+                    written[0] = at + MiB
+        except BaseException as exc:
+            failure.append(exc)
+
+    import threading
+    fs = shinglefs.connect(meta_url)
+    try:
+        writer = threading.Thread(target=write)
+        writer.start()
+        wait_until(lambda: written[0] >= 24 * MiB or not writer.is_alive(), "writing")
+        servers[0].kill()  # s1, mid-write
+        writer.join(120)
+        assert not writer.is_alive() and not failure, failure
+        assert fs.read_bytes("/ckpt.bin") == data
+        recorded = replica_servers(meta, fs, "/ckpt.bin")
+    finally:
+        fs.close()
+    # s1 comes back with whatever prefixes it stored: meta names only full copies.
+    start_server(meta_url, tmp_path, "s1", servers, port=ports["s1"])
+    wait_until(lambda: live_count(meta) == 3, "s1 back")
+    key = cluster_key(meta)
+    fs = shinglefs.connect(meta_url)
+    try:
+        ino = fs.stat("/ckpt.bin").st_ino
+        by_id = {r.id: r for r in meta.list_servers(TIMEOUT_S)}
+        for piece in meta.read_map(ino, 0, len(data)):
+            info = meta.get_slice(piece.slice_id)
+            for replica in info.replicas:
+                with RemoteNode(by_id[int(replica.server)].address, key, timeout=30) as remote:
+                    assert remote.length(piece.slice_id, int(replica.drive)) == info.length
+    finally:
+        fs.close()
+    assert all(recorded)

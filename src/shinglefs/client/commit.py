@@ -88,17 +88,18 @@ def drive_for(replica: Replica) -> int | None:
         return None
 
 
-def register_slice(meta: MetaStore, slice_id: int, drive_id: int, group: int) -> None:
-    """Record a slice being written (WRITING, no reference yet) on the drive that
-    took its first piece: if the writer dies before committing it, the janitor
-    finds it (``Janitor.run``) and the deletion consumer frees its bytes."""
+def register_slice(meta: MetaStore, slice_id: int, drives: Sequence[int], group: int) -> None:
+    """Record a slice being written (WRITING, no reference yet) on the drives that
+    took its first piece (its replicas): if the writer dies before committing
+    it, the janitor finds it (``Janitor.run``) and the deletion consumer frees
+    its bytes."""
     meta.add_slice(
         SliceInfo(
             id=slice_id,
             length=0,
             group=group,
             state=SliceState.WRITING,
-            replicas=(replica_for(drive_id),),
+            replicas=tuple(replica_for(d) for d in drives),
         )
     )
 
@@ -117,6 +118,14 @@ class FinishedSlice:
     registered: bool = True  # False: meta learns its replica in the commit itself
     durable: bool = False  # True: the store already flushed it (no flush needed here)
     inline: bytes | None = None  # the bytes of an inline slice, committed into meta
+    replica_drives: tuple[int, ...] = ()  # every drive holding it (default: ``drive_id``'s)
+
+    @property
+    def drives(self) -> tuple[int, ...]:
+        """The drives holding the slice's bytes (none for an inline slice)."""
+        if self.drive_id is None:
+            return ()
+        return self.replica_drives or (self.drive_id,)
 
     @classmethod
     def inline_slice(cls, ino: int, chunk_index: int, chunk_offset: int, slice_id: int,
@@ -127,8 +136,8 @@ class FinishedSlice:
                    None, 0, durable=True, inline=data)
 
     def to_commit(self, file_end: int) -> SliceCommit:
-        replicas = () if self.registered or self.drive_id is None else (
-            replica_for(self.drive_id),)
+        # Always the drives that hold it now: a replica lost while writing goes.
+        replicas = tuple(replica_for(d) for d in self.drives)
         return SliceCommit(
             self.ino,
             self.chunk_index,
@@ -206,8 +215,8 @@ class OrderedCommits:
 
     def _commit_batch(self, batch: Sequence[_Waiting]) -> None:
         try:
-            needed = sorted({w.finished.drive_id for w in batch
-                             if not w.finished.durable and w.finished.drive_id is not None})
+            needed = sorted({d for w in batch if not w.finished.durable
+                             for d in w.finished.drives})
             if needed:
                 self._flush_drives(needed)
                 self.drive_flushes += len(needed)

@@ -67,7 +67,7 @@ class WritePath:
             return self.groups.group_for(ino, self.inodes.parent(ino), small)
 
         def register(slice_id: int, drive_id: int, group: int) -> None:
-            register_slice(self.meta, slice_id, drive_id, group)
+            register_slice(self.meta, slice_id, self.node.replicas_of(slice_id, drive_id), group)
 
         return FileWriter(
             ino,

@@ -502,6 +502,7 @@ class FileWriter:
             group=s.group,
             registered=s.registered,
             durable=durable,
+            replica_drives=self._node.replicas_of(s.slice_id, s.drive_id),
         )
 
     def _finish_inline(self, s: OpenSlice) -> None:

@@ -223,7 +223,10 @@ class SliceCommit:
     the other fields as in ``commit_slice``. ``inline``: the whole slice's bytes,
     stored in meta in the same transaction (``piece.slice_id`` must be an
     inline slice id, see ``INLINE_SLICE_BIT``); data and reference then become
-    visible and durable together, so no drive flush has to precede the commit."""
+    visible and durable together, so no drive flush has to precede the commit.
+    ``replicas``, when given, become the slice's replica set (replacing the one
+    recorded when it was registered: a replica that failed while the slice was
+    written is gone from it); empty leaves the recorded set."""
 
     ino: int
     chunk_index: int

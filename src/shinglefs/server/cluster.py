@@ -21,19 +21,30 @@ younger than ``server_timeout_s``), re-read at most every
 placement at the next re-read; its connections stay open for reads of the
 slices it holds.
 
-Placement (one replica a slice; replication is not built yet): the first piece
-of a slice places it on the drive its lifetime group used last while that
-drive keeps ``min_free_fraction`` of its capacity free, else on the live drive
-with the most free bytes (its heartbeat's figure less what this client
-submitted there since). Every piece of a slice goes to that drive, over one
-connection (``RemoteNode`` hashes the slice id), so the server appends them in
-order; the server's write scheduler merges what all clients send into its
-drives' zone runs.
+Placement and replication: a slice has ``replicas`` copies (default: 2 when
+two or more servers are live, else 1), each whole on one drive of a distinct
+server, on distinct ``rack`` labels where servers carry them. The first piece
+of a slice places it: the first replica on the drive its lifetime group used
+last while that drive keeps ``min_free_fraction`` of its capacity free, else
+on the live drive with the most free bytes (its heartbeat's figure less what
+this client submitted there since); each further replica on the freest drive
+of another server. Every piece goes to every replica at once (in parallel,
+each over one connection per server: ``RemoteNode`` hashes the slice id, so a
+server appends a slice's pieces in order); the server's write scheduler
+merges what all clients send into its drives' zone runs. A piece is done when
+every replica stored it. A replica that fails (its server died, its drive is
+full) is dropped from the slice with a warning and the slice goes on with the
+others — the write completes; the commit records the replicas that hold the
+slice (``SliceCommit.replicas``), so a reader never meets the partial copy.
+Only when every replica failed does the piece fail. (Restoring the count of
+an under-replicated slice in the background is not built yet.)
 
-Reads: a slice's drive is the one this client placed it on, else the replica
-meta records for it (``get_slice``), remembered in a bounded memo (a slice
-never moves between drives). A read waits at most the connection's
-``timeout``.
+Reads: a slice's drives are the ones this client placed it on, else the
+replicas meta records for it (``get_slice``), remembered in a bounded memo (a
+slice never moves between drives). A read tries them in turn: a replica whose
+server is unreachable, whose connection breaks or times out, or that lacks the
+slice is skipped for the next. A dead server costs a refused connection; a
+hung one the connection's ``timeout``.
 
 Space: ``reserve`` takes bytes against the live drives' free bytes as their
 servers last reported them (``NodeFull``, ENOSPC, when they do not fit).
@@ -48,6 +59,7 @@ Thread safety: every method may be called from any thread.
 from __future__ import annotations
 
 import errno as E
+import functools
 import logging
 import threading
 import time
@@ -59,7 +71,7 @@ from shinglefs.client.commit import cluster_drive_id, drive_for, split_drive_id
 from shinglefs.errors import ShingleError
 from shinglefs.meta.api import MetaStore, ServerRecord
 from shinglefs.meta.errors import FsError
-from shinglefs.server.errors import NodeFull, SliceMissing
+from shinglefs.server.errors import NodeError, NodeFull, SliceMissing
 from shinglefs.server.node import DriveStats, NodeStats
 from shinglefs.server.remote import RemoteNode
 from shinglefs.store.api import Declined, PieceBytes, PieceFuture, StoreStats
@@ -79,7 +91,7 @@ class ClusterNode:
     def __init__(self, meta: MetaStore, secret: bytes, *, connections: int = 4,
                  timeout: float = 60.0, membership_ttl_s: float = 2.0,
                  server_timeout_s: float | None = None, min_free_fraction: float = 0.02,
-                 memo_entries: int = 1 << 16) -> None:
+                 memo_entries: int = 1 << 16, replicas: int | None = None) -> None:
         self._meta = meta
         self._secret = secret
         self._connections = connections
@@ -88,6 +100,7 @@ class ClusterNode:
         self._server_timeout = server_timeout_s
         self._min_free_fraction = min_free_fraction
         self._memo_entries = memo_entries
+        self._replicas = replicas
         self._lock = threading.Lock()
         self._remotes: dict[int, RemoteNode] = {}
         self._servers: dict[int, ServerRecord] = {}  # every registered server, live or not
@@ -95,8 +108,8 @@ class ClusterNode:
         self._read_at = -1e9
         self._since: dict[int, int] = {}  # drive -> bytes submitted since the last re-read
         self._reserved = 0
-        self._placed: dict[int, int] = {}  # slice -> drive, slices this client writes
-        self._located: OrderedDict[int, int] = OrderedDict()  # slice -> drive (memo)
+        self._placed: dict[int, list[int]] = {}  # slice -> its drives, slices written here
+        self._located: OrderedDict[int, tuple[int, ...]] = OrderedDict()  # slice -> drives
         self._affinity: dict[int, int] = {}  # group -> drive
         self._closed = False
 
@@ -180,11 +193,12 @@ class ClusterNode:
             return any(self._free(d) >= nbytes for d in self._live)
 
     def place(self, slice_id: int, group: int, size_hint: int = 0) -> int:
-        """Choose the drive of a new slice (module docstring); remembers it."""
+        """Choose the drives of a new slice (module docstring); remembers them and
+        returns the first."""
         with self._lock:
             placed = self._placed.get(slice_id)
-            if placed is not None:
-                return placed
+            if placed:
+                return placed[0]
             self._refresh()
             if not self._live:
                 self._refresh(force=True)
@@ -201,18 +215,46 @@ class ClusterNode:
             if chosen is None:
                 chosen = max(self._live, key=self._free)
             self._affinity[group] = chosen
-            self._placed[slice_id] = chosen
+            drives = [chosen]
+            servers = {split_drive_id(d)[0] for d in self._live}
+            goal = self._replicas or min(2, len(servers))
+            while len(drives) < goal:
+                more = self._next_replica(drives)
+                if more is None:
+                    break
+                drives.append(more)
+            self._placed[slice_id] = drives
             return chosen
+
+    def _next_replica(self, drives: list[int]) -> int | None:
+        """The freest live drive on a server ``drives`` do not use, on a rack
+        they do not use when there is one."""
+        used = {split_drive_id(d)[0] for d in drives}
+        racks = {self._rack(s) for s in used} - {None}
+        others = [d for d in self._live if split_drive_id(d)[0] not in used]
+        elsewhere = [d for d in others if self._rack(split_drive_id(d)[0]) not in racks]
+        pool = elsewhere or others
+        return max(pool, key=self._free) if pool else None
+
+    def _rack(self, server_id: int) -> str | None:
+        record = self._servers.get(server_id)
+        return record.labels.get("rack") if record is not None else None
+
+    def replicas_of(self, slice_id: int, drive_id: int) -> tuple[int, ...]:
+        """The drives holding ``slice_id`` now (its replicas that have not failed)."""
+        with self._lock:
+            placed = self._placed.get(slice_id)
+            return tuple(placed) if placed else (drive_id,)
 
     def forget(self, slice_id: int) -> None:
         """The client is done writing ``slice_id``: drop its placement."""
         with self._lock:
-            drive = self._placed.pop(slice_id, None)
-            if drive is not None:
-                self._remember(slice_id, drive)
+            drives = self._placed.pop(slice_id, None)
+            if drives:
+                self._remember(slice_id, tuple(drives))
 
-    def _remember(self, slice_id: int, drive_id: int) -> None:
-        self._located[slice_id] = drive_id
+    def _remember(self, slice_id: int, drives: tuple[int, ...]) -> None:
+        self._located[slice_id] = drives
         self._located.move_to_end(slice_id)
         while len(self._located) > self._memo_entries:
             self._located.popitem(last=False)
@@ -221,22 +263,68 @@ class ClusterNode:
     def submit(self, slice_id: int, offset: int, data: PieceBytes, group: int, *,
                drive_id: int | None = None, durable: bool = False, urgent: bool = False,
                wait: bool = True) -> tuple[int, PieceFuture]:
-        """Send a piece of ``slice_id`` at ``offset`` to its server; returns
-        ``(drive_id, future)``, the future done once the server stored it (durable
-        on its drive with ``durable``). ``wait=False``: ``Declined`` (a send may
-        block on the network), nothing sent."""
+        """Send a piece of ``slice_id`` at ``offset`` to each of its replicas; returns
+        ``(first drive, future)``, the future done once every replica stored it
+        (durable on its drive with ``durable``) or failed, failing only when all
+        failed (module docstring). ``wait=False``: ``Declined`` (a send may block
+        on the network), nothing sent."""
         if not wait:
             raise Declined()
         if drive_id is None:
             drive_id = self.place(slice_id, group, Payload(data).nbytes)
-        server, local = split_drive_id(drive_id)
         views = Payload(data).views
         body = views[0] if len(views) == 1 else b"".join(views)
         with self._lock:
-            self._since[drive_id] = self._since.get(drive_id, 0) + len(body)
-        sent = self._remote(server).submit_write(slice_id, offset, body, group,
-                                                 drive_id=local, durable=durable)
-        return drive_id, _piece_future(sent)
+            drives = list(self._placed.get(slice_id) or [drive_id])
+            for d in drives:
+                self._since[d] = self._since.get(d, 0) + len(body)
+        sends = []
+        for d in drives:
+            server, local = split_drive_id(d)
+            try:
+                sent = self._remote(server).submit_write(slice_id, offset, body, group,
+                                                         drive_id=local, durable=durable)
+            except Exception as exc:  # unreachable: a failed replica like any other
+                sent = Future()
+                sent.set_exception(exc)
+            sends.append((d, sent))
+        return drive_id, self._all_replicas(slice_id, sends)
+
+    def _all_replicas(self, slice_id: int, sends: list[tuple[int, Future[int]]]) -> PieceFuture:
+        """Done when every send is: ok if one succeeded (failed replicas dropped)."""
+        out = PieceFuture()
+        left = [len(sends)]
+        errors: list[BaseException] = []
+        guard = threading.Lock()
+
+        def _done(drive: int, f: Future[int]) -> None:
+            exc = f.exception()
+            with guard:
+                if exc is not None:
+                    errors.append(exc)
+                left[0] -= 1
+                last = left[0] == 0
+            if exc is not None and len(sends) > 1:
+                self._drop_replica(slice_id, drive, exc)
+            if last:
+                if len(errors) == len(sends):
+                    out.set_exception(errors[0])
+                else:
+                    out.set_result(None)
+
+        for drive, sent in sends:
+            sent.add_done_callback(functools.partial(_done, drive))
+        return out
+
+    def _drop_replica(self, slice_id: int, drive_id: int, exc: BaseException) -> None:
+        with self._lock:
+            drives = self._placed.get(slice_id)
+            if not drives or drive_id not in drives or len(drives) == 1:
+                return
+            drives.remove(drive_id)
+            left = len(drives)
+        log.warning("replica of slice %#x on server %d failed (%s); the slice goes on "
+                    "with %d replica(s)", slice_id, split_drive_id(drive_id)[0], exc, left)
 
     def write(self, slice_id: int, offset: int, data: PieceBytes, group: int, *,
               drive_id: int | None = None, durable: bool = False) -> int:
@@ -263,58 +351,67 @@ class ClusterNode:
             self._remote(server).flush(locals_)
 
     def delete(self, slice_id: int, drive_id: int | None = None) -> None:
-        """Delete a slice (idempotent); without ``drive_id``, on every live drive
-        that may hold it."""
-        targets = [drive_id] if drive_id is not None else self._drives_of(slice_id)
+        """Delete a slice (idempotent) on ``drive_id``, on every replica when this
+        client is writing it, and without ``drive_id`` on every drive that may hold it."""
+        with self._lock:
+            placed = list(self._placed.pop(slice_id, None) or ())
+            self._located.pop(slice_id, None)
+        if placed:
+            targets = placed
+        elif drive_id is not None:
+            targets = [drive_id]
+        else:
+            targets = list(self._drives_of(slice_id)) or self.drive_ids
         for target in targets:
             server, local = split_drive_id(target)
             self._remote(server).delete(slice_id, local)
-        with self._lock:
-            self._placed.pop(slice_id, None)
-            self._located.pop(slice_id, None)
 
     # ------------------------------------------------------------------ reads
-    def _drives_of(self, slice_id: int) -> list[int]:
-        """Where ``slice_id`` is: placed here, memoised, recorded in meta, or (none
-        recorded) every live drive."""
-        located = self._locate(slice_id)
-        return [located] if located is not None else self.drive_ids
-
-    def _locate(self, slice_id: int) -> int | None:
+    def _drives_of(self, slice_id: int) -> tuple[int, ...]:
+        """Where ``slice_id`` is: placed here, memoised, or recorded in meta (maybe none)."""
         with self._lock:
-            drive = self._placed.get(slice_id)
-            if drive is None:
-                drive = self._located.get(slice_id)
-            if drive is not None:
-                return drive
+            drives = self._placed.get(slice_id) or self._located.get(slice_id)
+            if drives:
+                return tuple(drives)
         try:
             replicas = self._meta.get_slice(slice_id).replicas
         except FsError:
-            return None
-        for replica in replicas:
-            found = drive_for(replica)
-            if found is not None:
-                with self._lock:
-                    self._remember(slice_id, found)
-                return found
-        return None
+            return ()
+        found = tuple(d for d in (drive_for(r) for r in replicas) if d is not None)
+        if found:
+            with self._lock:
+                self._remember(slice_id, found)
+        return found
 
     def locate(self, slice_id: int) -> int:
-        """The drive holding ``slice_id``; ``SliceMissing`` when meta knows none."""
-        drive = self._locate(slice_id)
-        if drive is None:
+        """A drive holding ``slice_id``; ``SliceMissing`` when meta knows none."""
+        drives = self._drives_of(slice_id)
+        if not drives:
             raise SliceMissing(slice_id, None)
-        return drive
+        return drives[0]
 
     def read_view(self, slice_id: int, offset: int, length: int,
                   drive_id: int | None = None) -> memoryview:
         """Bytes ``[offset, offset+length)`` of a slice (short at its end), as a
-        read-only view of a buffer as long as what came."""
-        if drive_id is None:
-            drive_id = self.locate(slice_id)
-        server, local = split_drive_id(drive_id)
-        data = self._remote(server).read(slice_id, offset, length, local)
-        return memoryview(data).toreadonly()
+        read-only view of a buffer as long as what came; replica after replica
+        until one answers (module docstring)."""
+        drives = (drive_id,) if drive_id is not None else self._drives_of(slice_id)
+        if not drives:
+            raise SliceMissing(slice_id, None)
+        failure: BaseException | None = None
+        for drive in drives:
+            server, local = split_drive_id(drive)
+            try:
+                data = self._remote(server).read(slice_id, offset, length, local)
+            except NodeError as exc:  # unreachable, broken, timed out, or no such slice
+                log.warning("reading slice %#x from server %d failed (%s)%s", slice_id,
+                            server, exc, "; trying another replica" if drive != drives[-1]
+                            else "")
+                failure = exc
+                continue
+            return memoryview(data).toreadonly()
+        assert failure is not None
+        raise failure
 
     def read(self, slice_id: int, offset: int, length: int, drive_id: int | None = None) -> bytes:
         return bytes(self.read_view(slice_id, offset, length, drive_id))

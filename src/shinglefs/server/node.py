@@ -48,6 +48,7 @@ from shinglefs.store.api import MAX_SLICE_SIZE, PieceBytes, SliceStoreAPI, Store
 from shinglefs.store.api import Declined as Declined  # re-exported: the node's contract
 from shinglefs.store.api import PieceFuture as PieceFuture  # re-exported: the node's contract
 from shinglefs.store.errors import SliceNotFound, StoreFull
+from shinglefs.store.scheduler import WriteScheduler
 from shinglefs.zoned import create_drive, open_drive
 from shinglefs.zoned.fileio import Payload
 
@@ -65,13 +66,17 @@ MAPPED_READ_BYTES = 128 * 1024
 
 @dataclass(frozen=True, slots=True)
 class DriveStats:
-    """One drive of the node: its id, spec and store counters."""
+    """One drive of the node: its id, spec and store counters. ``runs``: the
+    ``(group, bytes)`` of the drive's last write-scheduler runs, oldest first
+    (up to 4096; empty for a store without a scheduler) — each one append of
+    one group, so ``bench cluster`` measures the drive's sequential runs."""
 
     drive_id: int
     spec: str
     capacity_bytes: int
     free_bytes: int
     store: StoreStats
+    runs: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +166,8 @@ class SliceNode(Protocol):
               drive_id: int | None = None, durable: bool = False) -> int: ...
 
     def forget(self, slice_id: int) -> None: ...
+
+    def replicas_of(self, slice_id: int, drive_id: int) -> tuple[int, ...]: ...
 
     def delete(self, slice_id: int, drive_id: int | None = None) -> None: ...
 
@@ -407,6 +414,10 @@ class StorageNode:
             self._claimed[chosen] += claim
             return chosen
 
+    def replicas_of(self, slice_id: int, drive_id: int) -> tuple[int, ...]:
+        """The drives holding ``slice_id``, which went to ``drive_id``: one replica here."""
+        return (drive_id,)
+
     def drive_of(self, slice_id: int) -> int | None:
         """The drive this node placed ``slice_id`` on, if it did."""
         with self._lock:
@@ -576,7 +587,9 @@ class StorageNode:
         """Capacity and free space summed over drives, with per-drive store counters."""
         drives = []
         for drive_id in self.drive_ids:
-            stats = self._store(drive_id).stats()
+            store = self._store(drive_id)
+            stats = store.stats()
+            queue = store.scheduler if store.abilities.scheduler else None
             drives.append(
                 DriveStats(
                     drive_id=drive_id,
@@ -584,6 +597,7 @@ class StorageNode:
                     capacity_bytes=stats.capacity_bytes,
                     free_bytes=self._free_bytes(stats),
                     store=stats,
+                    runs=list(queue.runs_written) if isinstance(queue, WriteScheduler) else [],
                 )
             )
         return NodeStats(

@@ -148,17 +148,19 @@ class Compactor:
                     first = drive_id is None
                     drive_id = self.node.write(slice_id, written, data, group, drive_id=drive_id)
                     if first:
-                        register_slice(self.meta, slice_id, drive_id, group)
+                        register_slice(self.meta, slice_id,
+                                       self.node.replicas_of(slice_id, drive_id), group)
                     written += n
                     pos += n
             assert drive_id is not None
-            self.node.flush([drive_id])
+            self.node.flush(self.node.replicas_of(slice_id, drive_id))
             self.meta.replace_chunk(
                 ino, chunk_index, chunk.version, refs, group=group, slice_length=written
             )
         except (ChunkChanged, SliceMissing):
             if drive_id is not None:
-                self.node.delete(slice_id, drive_id)
+                for replica in self.node.replicas_of(slice_id, drive_id):
+                    self.node.delete(slice_id, replica)
             return False
         self.node.forget(slice_id)
         self.inodes.maps.invalidate(ino)

@@ -179,6 +179,8 @@ class ChunkOps(SqlCore):
         if c.inline is not None:  # a second reference to it keeps the bytes it has
             tx.run(S.INS_INLINE, (p.slice_id, c.inline))
         self._ref_slice(tx, p, c.group, c.slice_length)
+        if c.replicas:
+            tx.run(S.DEL_REPLICAS, (p.slice_id,))
         for rep in c.replicas:
             tx.run(S.INS_REPLICA, (p.slice_id, rep.server, rep.drive))
         size = max(a.size, c.new_size)
