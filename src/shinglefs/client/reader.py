@@ -14,6 +14,19 @@ Sequential detection is per handle (:class:`ReadState`): a read starting where
 the previous one ended extends a streak; from the second sequential read on,
 the next ``readahead_bytes`` of the file are fetched in the background.
 
+Read-ahead is served in runs: ``prefetch`` queues one job per run of ``run``
+consecutive extents of a slice, which one thread reads in order, so a drive
+serving many sequential readers sees each stream in runs rather than one
+extent of each in turn. Queued runs are taken nearest first: by how far
+ahead of its reader a run starts (``ahead``), then in the order queued, so a
+stream that just started or fell behind is served before others' far
+read-ahead, and streams at the same distance take turns. An extent queued for read-ahead but not yet
+started is *claimed* by the first reader that needs it, which reads it in its
+own thread: a reader never waits for the pool to get through other streams'
+read-ahead first. Read-ahead that no reader has read yet is evicted last
+(after every extent already read), so many streams reading ahead at once do
+not push out each other's next extents before they are read.
+
 Memory: the cache counts what an entry really keeps alive (:func:`held_bytes`:
 the whole buffer behind a view, plus the entry's own bookkeeping), never just
 the length of the bytes it serves, and evicts down to its capacity. A read
@@ -26,6 +39,8 @@ fixed overhead of ``read_extent`` each.
 from __future__ import annotations
 
 import ctypes
+import heapq
+import itertools
 import logging
 import sys
 import threading
@@ -37,6 +52,7 @@ from typing import Protocol
 
 from shinglefs.client.errors import ShortSlice
 from shinglefs.meta.api import ReadPiece
+from shinglefs.server.errors import SliceMissing
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +128,9 @@ class ReadState:
         return self.streak >= 1
 
 
+_Queued = tuple[tuple[int, int], Future[bytes | memoryview]]  # (key, its future)
+
+
 class ExtentCache:
     """A bounded LRU of slice extents, shared by every handle of a client.
 
@@ -130,6 +149,10 @@ class ExtentCache:
         self._pool = pool
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple[int, int], Future[bytes | memoryview]] = OrderedDict()
+        self._queued: set[tuple[int, int]] = set()  # read-ahead not started (claimable)
+        self._unread: set[tuple[int, int]] = set()  # read-ahead no reader has read yet
+        self._runs: list[tuple[int, int, list[_Queued]]] = []  # heap: (ahead, seq, run)
+        self._seq = itertools.count()
         self._bytes = 0
         self._heap_freed = 0  # bytes of malloc'd extents evicted since the last heap trim
         self.drive_reads = 0
@@ -144,6 +167,7 @@ class ExtentCache:
             with self._lock:
                 if self._entries.get(key) is future:
                     del self._entries[key]
+                    self._unread.discard(key)
             future.set_exception(exc)
             return
         data = unpinned(data)
@@ -162,22 +186,25 @@ class ExtentCache:
             return_free_heap()
 
     def _evict_locked(self) -> int:
-        """Drop the least recently used finished extents until the cache holds at
-        most ``capacity`` (extents in flight are skipped, not waited for; the
-        newest entry stays)."""
+        """Drop finished extents until the cache holds at most ``capacity``: the
+        least recently used of those already read first, then read-ahead not
+        read yet (extents in flight are skipped, not waited for; the newest
+        entry stays)."""
         excess = self._bytes - self.capacity
         if excess <= 0:
             return 0
         victims: list[tuple[int, int]] = []
-        for key, future in self._entries.items():
-            if excess <= 0 or len(victims) + 1 >= len(self._entries):
-                break
-            if future.done():
-                victims.append(key)
-                excess -= self._entry_bytes(future)
+        for spare_unread in (True, False):
+            for key, future in self._entries.items():
+                if excess <= 0 or len(victims) + 1 >= len(self._entries):
+                    break
+                if future.done() and (key not in self._unread) is spare_unread:
+                    victims.append(key)
+                    excess -= self._entry_bytes(future)
         heap = 0
         for key in victims:
             future = self._entries.pop(key)
+            self._unread.discard(key)
             self._bytes -= self._entry_bytes(future)
             if future.exception() is None and on_heap(future.result()):
                 heap += self._entry_bytes(future)
@@ -190,21 +217,46 @@ class ExtentCache:
             return 0
         return held_bytes(future.result()) + ENTRY_OVERHEAD
 
-    def _get_or_start(self, key: tuple[int, int], background: bool) -> Future[bytes | memoryview]:
+    def _get_or_start(self, key: tuple[int, int]) -> Future[bytes | memoryview]:
+        """A reader's extent: the cached or in-flight read, or one it does itself
+        now (a new extent, or read-ahead still queued, which it claims)."""
         with self._lock:
             future = self._entries.get(key)
             if future is not None:
                 self._entries.move_to_end(key)
-                self.hits += 1
-                return future
-            future = Future()
-            future.set_running_or_notify_cancel()
-            self._entries[key] = future
-        if background:
-            self._pool.submit(self._fetch, key, future)
-        else:
-            self._fetch(key, future)
+                self._unread.discard(key)
+                if key not in self._queued:
+                    self.hits += 1
+                    return future
+                self._queued.discard(key)  # claimed: the pool's job skips it
+            else:
+                future = Future()
+                future.set_running_or_notify_cancel()
+                self._entries[key] = future
+        self._fetch(key, future)
         return future
+
+    def _next_run(self) -> None:
+        """A pool job: read the nearest queued run (one job is submitted per run)."""
+        with self._lock:
+            _, _, run = heapq.heappop(self._runs)
+        self._fetch_run(run)
+
+    def _fetch_run(self, run: list[_Queued]) -> None:
+        """Read a run of queued extents in order, skipping those a
+        reader claimed meanwhile. First ``hint`` the drive of the whole run, so
+        it reads the run as one stream while this thread verifies extent by
+        extent (in the pool: a hint may block while the drive's queue is full,
+        and the caller of ``prefetch`` may be the file system's event loop)."""
+        if self._hint is not None:
+            (slice_id, first), (_, last) = run[0][0], run[-1][0]
+            self._hint(slice_id, first * self.extent, (last + 1 - first) * self.extent)
+        for key, future in run:
+            with self._lock:
+                if key not in self._queued:
+                    continue
+                self._queued.discard(key)
+            self._fetch(key, future)
 
     def read(self, slice_id: int, offset: int, length: int) -> bytes | memoryview:
         """``length`` bytes of a slice from ``offset`` through the cache (short at its
@@ -212,14 +264,14 @@ class ExtentCache:
         end = offset + length
         index = offset // self.extent
         if (end - 1) // self.extent == index:  # the common case: one extent, one copy
-            data = self._get_or_start((slice_id, index), background=False).result()
+            data = self._get_or_start((slice_id, index)).result()
             start = offset - index * self.extent
             return data[start : start + length]
         out = bytearray()
         pos = offset
         while pos < end:
             index = pos // self.extent
-            data = self._get_or_start((slice_id, index), background=False).result()
+            data = self._get_or_start((slice_id, index)).result()
             start = pos - index * self.extent
             take = data[start : start + (end - pos)]
             if not take:
@@ -247,6 +299,7 @@ class ExtentCache:
                 if future is None or not future.done() or future.exception() is not None:
                     return None
                 self._entries.move_to_end((slice_id, index))
+                self._unread.discard((slice_id, index))
                 data = future.result()
                 parts.append(data)
                 if len(data) < self.extent:
@@ -257,26 +310,47 @@ class ExtentCache:
             return memoryview(parts[0])[start : start + length]
         return memoryview(b"".join(parts))[start : start + length]
 
-    def prefetch(self, slice_id: int, offset: int, length: int) -> None:
-        """Start background reads of the extents covering a slice range; first
-        ``hint(slice_id, offset, length)`` the drive of the extents not yet
-        cached, so it reads them as one stream while the readers queue up."""
+    def prefetch(self, slice_id: int, offset: int, length: int, *, run: int = 1,
+                 ahead: int = 0) -> None:
+        """Queue background reads of the extents covering a slice range that the
+        cache holds neither read nor in flight, as jobs of ``run`` consecutive
+        extents each (read in order by one thread, which first
+        ``hint(slice_id, offset, length)``s the drive of its run). ``ahead``:
+        how far ahead of its reader the range starts (nearer runs are read
+        first; a run's later ones count from its own start). Returns at once."""
         first = offset // self.extent
         last = (offset + length - 1) // self.extent
-        if self._hint is not None:
-            with self._lock:
-                missing = [i for i in range(first, last + 1) if (slice_id, i) not in self._entries]
-            if missing:
-                start = missing[0] * self.extent
-                self._hint(slice_id, start, (missing[-1] + 1) * self.extent - start)
-        for index in range(first, last + 1):
-            self._get_or_start((slice_id, index), background=True)
+        queued: list[_Queued] = []
+        with self._lock:
+            for index in range(first, last + 1):
+                key = (slice_id, index)
+                if key in self._entries:
+                    continue
+                future: Future[bytes | memoryview] = Future()
+                future.set_running_or_notify_cancel()
+                self._entries[key] = future
+                self._queued.add(key)
+                self._unread.add(key)
+                queued.append((key, future))
+        step = max(1, run)
+        runs = [queued[i : i + step] for i in range(0, len(queued), step)]
+        with self._lock:
+            for part in runs:
+                start = part[0][0][1] * self.extent
+                heapq.heappush(self._runs, (max(0, ahead + start - offset), next(self._seq), part))
+        for _ in runs:
+            self._pool.submit(self._next_run)
 
     def drop_slice(self, slice_id: int) -> None:
         """Forget a slice's extents (it was deleted; its id is never reused anyway)."""
         with self._lock:
             for key in [k for k in self._entries if k[0] == slice_id]:
                 future = self._entries.pop(key)
+                self._unread.discard(key)
+                if key in self._queued:  # never read: its job skips it
+                    self._queued.discard(key)
+                    future.set_exception(SliceMissing(slice_id, None))
+                    continue
                 if future.done():
                     self._bytes -= self._entry_bytes(future)
 
@@ -340,11 +414,15 @@ def _piece_bytes(piece: ReadPiece, cache: SliceReader) -> bytes | memoryview:
     return data
 
 
-def prefetch_pieces(pieces: Iterable[ReadPiece], cache: ExtentCache) -> int:
-    """Start background reads for the slice parts of ``pieces``; returns bytes requested."""
+def prefetch_pieces(pieces: Iterable[ReadPiece], cache: ExtentCache, *, run: int = 1,
+                    ahead: int = 0) -> int:
+    """Start background reads for the slice parts of ``pieces`` in runs of ``run``
+    extents (``ExtentCache.prefetch``), the first piece ``ahead`` bytes ahead of
+    its reader; returns bytes requested."""
     requested = 0
     for piece in pieces:
         if piece.slice_id is not None and piece.inline is None and piece.length > 0:
-            cache.prefetch(piece.slice_id, piece.slice_offset, piece.length)
+            cache.prefetch(piece.slice_id, piece.slice_offset, piece.length, run=run,
+                           ahead=ahead + requested)
             requested += piece.length
     return requested

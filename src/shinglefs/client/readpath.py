@@ -6,7 +6,10 @@ range to slice pieces through the inode's map window
 (:class:`~shinglefs.client.inodes.MapCache`, refetched from meta when it
 does not cover the range) and assembles the bytes from the
 :class:`~shinglefs.client.reader.ExtentCache`. A handle that reads
-sequentially starts background reads ``readahead_bytes`` ahead.
+sequentially starts background reads up to ``readahead_bytes`` ahead: as far
+as its share of the read cache allows while other streams read ahead too
+(:class:`~shinglefs.client.readahead.StreamWindows`), topped up in steps of
+half that window, in runs of consecutive extents per pool job.
 
 Never holds a lock across I/O; a slice that vanished under a mapped window
 (compaction or truncate by another client) costs one refetch of the map.
@@ -17,6 +20,7 @@ from __future__ import annotations
 from shinglefs.client.config import ClientConfig
 from shinglefs.client.handles import FileHandle
 from shinglefs.client.inodes import InodeTable, cut
+from shinglefs.client.readahead import StreamWindows
 from shinglefs.client.reader import ExtentCache, assemble, prefetch_pieces
 from shinglefs.meta.api import MetaStore, ReadPiece
 from shinglefs.meta.errors import FsError
@@ -37,6 +41,10 @@ class ReadPath:
         self.inodes = inodes
         self.maps = inodes.maps
         self.config = config
+        self.streams = StreamWindows(
+            readahead=config.readahead_bytes, extent=config.read_extent,
+            cache_bytes=cache.capacity, io_threads=config.io_threads,
+        )
 
     def read(self, h: FileHandle, offset: int, size: int, *,
              wait: bool = True) -> bytes | memoryview:
@@ -122,9 +130,12 @@ class ReadPath:
         return cut(pieces, offset, end)
 
     def _readahead(self, h: FileHandle, position: int) -> None:
-        target = position + self.config.readahead_bytes
+        """Top up ``h``'s read-ahead when its reader at ``position`` has eaten a
+        step of its window (StreamWindows); errors of meta only skip it."""
+        window = self.streams.window(h.fh)
+        target = position + window.bytes
         state = h.read_state
-        if state.prefetched_until >= target - self.config.read_extent:
+        if state.prefetched_until >= target - window.step:
             return
         start = max(position, state.prefetched_until)
         try:
@@ -132,5 +143,5 @@ class ReadPath:
             pieces = self.meta.read_map(h.ino, start, target - start)
         except FsError:
             return
-        prefetch_pieces(pieces, self.cache)
+        prefetch_pieces(pieces, self.cache, run=window.run, ahead=start - position)
         state.prefetched_until = target
