@@ -8,6 +8,14 @@ Same operations, same run, medians of ``rounds`` repetitions:
   page cache is dropped (``echo 3 > /proc/sys/vm/drop_caches``, root) and,
   for ShingleFS, the file system is remounted first so that its in-process
   extent cache is empty too;
+- concurrent cold readers (``read_mib_s_1``, ``read_mib_s_8``,
+  ``read_scaling_8``): 8 files of 256 MiB (quick: 64 MiB) are written once;
+  each round reads one of them alone, then all 8 at once, one thread per file
+  (an epoch read by several DataLoader workers), each cold as above (the
+  mount is remounted before each). ``read_mib_s_8`` is the aggregate (all
+  bytes over the time until the last reader finished);
+  ``read_scaling_8 = read_mib_s_8 / read_mib_s_1`` (per round, median), target
+  >= 1.0: more readers through one mount must never be slower than one;
 - 10,000 (quick: 2,000) files of 4 KiB created, written and closed;
 - a ``torch.utils.data.DataLoader`` with 2 workers reading fixed-length
   samples (seek + read) of uint16 token shards, cold as above;
@@ -53,6 +61,7 @@ from __future__ import annotations
 import os
 import shutil
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +76,9 @@ MiB = 1024**2
 BLOCK = 1 * MiB
 SEQ_LEN = 4096  # tokens a sample (uint16: 8 KiB)
 
-TARGETS = {"write_ratio": 0.8, "read_ratio": 0.8, "loader_ratio": 0.8, "small_files_per_s": 2000.0}
+READERS = 8  # concurrent cold readers, each of its own file
+TARGETS = {"write_ratio": 0.8, "read_ratio": 0.8, "loader_ratio": 0.8, "small_files_per_s": 2000.0,
+           "read_scaling_8": 1.0}
 # Upper bounds: a field meets its target when it is at most this.
 CEILINGS = {"daemon_rss_peak_mib": 768.0}
 # Against the FUSE floor measured in the same run: small files (create, write
@@ -77,7 +88,8 @@ OF_FLOOR_TARGETS = {"small_files_of_floor": 0.6}
 # The FUSE floor's figure that each target is checked against (the loader is
 # not run on the floor).
 FLOOR_FIELDS = {"write_ratio": "floor_write_ratio", "read_ratio": "floor_read_ratio",
-                "small_files_per_s": "floor_small_files_per_s"}
+                "small_files_per_s": "floor_small_files_per_s",
+                "read_scaling_8": "floor_read_scaling_8"}
 
 
 def _sequential_write(path: Path, size: int) -> float:
@@ -103,6 +115,57 @@ def _sequential_read(path: Path) -> float:
         while n := f.readinto(view):
             total += n
     return total / MiB / (time.perf_counter() - start)
+
+
+def _concurrent_read(paths: list[Path]) -> float:
+    """Aggregate MiB/s of one thread per file reading it whole in 1 MiB reads, all
+    at once: the bytes of every file over the time from the common start until
+    the last reader finished. Raises RuntimeError when a reader failed."""
+    totals = [0] * len(paths)
+    errors: list[BaseException] = []
+    gate = threading.Barrier(len(paths) + 1)
+
+    def reader(i: int) -> None:
+        view = memoryview(bytearray(BLOCK))
+        try:
+            with open(paths[i], "rb", buffering=0) as f:
+                gate.wait()
+                while n := f.readinto(view):
+                    totals[i] += n
+        except threading.BrokenBarrierError:
+            return  # another reader failed before the start: it reports why
+        except BaseException as exc:  # reported below, with the others
+            errors.append(exc)
+            gate.abort()
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(len(paths))]
+    for t in threads:
+        t.start()
+    try:
+        gate.wait()
+    except threading.BrokenBarrierError:
+        pass
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    if errors:
+        raise RuntimeError(f"{len(errors)} concurrent reader(s) failed: {errors[0]!r}")
+    return sum(totals) / MiB / elapsed
+
+
+def _write_reader_files(directory: Path, count: int, size: int) -> list[Path]:
+    """``count`` files of ``size`` bytes (distinct contents) for the concurrent readers."""
+    directory.mkdir()
+    paths = []
+    for i in range(count):
+        path = directory / f"r{i}"
+        block = np.random.default_rng(100 + i).integers(0, 256, BLOCK, dtype=np.uint8).tobytes()
+        with open(path, "wb") as f:
+            for _ in range(size // BLOCK):
+                f.write(block)
+        paths.append(path)
+    return paths
 
 
 def _small_files(directory: Path, count: int) -> float:
@@ -222,7 +285,8 @@ def _memory_pass(fs: MountedFileSystem, small: int, size: int) -> dict[str, Any]
 
 
 FIGURES = ("write", "read", "local_write", "local_read", "small", "local_small", "loader",
-           "local_loader", "floor_write", "floor_read", "floor_small")
+           "local_loader", "floor_write", "floor_read", "floor_small",
+           "read_1", "read_8", "local_read_1", "local_read_8", "floor_read_1", "floor_read_8")
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,12 +300,13 @@ class Plan:
     rounds: int
     memory_small: int  # 4 KiB files of the memory pass
     memory_size: int  # the streamed file of the memory pass
+    reader_bytes: int  # each file of the concurrent readers
 
     @classmethod
     def of(cls, quick: bool, rounds: int | None) -> Plan:
         if quick:
-            return cls(256 * MiB, 2_000, 4, 32 * MiB, rounds or 3, 4_000, 512 * MiB)
-        return cls(2 * GiB, 10_000, 8, 64 * MiB, rounds or 3, 20_000, 2 * GiB)
+            return cls(256 * MiB, 2_000, 4, 32 * MiB, rounds or 3, 4_000, 512 * MiB, 64 * MiB)
+        return cls(2 * GiB, 10_000, 8, 64 * MiB, rounds or 3, 20_000, 2 * GiB, 256 * MiB)
 
 
 def _formatted_mount(workdir: Path, plan: Plan) -> MountedFileSystem:
@@ -282,6 +347,23 @@ def _round(r: int, plan: Plan, fs: MountedFileSystem, measured: tuple[tuple[str,
         figures[name + "loader"].append(_loader(paths))
     for _name, root in measured:
         shutil.rmtree(root / f"small{r}")
+    return _readers_round(fs, measured, figures) and cold
+
+
+def _readers_round(fs: MountedFileSystem, measured: tuple[tuple[str, Path], ...],
+                   figures: dict[str, list[float]]) -> bool:
+    """One reader of one file, then ``READERS`` readers of their own files, each
+    cold (files written by ``run`` in ``readers/``); False if a cache could not
+    be dropped."""
+    cold = True
+    for name, root in measured:
+        paths = sorted((root / "readers").iterdir())
+        for figure, run_readers in (("read_1", paths[:1]), ("read_8", paths)):
+            if root == fs.mountpoint:
+                fs.stop()
+                fs.start()
+            cold = drop_caches() and cold
+            figures[name + figure].append(_concurrent_read(run_readers))
     return cold
 
 
@@ -315,6 +397,12 @@ def _report(plan: Plan, figures: dict[str, list[float]], cold: bool,
         "small_files_of_floor": round(paired("small", "floor_small"), 3),
         "floor_write_ratio": round(paired("floor_write", "local_write"), 3),
         "floor_read_ratio": round(paired("floor_read", "local_read"), 3),
+        **{f"{name}read_mib_s_{n}": round(med[f"{name}read_{n}"], 1)
+           for name in ("", "local_", "floor_") for n in (1, READERS)},
+        "read_scaling_8": round(paired("read_8", "read_1"), 3),
+        "local_read_scaling_8": round(paired("local_read_8", "local_read_1"), 3),
+        "floor_read_scaling_8": round(paired("floor_read_8", "floor_read_1"), 3),
+        "reader_bytes": plan.reader_bytes,
         "file_bytes": plan.size,
         "small_files": plan.small,
         "loader_bytes": plan.shards * plan.shard_bytes,
@@ -348,6 +436,8 @@ def run(quick: bool, workdir: Path, rounds: int | None = None, **_: Any) -> dict
         local_shards = _write_shards(local / "shards", plan.shards, plan.shard_bytes)
         shards = {"local_": local_shards, "": mount_shards}  # the loader has no floor
         measured = (("local_", local), ("", fs.mountpoint), ("floor_", floor.mountpoint))
+        for _name, root in measured:
+            _write_reader_files(root / "readers", READERS, plan.reader_bytes)
         for r in range(plan.rounds):
             cold = _round(r, plan, fs, measured, shards, figures) and cold
         memory = _memory_pass(fs, plan.memory_small, plan.memory_size)
