@@ -31,6 +31,7 @@ raises ``MetaUnavailable``.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import sqlite3
@@ -404,16 +405,14 @@ the number of the engine's statements: a long-running mount would evict and
 re-prepare). psycopg prepares a statement on its 5th execution."""
 
 
-def _with_option(url: str, setting: str) -> str:
-    """The URL's libpq ``options`` (if any) plus ``-c setting``."""
-    from psycopg.conninfo import conninfo_to_dict
-
-    given = str(conninfo_to_dict(url).get("options") or "")
-    return f"{given} -c {setting}".strip()
-
-
-def _configure_pg(conn: Any) -> None:
+def _configure_pg(conn: Any, synchronous: str) -> None:
+    """Each new pooled connection: its prepared-statement cache, and in
+    normal mode ``synchronous_commit = off`` for the session (one round trip
+    per connection; a SET rather than a startup option, which connection
+    poolers such as PgBouncer refuse)."""
     conn.prepared_max = PG_PREPARED_MAX
+    if synchronous == "NORMAL":
+        conn.execute("SET synchronous_commit = off")
 
 
 class PostgresBackend:
@@ -422,8 +421,7 @@ class PostgresBackend:
     Durability (``synchronous``, the URL's ``?synchronous=``):
 
     - ``"NORMAL"`` (default): the pool's connections run with
-      ``synchronous_commit = off`` (a startup option of each connection: no
-      round trip). A commit returns once its record is in the server's WAL
+      ``synchronous_commit = off`` (set once per connection). A commit returns once its record is in the server's WAL
       buffers, without waiting for the WAL flush: it is visible to every
       client at once and survives the crash of any client process, and the
       server's WAL writer makes it durable within ``wal_writer_delay``
@@ -468,11 +466,8 @@ class PostgresBackend:
             "synchronous_commit (durable on power loss with the server's defaults)"
         )
         self._psycopg = psycopg
-        kwargs: dict[str, Any] = {"autocommit": True}
-        if synchronous == "NORMAL":
-            kwargs["options"] = _with_option(url, "synchronous_commit=off")
         try:
-            probe = psycopg.connect(url, connect_timeout=int(connect_timeout), **kwargs)
+            probe = psycopg.connect(url, connect_timeout=int(connect_timeout), autocommit=True)
             probe.close()
         except psycopg.Error as exc:
             raise pg_unavailable(url, exc) from None
@@ -481,8 +476,8 @@ class PostgresBackend:
             url,
             min_size=1,
             max_size=pool_max,
-            kwargs=kwargs,
-            configure=_configure_pg,
+            kwargs={"autocommit": True},
+            configure=functools.partial(_configure_pg, synchronous=synchronous),
             open=True,
             timeout=30.0,
             name="shinglefs-meta",
