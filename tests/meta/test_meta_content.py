@@ -221,6 +221,27 @@ def test_slice_registry(meta):
     assert committed.replicas == (Replica("s1", "d0"), Replica("s2", "d1"))
 
 
+def test_a_commit_with_replicas_replaces_the_registered_set(meta):
+    sid = meta.next_slice_id()
+    meta.add_slice(SliceInfo(sid, 0, replicas=(Replica("1", "0"), Replica("2", "0"))))
+    f = meta.create(ROOT_INO, b"f", 0o644)
+    meta.commit_slice(f.ino, 0, SliceRef(sid, 0, 4096), 4096, replicas=[Replica("2", "0")])
+    assert meta.get_slice(sid).replicas == (Replica("2", "0"),)  # "1" failed mid-write
+
+
+def test_stored_slices_pages_committed_slices_with_their_replicas(meta):
+    f = meta.create(ROOT_INO, b"f", 0o644)
+    ids = [write(meta, f.ino, i * 100, 100) for i in range(5)]
+    meta.set_slice_replicas(ids[1], [Replica("1", "0"), Replica("3", "2")])
+    meta.add_slice(SliceInfo(meta.next_slice_id(), 0))  # writing: not stored yet
+    first = meta.stored_slices(0, 2)
+    assert [s.id for s in first] == ids[:2]
+    assert first[1].replicas == (Replica("1", "0"), Replica("3", "2"))
+    rest = meta.stored_slices(first[-1].id, 100)
+    assert [s.id for s in rest] == ids[2:] and all(s.refcount == 1 for s in rest)
+    assert meta.stored_slices(ids[-1]) == []
+
+
 def test_deletion_queue_leases_and_acknowledges(meta, check):
     f = meta.create(ROOT_INO, b"f", 0o644)
     sid = write(meta, f.ino, 0, 10)

@@ -30,6 +30,7 @@ from shinglefs.meta.api import ROOT_CTX, MetaStore
 from shinglefs.server.errors import SliceMissing
 from shinglefs.server.process import cluster_key
 from shinglefs.server.remote import RemoteNode
+from shinglefs.server.repair import replication_health
 
 MiB = 1024 * 1024
 
@@ -57,9 +58,9 @@ def servers() -> Iterator[list[Server]]:
 
 
 def start_server(meta_url: str, tmp_path: Path, name: str, servers: list[Server],
-                 port: int | None = None) -> tuple[Server, int]:
+                 port: int | None = None, *extra: str) -> tuple[Server, int]:
     port = port or free_port()
-    server = Server(meta_url, [f"emulated:{tmp_path / name}.img:{1024 * MiB}"], port)
+    server = Server(meta_url, [f"emulated:{tmp_path / name}.img:{1024 * MiB}"], port, *extra)
     server.ready()
     servers.append(server)
     return server, port
@@ -289,3 +290,44 @@ def test_a_server_dying_mid_write_leaves_the_write_complete_and_no_partial_repli
     finally:
         fs.close()
     assert all(recorded)
+
+
+def test_lost_replicas_are_copied_again_and_the_data_outlives_a_second_server(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+    fast = ("--repair-after", "1.5", "--repair-interval", "0.3")
+    started = [start_server(meta_url, tmp_path, name, servers, None, *fast)
+               for name in ("s1", "s2", "s3")]
+    wait_until(lambda: live_count(meta) == 3, "three servers live")
+    data = os.urandom(40 * MiB + 3)
+    fs = shinglefs.connect(meta_url)
+    try:
+        fs.write_bytes("/kept.bin", data)
+        first = replica_servers(meta, fs, "/kept.bin")
+    finally:
+        fs.close()
+    assert all(len(r) == 2 for r in first)
+    process_of = {r.id: next(srv for srv, port in started if r.address.endswith(f":{port}"))
+                  for r in meta.list_servers(TIMEOUT_S)}
+    holders = set.union(*first)
+    victim_id = min(holders)
+    process_of[victim_id].kill()
+    assert replication_health(meta, 1.5).slices == len(first)
+
+    def restored() -> bool:
+        fs = shinglefs.connect(meta_url)
+        try:
+            now = replica_servers(meta, fs, "/kept.bin")
+        finally:
+            fs.close()
+        return all(len(r) == 2 and victim_id not in r for r in now)
+
+    wait_until(restored, "every slice back to two replicas without the dead server", limit=60)
+    health = replication_health(meta, 1.5)
+    assert (health.goal, health.under_replicated, health.lost) == (2, 0, 0)
+    # Every slice is now on both survivors: either can go too.
+    process_of[min(set(process_of) - {victim_id})].kill()
+    fs = shinglefs.connect(meta_url)
+    try:
+        assert fs.read_bytes("/kept.bin") == data
+    finally:
+        fs.close()

@@ -16,7 +16,7 @@ from pathlib import Path
 import typer
 
 from shinglefs.errors import UsageError
-from shinglefs.meta.api import SERVER_HEARTBEAT_S
+from shinglefs.meta.api import REPAIR_AFTER_S, SERVER_HEARTBEAT_S
 
 
 def server_command(
@@ -33,6 +33,12 @@ def server_command(
                                     help="a label for placement, e.g. rack=a (repeat)"),
     heartbeat: float = typer.Option(SERVER_HEARTBEAT_S, "--heartbeat", metavar="SECONDS",
                                     help="seconds between heartbeats in meta"),
+    repair_after: float = typer.Option(
+        REPAIR_AFTER_S, "--repair-after", metavar="SECONDS",
+        help="re-replicate slices whose other replica's server has been gone this long"),
+    repair_interval: float = typer.Option(
+        30.0, "--repair-interval", metavar="SECONDS",
+        help="seconds between re-replication passes (0: none)"),
     zone_size: str | None = typer.Option(None, "--zone-size", metavar="SIZE",
                                          help="zone size of emulated drives created here "
                                          "(default 256M)"),
@@ -52,6 +58,8 @@ def server_command(
 
     if not heartbeat > 0:
         raise UsageError(f"--heartbeat {heartbeat} is not a positive number of seconds")
+    if not repair_after > 0 or not repair_interval >= 0:
+        raise UsageError("--repair-after must be positive and --repair-interval not negative")
     if advertise is not None:
         parse_address(advertise, "--advertise")
     settings = load_settings(config, {"format": {"zone_size": size_flag("--zone-size",
@@ -61,7 +69,8 @@ def server_command(
     server_config = ServerConfig(
         meta_url=meta_url, drives=tuple(drive), listen=parse_address(listen),
         advertise=advertise, labels=parse_labels(label), heartbeat_s=heartbeat,
-        zone_size=settings.format.zone_size, store_config=settings.store)
+        zone_size=settings.format.zone_size, store_config=settings.store,
+        repair_after_s=repair_after, repair_interval_s=repair_interval)
 
     def ready(server: StorageServer) -> None:
         print(f"server {server.server_id} serving {len(drive)} drive(s) at {server.address}",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -145,12 +146,22 @@ def _show_servers_of_url(meta_url: str, timeout_s: float | None, as_json: bool) 
     try:
         meta.format_info()  # NotFormatted on an empty database
         servers = server_status(meta, timeout_s)
+        health = None
+        if servers:
+            from shinglefs.server.repair import replication_health
+
+            health = asdict(replication_health(meta))
     finally:
         meta.close()
     if as_json:
-        typer.echo(json.dumps({"meta_url": meta_url, "servers": servers}))
+        typer.echo(json.dumps({"meta_url": meta_url, "servers": servers,
+                               "replication": health}))
     elif servers:
         _print_servers(servers, Console())
+        assert health is not None
+        typer.echo(f"replication: {health['slices']} slices stored, goal {health['goal']} "
+                   f"replica(s): {health['under_replicated']} under-replicated, "
+                   f"{health['lost']} with no replica on a present server")
     else:
         typer.echo(f"no storage server is registered in {meta_url}")
 

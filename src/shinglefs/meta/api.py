@@ -45,6 +45,7 @@ from shinglefs.meta.records import (
     R_OK,
     RENAME_EXCHANGE,
     RENAME_NOREPLACE,
+    REPAIR_AFTER_S,
     ROOT_CTX,
     ROOT_INO,
     SERVER_HEARTBEAT_S,
@@ -476,6 +477,12 @@ class MetaStore(ABC):
         """A slice with its replicas. ENOENT if unknown (or already acknowledged deleted)."""
 
     @abstractmethod
+    def stored_slices(self, after: int = 0, limit: int = 1000) -> list[SliceInfo]:
+        """Committed slices stored on drives (not inline) with ids above ``after``,
+        in id order, at most ``limit``, each with its replicas: pages of the whole
+        slice registry for re-replication and reports. Read-only."""
+
+    @abstractmethod
     def abandoned_slices(self, older_than_s: float, limit: int = 1000) -> list[SliceInfo]:
         """Slices still WRITING, never referenced, registered more than
         ``older_than_s`` ago: what a client that crashed mid-write left behind
@@ -587,6 +594,7 @@ __all__ = [
     "NAME_MAX",
     "RENAME_EXCHANGE",
     "RENAME_NOREPLACE",
+    "REPAIR_AFTER_S",
     "ROOT_CTX",
     "ROOT_INO",
     "R_OK",

@@ -408,6 +408,14 @@ DISCARD_SLICE = (
     "UPDATE slices SET state = 'to_delete' WHERE id = ? AND state = 'writing' AND refcount = 0"
 )
 SEL_SLICE = "SELECT id, length, grp, state, refcount FROM slices WHERE id = ?"
+# Committed slices stored on drives (inline ids are above ?), in id order, with
+# their replicas (a page of slices, every replica row of each).
+SEL_STORED_PAGE = (
+    "SELECT s.id, s.length, s.grp, s.refcount, r.server, r.drive FROM slices s "
+    "LEFT JOIN slice_replicas r ON r.slice_id = s.id WHERE s.id IN ("
+    "SELECT id FROM slices WHERE state = 'committed' AND id > ? AND id < ? ORDER BY id LIMIT ?"
+    ") ORDER BY s.id, r.server, r.drive"
+)
 SEL_SLICE_STATE = "SELECT state FROM slices WHERE id = ?"
 SEL_REPLICAS = "SELECT server, drive FROM slice_replicas WHERE slice_id = ? ORDER BY server, drive"
 INS_REPLICA = (

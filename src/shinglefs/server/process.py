@@ -54,11 +54,12 @@ from types import FrameType
 
 from shinglefs.errors import PathError, ShingleError, UsageError
 from shinglefs.meta import open_meta
-from shinglefs.meta.api import SERVER_HEARTBEAT_S, MetaStore, ServerDrive
+from shinglefs.meta.api import REPAIR_AFTER_S, SERVER_HEARTBEAT_S, MetaStore, ServerDrive
 from shinglefs.meta.errors import FsError
 from shinglefs.server.auth import MIN_SECRET_BYTES
 from shinglefs.server.errors import AddressInUse, ClusterSecretError
 from shinglefs.server.node import DriveLock, StorageNode
+from shinglefs.server.repair import Repairer
 from shinglefs.server.service import SliceServer
 from shinglefs.store.config import StoreConfig
 from shinglefs.store.log import check_drive_size
@@ -142,6 +143,8 @@ class ServerConfig:
     heartbeat_s: float = SERVER_HEARTBEAT_S
     zone_size: int | None = None
     store_config: StoreConfig | None = None
+    repair_after_s: float = REPAIR_AFTER_S  # server/repair.py
+    repair_interval_s: float = 30.0  # between re-replication passes; 0: none
 
 
 # ---- drives ---------------------------------------------------------------------------
@@ -279,6 +282,8 @@ class StorageServer:
         self._slices: SliceServer | None = None
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
+        self._repair: threading.Thread | None = None
+        self.repairer: Repairer | None = None
 
     def start(self) -> StorageServer:
         self._meta = open_meta(self.config.meta_url)
@@ -304,7 +309,28 @@ class StorageServer:
         self._beat = threading.Thread(target=self._heartbeat_loop, name="server-heartbeat",
                                       daemon=True)
         self._beat.start()
+        if self.config.repair_interval_s > 0:
+            assert self._node is not None and self.server_id is not None
+            self.repairer = Repairer(self._meta, self._node, self.server_id, key,
+                                     repair_after_s=self.config.repair_after_s)
+            self._repair = threading.Thread(target=self._repair_loop, name="server-repair",
+                                            daemon=True)
+            self._repair.start()
         return self
+
+    def _repair_loop(self) -> None:
+        """Re-replication passes (server/repair.py) until ``stop``; a failed pass
+        is logged and the next one tries again."""
+        assert self.repairer is not None
+        while not self._stop.wait(self.config.repair_interval_s):
+            try:
+                made = self.repairer.run_once()
+                if made:
+                    log.info("re-replication pass: %d slice(s) copied", made)
+            except ShingleError as exc:
+                log.warning("re-replication pass of server %s failed: %s", self.server_id, exc)
+            except Exception:
+                log.exception("re-replication pass of server %s failed", self.server_id)
 
     def _advertised(self) -> str:
         if self.config.advertise:
@@ -355,9 +381,10 @@ class StorageServer:
     def stop(self) -> None:
         """Unregister, stop serving, close the drives and the metadata. Idempotent."""
         self._stop.set()
-        if self._beat is not None:
-            self._beat.join()
-            self._beat = None
+        for thread in (self._beat, self._repair):
+            if thread is not None:
+                thread.join()
+        self._beat = self._repair = None
         if self._meta is not None and self.server_id is not None:
             try:
                 self._meta.unregister_server(self.server_id)

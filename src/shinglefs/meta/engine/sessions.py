@@ -13,13 +13,21 @@ from __future__ import annotations
 
 import errno as E
 from collections.abc import Sequence
+from dataclasses import replace
 
 from shinglefs.meta import schema as S
 from shinglefs.meta.backend import Tx
 from shinglefs.meta.engine.chunks import slice_info
 from shinglefs.meta.engine.core import SqlCore, enoent, now_ns
 from shinglefs.meta.errors import FsError, SliceStateError
-from shinglefs.meta.records import Session, SessionInfo, SliceInfo, SliceState
+from shinglefs.meta.records import (
+    INLINE_SLICE_BIT,
+    Replica,
+    Session,
+    SessionInfo,
+    SliceInfo,
+    SliceState,
+)
 
 
 class SessionOps(SqlCore):
@@ -113,6 +121,18 @@ class SessionOps(SqlCore):
         return self._run(txn) if inos else []
 
     # ---- the deletion queue --------------------------------------------------------------
+
+    def stored_slices(self, after: int = 0, limit: int = 1000) -> list[SliceInfo]:
+        rows = self._run(lambda tx: tx.all(S.SEL_STORED_PAGE, (after, INLINE_SLICE_BIT, limit)),
+                         "read")
+        out: list[SliceInfo] = []
+        for sid, length, grp, refcount, server, drive in rows:
+            if not out or out[-1].id != sid:
+                out.append(SliceInfo(sid, length, grp, SliceState.COMMITTED, refcount, ()))
+            if server is not None:
+                last = out[-1]
+                out[-1] = replace(last, replicas=(*last.replicas, Replica(server, drive)))
+        return out
 
     def abandoned_slices(self, older_than_s: float, limit: int = 1000) -> list[SliceInfo]:
         def txn(tx: Tx) -> list[SliceInfo]:
