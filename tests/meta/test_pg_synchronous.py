@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -118,3 +119,22 @@ def test_a_commit_in_normal_mode_is_visible_to_another_client_at_once(pg_url: st
     finally:
         writer.close()
         reader.close()
+
+
+def test_a_deletion_pass_makes_the_unreferencing_durable_before_bytes_go(
+    pg_url: str, tmp_path: Path
+) -> None:
+    from shinglefs.client.api import connect
+    from shinglefs.client.filesystem import format_filesystem
+
+    format_filesystem(pg_url, [f"emulated:{tmp_path}/smr.img:4G"], name="t")
+    with connect(pg_url) as fs:
+        fs.write_bytes("/big", b"x" * (2 * 1024 * 1024))  # a slice on the drive, not inline
+        fs.unlink("/big")
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            unlinked = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+            assert fs.vfs.run_deletions() >= 1
+            flushed = conn.execute(
+                "SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (str(unlinked),)
+            ).fetchone()[0]
+        assert flushed is True

@@ -2,8 +2,9 @@
 
 Meta queues a slice when nothing references it any more (an unlinked file's
 last close, a truncate, an overwrite compacted away, a janitor discard).
-``DeletionConsumer.run`` pops the queue in batches, deletes each slice from
-the local drives its replicas name (every drive when none is recorded: a
+``DeletionConsumer.run`` pops the queue in batches, makes meta's commits
+durable (``MetaStore.sync``: the unreferencing must survive a crash before
+the bytes go), deletes each slice from the local drives its replicas name (every drive when none is recorded: a
 crash before ``add_slice``), flushes those drives, and only then
 acknowledges the batch: a crash never forgets a slice that still holds
 space. A slice whose delete fails stays queued (its lease expires) and is
@@ -65,6 +66,11 @@ class DeletionConsumer:
             batch = self.meta.pop_deletions(self.config.deletion_batch)
             if not batch:
                 return total
+            # The commits that unreferenced these slices become durable before
+            # their bytes go: a backend that commits lazily (SQLite's or
+            # PostgreSQL's synchronous=normal) could lose them in a power cut
+            # or a database server crash and come back referencing them.
+            self.meta.sync()
             done: list[int] = []
             drives: set[int] = set()
             for info in batch:
