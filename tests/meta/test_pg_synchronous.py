@@ -12,6 +12,7 @@ import pytest
 from tests.support.pgcluster import PgCluster
 
 from shinglefs.meta import open_meta
+from shinglefs.meta import schema as S
 from shinglefs.meta.api import ROOT_INO
 from shinglefs.meta.backend import PostgresBackend, backend_from_url
 from shinglefs.meta.errors import MetaURLError
@@ -138,3 +139,20 @@ def test_a_deletion_pass_makes_the_unreferencing_durable_before_bytes_go(
                 "SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (str(unlinked),)
             ).fetchone()[0]
         assert flushed is True
+
+
+def test_an_id_batch_is_durable_before_run_returns(pg_url: str) -> None:
+    store = open_meta(pg_url)
+    try:
+        store.format("t", str(uuid.uuid4()))
+        backend = store.backend
+        assert isinstance(backend, PostgresBackend)
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            backend.run(lambda tx: tx.one(S.ALLOC_IDS, (1024, "inode")), "autocommit")
+            allocated = conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+            flushed = conn.execute(
+                "SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (str(allocated),)
+            ).fetchone()[0]
+        assert flushed is True
+    finally:
+        store.close()

@@ -438,6 +438,9 @@ class PostgresBackend:
 
     ``sync()`` (normal) makes every transaction this client — indeed any
     client — committed before the call durable on the server's disk.
+    Writes in ``"autocommit"`` mode (id batches, session heartbeats, server
+    records, DDL: rare) are flushed before ``run`` returns in both modes, so
+    an id range is durable before any of its ids names a slice or an inode.
     """
 
     dialect = schema.POSTGRES
@@ -488,6 +491,15 @@ class PostgresBackend:
         )
 
     def run(self, fn: Callable[[Tx], T], mode: Mode) -> T:
+        result = self._run(fn, mode)
+        if mode == "autocommit" and self.synchronous == "NORMAL":
+            # Rare writes (id batches, heartbeats, server records, DDL) are
+            # flushed before they are used: ids handed out before a server
+            # crash are never handed out again after it.
+            self.sync()
+        return result
+
+    def _run(self, fn: Callable[[Tx], T], mode: Mode) -> T:
         psycopg = self._psycopg
         if os.getpid() != self._pid:
             raise MetaUnavailable(
