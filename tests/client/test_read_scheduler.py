@@ -225,3 +225,23 @@ def test_eight_streams_through_a_small_cache_read_bit_exact(fs_factory: FsFactor
     for i, data in enumerate(files):
         assert results[i] == data, f"file {i} read back wrong"
     assert vfs.cache.cached_bytes <= vfs.cache.capacity
+
+
+def test_a_stream_starting_late_reads_ahead_only_what_the_budget_leaves(
+        fs_factory: FsFactory) -> None:
+    vfs = fs_factory.vfs(ClientConfig(read_extent=MiB, readahead_bytes=16 * MiB,
+                                      read_cache_bytes=8 * MiB))
+    first = write_file(vfs, b"first", pattern(50, 16 * MiB))
+    late = write_file(vfs, b"late", pattern(51, 16 * MiB))
+    fh = vfs.open(first, os.O_RDONLY, ROOT_CTX)
+    vfs.read(fh, 0, 256 * 1024)  # alone: its window is the whole budget (6 MiB)
+    slice_first = vfs.meta.get_chunk(first, 0).refs[0].slice_id
+    assert vfs.cache.extent_read(slice_first, 6) is not None
+    assert vfs.cache.unread_bytes == vfs.reads.streams.budget
+    fh2 = vfs.open(late, os.O_RDONLY, ROOT_CTX)
+    vfs.read(fh2, 0, 256 * 1024)  # its share would be 3 MiB; the budget is spent
+    slice_late = vfs.meta.get_chunk(late, 0).refs[0].slice_id
+    assert vfs.cache.extent_read(slice_late, 2) is not None  # the minimum window
+    assert vfs.cache.extent_read(slice_late, 3) is None
+    vfs.release(fh)
+    vfs.release(fh2)

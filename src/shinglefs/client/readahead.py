@@ -20,6 +20,11 @@ between the streams active now and tells each its :class:`Window`:
   every thread busy and many readers get one thread each, reading its
   stream in order.
 
+The windows are computed from the streams seen so far, so the first of
+several streams starting together would take more than their share: the
+read path also keeps all read-ahead not read yet within ``budget``
+(``SHARE`` of the cache), every stream still getting ``minimum``.
+
 A stream is active from its read-ahead until ``IDLE_S`` seconds pass without
 one (a closed file drops out by itself). Thread-safe; never does I/O.
 """
@@ -57,6 +62,8 @@ class StreamWindows:
         self.cache_bytes = cache_bytes
         self.io_threads = max(1, io_threads)
         self._clock = clock
+        self.budget = int(cache_bytes * SHARE)  # read-ahead not read yet, all streams
+        self.minimum = MIN_EXTENTS * extent  # every stream's read-ahead, whatever the budget
         self._lock = threading.Lock()
         self._seen: dict[int, float] = {}  # stream -> when it last read ahead
 

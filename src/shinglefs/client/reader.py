@@ -362,6 +362,13 @@ class ExtentCache:
             return self._entries.get((slice_id, index))
 
     @property
+    def unread_bytes(self) -> int:
+        """Read-ahead queued, in flight or cached that no reader has read yet
+        (whole extents; a slice's short last extent counts whole)."""
+        with self._lock:
+            return len(self._unread) * self.extent
+
+    @property
     def cached_bytes(self) -> int:
         """The memory the finished extents hold (``held_bytes`` plus bookkeeping)."""
         return self._bytes

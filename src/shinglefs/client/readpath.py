@@ -131,13 +131,21 @@ class ReadPath:
 
     def _readahead(self, h: FileHandle, position: int) -> None:
         """Top up ``h``'s read-ahead when its reader at ``position`` has eaten a
-        step of its window (StreamWindows); errors of meta only skip it."""
+        step of its window (StreamWindows), within what the read-ahead budget
+        has left: all read-ahead not read yet stays within ``StreamWindows.budget``
+        (streams that started before the others were counted would take more
+        than their share), except the minimum window, which every stream gets.
+        Errors of meta only skip it."""
         window = self.streams.window(h.fh)
         target = position + window.bytes
         state = h.read_state
         if state.prefetched_until >= target - window.step:
             return
         start = max(position, state.prefetched_until)
+        room = self.streams.budget - self.cache.unread_bytes
+        target = min(target, max(start + room, position + self.streams.minimum))
+        if target <= start:
+            return
         try:
             # Not through the map cache: its window stays on the read cursor.
             pieces = self.meta.read_map(h.ino, start, target - start)
