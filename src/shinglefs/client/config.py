@@ -53,7 +53,9 @@ class ClientConfig:
     # (docs/client.md, "Inline files"). One block by default; 0 turns it off.
     inline_max_bytes: int = 4096
     read_extent: int = 4 * MiB  # unit of drive reads and of the shared read cache
-    readahead_bytes: int = 64 * MiB  # how far a sequential reader is read ahead (>= 8 MiB)
+    # How far one sequential reader is read ahead (>= 8 MiB); many at once share
+    # 3/4 of the read cache instead (client/readahead.py).
+    readahead_bytes: int = 64 * MiB
     read_cache_bytes: int = field(default_factory=read_cache_default)  # $SHINGLEFS_READ_CACHE_MIB
     io_threads: int = 8  # background readers (readahead) and compaction
     compact_threshold: int = 16  # slices in a chunk before it is compacted in the background
