@@ -13,6 +13,13 @@ Jobs (each bounded by its file list):
 - ``mount-write URL MNT NAME:SIZE ...`` / ``mount-read URL MNT NAME ...``: the same
   through a FUSE mount this job starts (``shinglefs mount --foreground``, a child
   in this host's mount namespace) and unmounts at the end.
+- ``dcp-save URL MNT NAME WORKDIR`` / ``dcp-load ...``: a 2-rank
+  ``torch.distributed.checkpoint`` (gloo) saved through a mount into
+  ``ckpt/NAME.tmp`` and committed by renaming it to ``ckpt/NAME`` (then an fsync
+  of the directory), or loaded from ``ckpt/NAME`` and compared with what was
+  saved (``dcp_state``); prints ``{"saving": NAME}`` first, then ``{"saved": NAME}``,
+  ``{"save_failed": REASON}`` or ``{"loaded": NAME}`` (a load that finds wrong
+  values fails the job).
 """
 
 from __future__ import annotations
@@ -123,9 +130,75 @@ def job_mount_read(url: str, mnt: Path, names: list[str]) -> dict[str, str]:
         mount.close()
 
 
+DCP_TENSORS = 4
+DCP_ELEMENTS = 16 * MiB  # float32: 64 MiB a tensor, 256 MiB a rank
+
+
+def dcp_state(rank: int, zeros: bool = False) -> dict[str, object]:
+    """The state dict rank ``rank`` saves (deterministic) or loads into."""
+    import torch
+
+    return {f"rank{rank}.w{i}": (torch.zeros(DCP_ELEMENTS) if zeros else
+                                 torch.arange(DCP_ELEMENTS, dtype=torch.float32) + 1000 * rank + i)
+            for i in range(DCP_TENSORS)} | {"step": torch.tensor([7])}
+
+
+def _dcp_rank(rank: int, world: int, directory: str, init_file: str, load: bool) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    try:
+        if load:
+            target = dcp_state(rank, zeros=True)
+            dcp.load(target, storage_reader=dcp.FileSystemReader(directory))
+            expected = dcp_state(rank)
+            bad = [k for k in expected if not torch.equal(target[k], expected[k])]  # type: ignore[arg-type]
+            if bad:
+                raise RuntimeError(f"rank {rank} loaded wrong values for {bad}")
+        else:
+            dcp.save(dcp_state(rank), storage_writer=dcp.FileSystemWriter(directory))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def job_dcp(url: str, mnt: Path, name: str, load: bool, work: Path) -> dict[str, object]:
+    """Save (into ``name.tmp``, then rename to ``name``: the commit) or load a
+    2-rank torch.distributed.checkpoint through a mount."""
+    import torch.multiprocessing as mp
+
+    mount = Mount(url, mnt)
+    try:
+        final = mnt / "ckpt" / name
+        rendezvous = work / f"rdv-{os.getpid()}"
+        if load:
+            mp.spawn(_dcp_rank, args=(2, str(final), str(rendezvous), True), nprocs=2)
+            return {"loaded": name}
+        staging = mnt / "ckpt" / f"{name}.tmp"
+        staging.mkdir(parents=True)
+        print(json.dumps({"saving": name}), flush=True)
+        try:
+            mp.spawn(_dcp_rank, args=(2, str(staging), str(rendezvous), False), nprocs=2)
+        except Exception as exc:
+            return {"save_failed": f"{type(exc).__name__}: {exc}"[:2000]}
+        os.rename(staging, final)
+        fd = os.open(final.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return {"saved": name}
+    finally:
+        mount.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("job", choices=["write", "read", "mount-write", "mount-read"])
+    parser.add_argument("job", choices=["write", "read", "mount-write", "mount-read",
+                                        "dcp-save", "dcp-load"])
     parser.add_argument("url")
     parser.add_argument("rest", nargs="+")
     parser.add_argument("--writers", type=int, default=1)
@@ -134,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
         result = {"written": job_write(args.url, [_spec(s) for s in args.rest], args.writers)}
     elif args.job == "read":
         result = {"read": job_read(args.url, args.rest)}
+    elif args.job in ("dcp-save", "dcp-load"):
+        mnt, name, work = Path(args.rest[0]), args.rest[1], Path(args.rest[2])
+        result = job_dcp(args.url, mnt, name, args.job == "dcp-load", work)
     elif args.job == "mount-write":
         result = {"written": job_mount_write(args.url, Path(args.rest[0]),
                                              [_spec(s) for s in args.rest[1:]])}

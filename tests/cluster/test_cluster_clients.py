@@ -10,9 +10,11 @@ hosts at once write files every host reads back, spread over the servers.
 from __future__ import annotations
 
 import hashlib
+import signal
 import sys
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,9 @@ from tests.support.polling import wait_until
 from shinglefs.client.commit import drive_for, split_drive_id
 from shinglefs.client.filesystem import format_filesystem
 from shinglefs.meta import open_meta
-from shinglefs.meta.api import ROOT_CTX, ROOT_INO
+from shinglefs.meta.api import ROOT_CTX, ROOT_INO, MetaStore
+from shinglefs.meta.errors import FsError
+from shinglefs.server.repair import replication_health
 
 MiB = 1024 * 1024
 FSJOB = Path(__file__).resolve().with_name("fsjob.py")
@@ -42,30 +46,41 @@ def fsjob(*args: str) -> list[str]:
     return [sys.executable, str(FSJOB), *args]
 
 
+@dataclass
+class OnServers:
+    """A file system on the three server hosts: ``url`` (the bridge address, for
+    every host), ``root_url`` (for the test itself), the server processes."""
+
+    url: str
+    root_url: str
+    servers: dict[str, HostProcess] = field(default_factory=dict)
+
+
 @pytest.fixture
-def on_servers(cluster: Cluster, pg: PgCluster, tmp_path: Path) -> Callable[[], str]:
-    """Format a file system for servers and start one on each server host; the
-    metadata URL every host reaches (the bridge address)."""
-    def start() -> str:
+def on_servers(cluster: Cluster, pg: PgCluster, tmp_path: Path) -> Callable[..., OnServers]:
+    """Format a file system for servers and start one on each server host (with
+    ``extra`` flags); returns it once all three are live."""
+    def start(*extra: str) -> OnServers:
         url = pg.new_database()
         database = url.rsplit("/", 1)[1].split("?")[0]
         format_filesystem(url, [], servers=True, name=f"c-{uuid.uuid4().hex[:6]}")
         bridge_url = pg.url(database, host=cluster.bridge_address)
+        fs = OnServers(bridge_url, url)
         for host in SERVERS:
             (tmp_path / host).mkdir()
-            cluster.spawn(host, [
+            fs.servers[host] = cluster.spawn(host, [
                 *_shinglefs(), "server", bridge_url,
                 "--drive", f"emulated:{tmp_path / host / 'd0.img'}:{2 * 1024 * MiB}",
                 "--listen", server_address(cluster, host), "--label", f"rack={host}",
-                "--heartbeat", "0.5", "--zone-size", "64M"],
-                label=f"{host}-shinglefs-server", lifetime=300)
+                "--heartbeat", "0.5", "--zone-size", "64M", *extra],
+                label=f"{host}-shinglefs-server", lifetime=400)
         meta = open_meta(url)
         try:
             wait_until(lambda: sum(s.live for s in meta.list_servers()) == len(SERVERS),
                        "three servers live", limit=60)
         finally:
             meta.close()
-        return bridge_url
+        return fs
 
     return start
 
@@ -83,8 +98,8 @@ def sha(name: str, size: int) -> str:
 
 
 def test_a_file_closed_on_one_client_host_reads_bit_exact_on_another(
-        cluster: Cluster, on_servers: Callable[[], str], tmp_path: Path) -> None:
-    url = on_servers()
+        cluster: Cluster, on_servers: Callable[..., OnServers], tmp_path: Path) -> None:
+    url = on_servers().url
     files = {"tiny": 100, "block": 4096, "odd": 3 * MiB + 5, "big": 40 * MiB}
     specs = [f"{n}:{s}" for n, s in files.items()]
     written = result(cluster.spawn("a", fsjob("mount-write", url, str(tmp_path / "mnt-a"),
@@ -98,8 +113,8 @@ def test_a_file_closed_on_one_client_host_reads_bit_exact_on_another(
 
 
 def test_eight_writers_on_two_client_hosts_spread_over_the_servers(
-        cluster: Cluster, on_servers: Callable[[], str], tmp_path: Path) -> None:
-    url = on_servers()
+        cluster: Cluster, on_servers: Callable[..., OnServers], tmp_path: Path) -> None:
+    url = on_servers().url
     size = 24 * MiB
     names = {host: [f"{host}{i}" for i in range(4)] for host in ("a", "b")}
     procs = {host: cluster.spawn(host, fsjob("write", url, *[f"{n}:{size}" for n in files],
@@ -127,3 +142,57 @@ def test_eight_writers_on_two_client_hosts_spread_over_the_servers(
         assert len(servers) >= 2, f"every slice on one server: {servers}"
     finally:
         meta.close()
+
+
+def test_a_server_killed_during_a_two_rank_dcp_save(
+        cluster: Cluster, on_servers: Callable[..., OnServers], tmp_path: Path) -> None:
+    """kill -9 of a storage server while two ranks save a torch.distributed.checkpoint
+    through a mount on host a: the save completes (or fails cleanly, leaving no
+    committed checkpoint); a committed one loads bit-exact on host b; the
+    servers left restore two replicas of every slice."""
+    pytest.importorskip("torch")
+    fs = on_servers("--repair-after", "2", "--repair-interval", "0.5")
+    url = fs.url
+    work = tmp_path / "work"
+    work.mkdir()
+    save = cluster.spawn("a", fsjob("dcp-save", url, str(tmp_path / "mnt-a"), "step-1",
+                                    str(work)), label="a-dcp-save", lifetime=400)
+    meta = open_meta(fs.root_url)
+    try:
+        # Mid-save for sure: a shard is being written (64 MiB of its 256 committed).
+        wait_until(lambda: _shard_bytes(meta) >= 64 * MiB or save.popen.poll() is not None,
+                   "a shard being written", limit=180)
+        assert save.popen.poll() is None, f"the save ended first: {save.describe()}"
+        fs.servers["s1"].kill(signal.SIGKILL)
+        assert save.wait(380) == 0, save.describe()
+        outcome = save.json_lines()[-1]
+        ckpt = meta.lookup(ROOT_INO, b"ckpt", ROOT_CTX)
+        names = {e.name for e in meta.readdir(ckpt.ino)}
+        if "saved" in outcome:
+            assert b"step-1" in names and b"step-1.tmp" not in names
+            load = cluster.spawn("b", fsjob("dcp-load", url, str(tmp_path / "mnt-b"), "step-1",
+                                            str(work)), label="b-dcp-load", lifetime=300)
+            assert load.wait(280) == 0, load.describe()
+            assert load.json_lines()[-1] == {"loaded": "step-1"}
+        else:
+            assert "save_failed" in outcome, save.describe()
+            assert b"step-1" not in names  # nothing committed
+        wait_until(lambda: _restored(meta), "two replicas of every slice on s2 and s3", limit=120)
+    finally:
+        meta.close()
+
+
+def _shard_bytes(meta: MetaStore) -> int:
+    """The largest committed size of a shard in ckpt/step-1.tmp (0 before any)."""
+    try:
+        ckpt = meta.lookup(ROOT_INO, b"ckpt", ROOT_CTX)
+        staging = meta.lookup(ckpt.ino, b"step-1.tmp", ROOT_CTX)
+    except FsError:  # not created yet, or renamed already
+        return 0
+    return max((e.attr.size for e in meta.readdir(staging.ino) if e.name.endswith(b".distcp")),
+               default=0)
+
+
+def _restored(meta: MetaStore) -> bool:
+    health = replication_health(meta, 2.0)
+    return health.goal == 2 and health.under_replicated == 0 and health.lost == 0

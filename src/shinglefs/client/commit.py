@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from shinglefs.meta.api import (
     INLINE_SLICE_BIT,
@@ -46,6 +46,7 @@ from shinglefs.meta.api import (
     SliceRef,
     SliceState,
 )
+from shinglefs.server.errors import PartialFlush
 
 LOCAL_SERVER = "local"
 """The server name of a replica on a drive of the client's own process."""
@@ -166,7 +167,10 @@ class OrderedCommits:
     """Commits finished slices into meta after flushing their drives, in batches.
 
     ``flush_drives(drive_ids)`` must return only when every write completed
-    on those drives before the call is durable (``StorageNode.flush``).
+    on those drives before the call is durable (``StorageNode.flush``), or
+    raise ``PartialFlush`` naming the drives it could not flush (servers that
+    are gone): a slice with another replica is then committed with the
+    replicas that were flushed; one with none fails.
     """
 
     def __init__(self, meta: MetaStore, flush_drives: Callable[[Iterable[int]], None]) -> None:
@@ -213,13 +217,35 @@ class OrderedCommits:
         assert me.attr is not None
         return me.attr
 
+    @staticmethod
+    def _without(batch: Sequence[_Waiting], partial: PartialFlush) -> list[_Waiting]:
+        """The batch with the drives a flush missed taken out of each slice's
+        replicas; a slice left with none fails (its bytes may not be durable)."""
+        kept = []
+        for w in batch:
+            f = w.finished
+            if f.durable or not set(f.drives) & partial.failed:
+                kept.append(w)
+                continue
+            left = tuple(d for d in f.drives if d not in partial.failed)
+            if not left:
+                w.settle(None, partial)
+                continue
+            w.finished = replace(f, drive_id=left[0], replica_drives=left)
+            kept.append(w)
+        return kept
+
     def _commit_batch(self, batch: Sequence[_Waiting]) -> None:
         try:
             needed = sorted({d for w in batch if not w.finished.durable
                              for d in w.finished.drives})
             if needed:
-                self._flush_drives(needed)
                 self.drive_flushes += len(needed)
+                self._flush_drives(needed)
+        except PartialFlush as partial:
+            batch = self._without(batch, partial)
+            if not batch:
+                return
         except BaseException as exc:
             for w in batch:
                 w.settle(None, exc)

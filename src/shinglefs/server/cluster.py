@@ -36,8 +36,12 @@ every replica stored it. A replica that fails (its server died, its drive is
 full) is dropped from the slice with a warning and the slice goes on with the
 others — the write completes; the commit records the replicas that hold the
 slice (``SliceCommit.replicas``), so a reader never meets the partial copy.
-Only when every replica failed does the piece fail. (Restoring the count of
-an under-replicated slice in the background is not built yet.)
+Only when every replica failed does the piece fail; a flush that misses a
+server (``PartialFlush``) leaves that server's replicas out of the commit the
+same way. A server a request found gone (refused, connection lost, timed out)
+is left out of placement until it heartbeats again, so new slices stop going
+to it at once, not after the heartbeat timeout. Servers restore the replica
+count of slices that lost one (server/repair.py).
 
 Reads: a slice's drives are the ones this client placed it on, else the
 replicas meta records for it (``get_slice``), remembered in a bounded memo (a
@@ -71,7 +75,7 @@ from shinglefs.client.commit import cluster_drive_id, drive_for, split_drive_id
 from shinglefs.errors import ShingleError
 from shinglefs.meta.api import MetaStore, ServerRecord
 from shinglefs.meta.errors import FsError
-from shinglefs.server.errors import NodeError, NodeFull, SliceMissing
+from shinglefs.server.errors import NodeError, NodeFull, PartialFlush, SliceMissing, WireError
 from shinglefs.server.node import DriveStats, NodeStats
 from shinglefs.server.remote import RemoteNode
 from shinglefs.store.api import Declined, PieceBytes, PieceFuture, StoreStats
@@ -111,6 +115,7 @@ class ClusterNode:
         self._placed: dict[int, list[int]] = {}  # slice -> its drives, slices written here
         self._located: OrderedDict[int, tuple[int, ...]] = OrderedDict()  # slice -> drives
         self._affinity: dict[int, int] = {}  # group -> drive
+        self._suspects: dict[int, int] = {}  # server -> when a request to it failed (ns)
         self._closed = False
 
     # ------------------------------------------------------------------ membership
@@ -123,6 +128,11 @@ class ClusterNode:
                    else self._meta.list_servers(timeout_s=self._server_timeout))
         live: dict[int, tuple[int, int]] = {}
         for record in records:
+            failed_at = self._suspects.get(record.id)
+            if failed_at is not None and record.heartbeat_ns > failed_at:
+                del self._suspects[record.id]  # it heartbeated since: back in placement
+            elif failed_at is not None:
+                continue
             if record.live:
                 for d in record.drives:
                     live[cluster_drive_id(record.id, d.drive_id)] = (d.capacity_bytes,
@@ -131,6 +141,19 @@ class ClusterNode:
         self._live = live
         self._since = dict.fromkeys(live, 0)
         self._read_at = now
+
+    def _suspect(self, server_id: int, exc: BaseException) -> None:
+        """A request to ``server_id`` found it gone (unreachable, connection lost):
+        leave it out of placement until it heartbeats again (module docstring)."""
+        with self._lock:
+            if server_id not in self._suspects:
+                log.warning("storage server %d left out of placement: %s", server_id, exc)
+            self._suspects[server_id] = time.time_ns()
+            for drive in [d for d in self._live if split_drive_id(d)[0] == server_id]:
+                del self._live[drive]
+            for drives in self._placed.values():
+                if len(drives) > 1:
+                    drives[:] = [d for d in drives if split_drive_id(d)[0] != server_id] or drives
 
     def _remote(self, server_id: int) -> RemoteNode:
         with self._lock:
@@ -304,6 +327,8 @@ class ClusterNode:
                     errors.append(exc)
                 left[0] -= 1
                 last = left[0] == 0
+            if isinstance(exc, WireError):
+                self._suspect(split_drive_id(drive)[0], exc)
             if exc is not None and len(sends) > 1:
                 self._drop_replica(slice_id, drive, exc)
             if last:
@@ -337,18 +362,26 @@ class ClusterNode:
     def flush(self, drive_ids: Iterable[int] | None = None) -> None:
         """Make every write already answered durable on those drives (default: every
         drive of the servers this client talked to)."""
-        by_server: dict[int, list[int]] = {}
+        by_server: dict[int, list[int] | None] = {}
         if drive_ids is None:
             with self._lock:
-                servers = list(self._remotes)
-            for server in servers:
-                self._remote(server).flush()
-            return
-        for drive_id in drive_ids:
+                by_server = dict.fromkeys(self._remotes)
+        for drive_id in drive_ids or ():
             server, local = split_drive_id(drive_id)
-            by_server.setdefault(server, []).append(local)
+            listed = by_server.setdefault(server, [])
+            assert listed is not None
+            listed.append(local)
+        failed: list[int] = []
+        cause: BaseException | None = None
         for server, locals_ in by_server.items():
-            self._remote(server).flush(locals_)
+            try:
+                self._remote(server).flush(locals_)
+            except WireError as exc:  # the server is gone: its drives are not flushed
+                self._suspect(server, exc)
+                cause = exc
+                failed += [cluster_drive_id(server, d) for d in locals_ or ()]
+        if cause is not None:
+            raise PartialFlush(failed, cause)
 
     def delete(self, slice_id: int, drive_id: int | None = None) -> None:
         """Delete a slice (idempotent) on ``drive_id``, on every replica when this

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno as _errno
+from collections.abc import Iterable
 
 from shinglefs.errors import ShingleError
 
@@ -46,6 +47,15 @@ class SliceMissing(NodeError):
         super().__init__(f"slice {slice_id:#x} not found on {where}")
         self.slice_id = slice_id
         self.drive_id = drive_id
+
+
+class PartialFlush(NodeError):
+    """A flush reached some drives but not others (their servers are gone): the
+    writes on ``failed`` drives may not be durable; the others are."""
+
+    def __init__(self, failed: Iterable[int], cause: BaseException) -> None:
+        self.failed = frozenset(failed)
+        super().__init__(f"flush failed on drive(s) {sorted(self.failed)}: {cause}")
 
 
 class NodeFull(NodeError):
