@@ -22,6 +22,7 @@ from tests.support.polling import wait_until
 
 import shinglefs
 from shinglefs.client.commit import drive_for, split_drive_id
+from shinglefs.client.config import ClientConfig
 from shinglefs.client.filesystem import format_filesystem
 from shinglefs.errors import UsageError
 from shinglefs.fuse.harness import MountedFileSystem
@@ -329,5 +330,56 @@ def test_lost_replicas_are_copied_again_and_the_data_outlives_a_second_server(
     fs = shinglefs.connect(meta_url)
     try:
         assert fs.read_bytes("/kept.bin") == data
+    finally:
+        fs.close()
+
+
+KILLED_WRITER = """
+import os, sys, shinglefs
+fs = shinglefs.connect(sys.argv[1])
+data = bytes(range(256)) * 4096  # 1 MiB
+with fs.open("/ckpt.tmp", "wb") as f:
+    for i in range(256):
+        f.write(data)
+        print(i + 1, flush=True)
+fs.rename("/ckpt.tmp", "/ckpt")
+"""
+
+
+def test_a_client_killed_mid_write_commits_nothing_partial_and_its_orphans_are_collected(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+    start_server(meta_url, tmp_path, "s1", servers)
+    wait_until(lambda: live_count(meta) == 1, "server live")
+    writer = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, meta_url],
+                              stdout=subprocess.PIPE, text=True)
+    assert writer.stdout is not None
+    for line in writer.stdout:
+        if int(line) >= 40:
+            break
+    writer.kill()
+    writer.wait(60)
+    orphans = [s.id for s in meta.abandoned_slices(0.0)]
+    assert orphans  # the slice being written when it died, registered on the server
+    config = ClientConfig(janitor_interval=0.2, abandoned_slice_age=0.5)
+    fs = shinglefs.connect(meta_url, config=config)
+    try:
+        assert not fs.exists("/ckpt")  # the commit (rename) never happened
+        size = fs.stat("/ckpt.tmp").st_size
+        assert size % MiB == 0 and size <= 40 * MiB + MiB  # whole slices committed, or none
+        assert fs.read_bytes("/ckpt.tmp") == (bytes(range(256)) * 4096) * (size // MiB)
+        (record,) = meta.list_servers(TIMEOUT_S)
+        with RemoteNode(record.address, cluster_key(meta), timeout=30) as remote:
+            def collected() -> bool:
+                if meta.abandoned_slices(0.0):
+                    return False
+                for sid in orphans:
+                    try:
+                        remote.length(sid)
+                        return False
+                    except SliceMissing:
+                        pass
+                return True
+
+            wait_until(collected, "the dead writer's slices deleted on the server", limit=60)
     finally:
         fs.close()
