@@ -421,17 +421,18 @@ class PostgresBackend:
     Durability (``synchronous``, the URL's ``?synchronous=``):
 
     - ``"NORMAL"`` (default): the pool's connections run with
-      ``synchronous_commit = off`` (set once per connection). A commit returns once its record is in the server's WAL
-      buffers, without waiting for the WAL flush: it is visible to every
-      client at once and survives the crash of any client process, and the
-      server's WAL writer makes it durable within ``wal_writer_delay``
-      (200 ms by default; PostgreSQL bounds the window at 3 x that). A crash
-      of the PostgreSQL server or of its host (power cut) loses the commits
-      of that window that were not ``sync()``ed — a tail of the commit order,
-      never part of a transaction, never a corrupt database: recovery
-      replays a prefix of the WAL. The ordered-commit rule (slice bytes are
-      flushed on their drive before any transaction references them) holds
-      whatever is lost.
+      ``synchronous_commit = off`` (set once per connection). A commit
+      returns once its record is in the server's WAL buffers, without
+      waiting for the WAL flush: it is visible to every client at once and
+      survives the crash of any client process, and the server's WAL writer
+      makes it durable within ``wal_writer_delay`` (200 ms by default;
+      PostgreSQL bounds the window at 3 x that). A crash of the PostgreSQL
+      server or of its host (power cut) loses the commits of that window
+      that were not ``sync()``ed — a tail of the commit order, never part of
+      a transaction, never a corrupt database: recovery replays a prefix of
+      the WAL. The ordered-commit rule (slice bytes are flushed on their
+      drive before any transaction references them) holds whatever is lost;
+      the deletion consumer ``sync()``s before it deletes any bytes.
     - ``"FULL"``: nothing is set; every commit waits for the server's own
       ``synchronous_commit`` (``on`` by default: the WAL is flushed before
       COMMIT returns). ``sync()`` does nothing.
