@@ -11,4 +11,4 @@ baseline measured in the same run on the same machine and the ratio to it.
 runs every benchmark listed in ``BENCHMARKS``.
 """
 
-BENCHMARKS = ["store", "index-scale", "meta", "mount", "smr", "wire"]
+BENCHMARKS = ["store", "index-scale", "meta", "mount", "smr", "wire", "cluster"]

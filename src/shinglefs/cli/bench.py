@@ -42,8 +42,13 @@ def run_benchmark(name: str, quick: bool, workdir: Path | None, options: dict[st
     return result
 
 
-def _options(name: str, meta: str | None) -> dict[str, Any]:
+def _options(name: str, meta: str | None, hosts: str = "auto") -> dict[str, Any]:
     """The options benchmark ``name`` takes from the command line (register new ones here)."""
+    if name == "cluster":
+        if hosts not in ("auto", "loopback"):
+            raise UsageError(f"--hosts {hosts!r} is neither auto nor loopback",
+                             hint="auto: network namespaces when root may build them")
+        return {"hosts": hosts, **({"meta_url": meta} if meta is not None else {})}
     if name == "meta" and meta is not None:
         return {"meta_url": meta}
     return {}
@@ -72,7 +77,12 @@ def register(app: typer.Typer) -> None:
             None, "--workdir", help="where to put drives and files (default: a temp dir)"
         ),
         meta: str | None = typer.Option(
-            None, "--meta", help="extra metadata URL to benchmark (meta benchmark)"
+            None, "--meta", help="extra metadata URL to benchmark (meta benchmark); "
+            "the PostgreSQL server of the cluster benchmark's small files"
+        ),
+        hosts: str = typer.Option(
+            "auto", "--hosts", help="cluster benchmark: auto (network namespaces where "
+            "root may build them) or loopback"
         ),
         out: Path = typer.Option(
             Path("docs/benchmarks.md"), "--out", help="with report: the Markdown file to write"
@@ -91,7 +101,7 @@ def register(app: typer.Typer) -> None:
         names = BENCHMARKS if name == "all" else [name]
         results = {}
         for one in names:
-            results[one] = run_benchmark(one, quick, workdir, _options(one, meta))
+            results[one] = run_benchmark(one, quick, workdir, _options(one, meta, hosts))
             if not as_json:
                 typer.echo(f"== {one}")
                 for key, value in results[one].items():
