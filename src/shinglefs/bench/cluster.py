@@ -105,9 +105,11 @@ class Plan:
     @classmethod
     def of(cls, quick: bool, rounds: int | None) -> Plan:
         file_bytes = (32 if quick else 256) * MiB
-        per_server = file_bytes * sum(WRITERS) // len(SERVERS)
+        # Every drive can hold every file of a round (sparse files): concurrent
+        # clients may all place on the same server.
+        everything = file_bytes * sum(WRITERS) * 5 // 4
         return cls(file_bytes, rounds or (1 if quick else 3),
-                   max(2048 * MiB, 3 * per_server // ZONE * ZONE),
+                   max(2048 * MiB, everything // ZONE * ZONE),
                    300 if quick else 2000, (128 if quick else 512) * MiB)
 
 
