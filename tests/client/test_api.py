@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import os
 import subprocess
 import sys
 import textwrap
@@ -149,19 +148,40 @@ def test_connects_in_one_process_share_one_file_system(fs_factory: FsFactory) ->
         assert again.read_bytes("/b") == b"still open"
 
 
-def test_another_process_cannot_open_drives_this_one_holds(fs_factory: FsFactory) -> None:
+def test_another_process_shares_the_drives_this_one_holds(fs_factory: FsFactory) -> None:
     fs_factory.format()
-    with connect(fs_factory.meta_url):
+    with connect(fs_factory.meta_url) as fs:
+        fs.write_bytes("/a", b"from the owner")
         other = run_python(f"""
-            import shinglefs
-            from shinglefs.server.errors import DriveInUse
-            try:
-                shinglefs.connect({fs_factory.meta_url!r})
-            except DriveInUse as exc:
-                print("in use:", exc)
+            import os, shinglefs
+            fs = shinglefs.connect({fs_factory.meta_url!r})
+            print(fs.read_bytes("/a").decode())
+            fs.write_bytes("/big", bytes(range(256)) * 12289)  # stored on the owner's drives
+            fs.write_bytes("/small", b"tiny")
+            fs.close()
         """)
-    assert other.returncode == 0, other.stderr
-    assert "in use: " in other.stdout and str(os.getpid()) in other.stdout
+        assert other.returncode == 0, other.stderr
+        assert other.stdout.strip() == "from the owner"
+        assert fs.read_bytes("/big") == bytes(range(256)) * 12289
+        assert fs.read_bytes("/small") == b"tiny"
+        owner = fs.vfs.node
+        (sid,) = {p.slice_id for p in fs.vfs.meta.read_map(fs.stat("/big").st_ino, 0, 1 << 30)}
+        assert owner.contains(sid)  # the other process's slice is on this process's drive
+        fs.unlink("/big")
+        fs.vfs.jobs.deletions.run()
+        assert not owner.contains(sid)  # its replica names this process as a server
+    unshared = run_python(f"""
+        import shinglefs
+        from shinglefs.client.filesystem import open_filesystem
+        from shinglefs.server.errors import DriveInUse
+        owner = open_filesystem({fs_factory.meta_url!r})  # neither serves nor joins
+        try:
+            open_filesystem({fs_factory.meta_url!r})
+        except DriveInUse as exc:
+            print("in use:", exc)
+        owner.shutdown()
+    """)
+    assert "in use: " in unshared.stdout, unshared.stderr
 
 
 def test_files_of_a_script_that_never_closes_are_committed_at_exit(

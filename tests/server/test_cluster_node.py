@@ -50,14 +50,6 @@ def meta(meta_url: str) -> Iterator[MetaStore]:
     store.close()
 
 
-@pytest.fixture
-def servers() -> Iterator[list[Server]]:
-    started: list[Server] = []
-    yield started
-    for server in started:
-        server.kill()
-
-
 def start_server(meta_url: str, tmp_path: Path, name: str, servers: list[Server],
                  port: int | None = None, *extra: str) -> tuple[Server, int]:
     port = port or free_port()

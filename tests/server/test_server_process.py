@@ -92,14 +92,6 @@ class Server:
         self.proc.communicate(timeout=60)
 
 
-@pytest.fixture
-def servers() -> Iterator[list[Server]]:
-    started: list[Server] = []
-    yield started
-    for server in started:
-        server.kill()
-
-
 def only(meta: MetaStore) -> ServerRecord:
     (server,) = meta.list_servers(TIMEOUT_S)
     return server

@@ -198,7 +198,8 @@ def _mount(meta_url: str, mountpoint: Path, settings: Settings, *, foreground: b
             format_filesystem(meta_url, format_first.drives, name=format_first.name,
                               store_config=settings.store)
         return open_filesystem(meta_url, mountpoint=str(mountpoint.resolve()),
-                               config=settings.client, store_config=settings.store)
+                               config=settings.client, store_config=settings.store,
+                               serve=True, join=True)
 
     mount(open_vfs, mountpoint, foreground=foreground, allow_other=settings.mount.allow_other,
           options=options, meta_url=meta_url, log_file=log_path,

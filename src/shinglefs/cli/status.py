@@ -126,7 +126,7 @@ def _status_of_url(meta_url: str, server_timeout_s: float | None) -> dict[str, A
     from shinglefs.client.filesystem import absolute_meta_url, open_filesystem
 
     meta_url = absolute_meta_url(meta_url)
-    vfs = open_filesystem(meta_url)
+    vfs = open_filesystem(meta_url, join=True)
     try:
         return collect_status(vfs, meta_url=meta_url, server_timeout_s=server_timeout_s)
     finally:

@@ -579,7 +579,8 @@ def connect(meta_url: str, *, config: ClientConfig | None = None, ctx: Ctx = ROO
     with _opened_lock:
         entry = _opened.get(key)
         if entry is None or entry.vfs.closed:
-            entry = _opened[key] = _Opened(open_filesystem(meta_url, config=config))
+            entry = _opened[key] = _Opened(open_filesystem(meta_url, config=config, serve=True,
+                                                           join=True))
         elif config is not None and config != entry.vfs.config:
             raise UsageError(
                 f"{meta_url} is already open in this process with another client configuration",

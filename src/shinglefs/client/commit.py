@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 
 from shinglefs.meta.api import (
     INLINE_SLICE_BIT,
+    LOCAL_SERVER,
     InodeAttr,
     MetaStore,
     Replica,
@@ -47,9 +48,6 @@ from shinglefs.meta.api import (
     SliceState,
 )
 from shinglefs.server.errors import PartialFlush
-
-LOCAL_SERVER = "local"
-"""The server name of a replica on a drive of the client's own process."""
 
 # Naming replicas. A drive of the client's own process has a small id (its
 # position in the drive list recorded at format time); a drive of a storage

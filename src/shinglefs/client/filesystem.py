@@ -31,6 +31,7 @@ import logging
 import os
 import secrets
 import stat
+import time
 import uuid as _uuid
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -39,11 +40,12 @@ from shinglefs.client.config import ClientConfig
 from shinglefs.client.errors import NotAFileSystem
 from shinglefs.client.groups import GroupPolicy
 from shinglefs.client.vfs import VFS
-from shinglefs.errors import PathError, UsageError
+from shinglefs.errors import PathError, ShingleError, UsageError
 from shinglefs.meta import check_chunk_size, open_meta
 from shinglefs.meta.api import BLOCK_SIZE, CHUNK_SIZE, DriveRecord, FormatInfo, MetaStore
 from shinglefs.meta.backend import SQLITE_SCHEMES
 from shinglefs.meta.errors import AlreadyFormatted, NotFormatted
+from shinglefs.server.errors import DriveInUse
 from shinglefs.server.node import StorageNode
 from shinglefs.store.config import StoreConfig
 from shinglefs.store.log import check_drive_size
@@ -273,15 +275,7 @@ def format_filesystem(
     _check_new_drives(specs, zone_size or DEFAULT_ZONE_SIZE)
     meta = open_meta(meta_url)
     try:
-        try:
-            info = meta.format_info()
-        except NotFormatted:
-            pass
-        else:
-            raise AlreadyFormatted(
-                f"{meta_url} already holds file system {info.name!r} ({info.uuid})",
-                hint="format a new metadata URL, or mount the file system already there",
-            )
+        _refuse_formatted(meta, meta_url)
         node = StorageNode.open([(i, str(s)) for i, s in enumerate(specs)], create=True,
                                 zone_size=zone_size, store_config=store_config)
         try:
@@ -303,20 +297,24 @@ def format_filesystem(
         meta.close()
 
 
+def _refuse_formatted(meta: MetaStore, meta_url: str) -> None:
+    """``AlreadyFormatted`` when ``meta`` already holds a file system."""
+    try:
+        info = meta.format_info()
+    except NotFormatted:
+        return
+    raise AlreadyFormatted(
+        f"{meta_url} already holds file system {info.name!r} ({info.uuid})",
+        hint="format a new metadata URL, or mount the file system already there")
+
+
 def _format_meta(meta_url: str, name: str, chunk_size: int, secret: str | None) -> None:
     """The metadata of a file system on storage servers: no drives, capacity 0
     (the servers report theirs)."""
     check_chunk_size(chunk_size, BLOCK_SIZE)
     meta = open_meta(meta_url)
     try:
-        try:
-            info = meta.format_info()
-        except NotFormatted:
-            pass
-        else:
-            raise AlreadyFormatted(
-                f"{meta_url} already holds file system {info.name!r} ({info.uuid})",
-                hint="format a new metadata URL, or mount the file system already there")
+        _refuse_formatted(meta, meta_url)
         meta.format(name, str(_uuid.uuid4()), chunk_size=chunk_size, capacity_bytes=0,
                     secret=secret if secret is not None else secrets.token_hex(32))
     finally:
@@ -397,12 +395,22 @@ def open_filesystem(
     mountpoint: str = "",
     groups: GroupPolicy | None = None,
     store_config: StoreConfig | None = None,
+    serve: bool = False,
+    join: bool = False,
 ) -> VFS:
     """Open the metadata, the recorded drives as an in-process node, register a session.
 
     A file system formatted with ``servers=True`` (no drives recorded) is opened
     on its storage servers instead (``server.cluster.ClusterNode``): nothing is
     opened locally; ``ClusterSecretError`` when meta holds no usable secret.
+
+    Sharing an embedded file system between processes (``server.share``):
+    ``serve``: this process, if it opens the drives, also serves them to
+    other processes on this host (a mount and ``connect()`` do; a command
+    that opens the file system for a moment does not). ``join``: if another
+    process holds the drives, open the file system through the server it
+    shares them with (waiting up to ``OWNER_WAIT_S`` for it to register)
+    instead of raising ``DriveInUse``.
 
     ``config`` tunes the client, ``store_config`` every drive's slice store.
     ``groups`` replaces the default lifetime-group rule (docs/client.md).
@@ -424,26 +432,67 @@ def open_filesystem(
         base = _drive_base(meta.url_where)
         specs = [_opened_spec(r, base) for r in records]
         found = _check_identities(info, records, specs)
-        node = StorageNode.open([(i, str(s)) for i, s in enumerate(specs)],
-                                store_config=store_config)
+        try:
+            node = StorageNode.open([(i, str(s)) for i, s in enumerate(specs)],
+                                    store_config=store_config)
+        except DriveInUse:
+            owner = _owner(meta) if join else None
+            if owner is None:
+                raise
+            return _open_on_servers(meta, config, mountpoint, groups, local_server=owner)
         try:
             _adopt_unidentified(meta, info, records, specs, found)
-            return VFS(meta, node, config, mountpoint=mountpoint, groups=groups)
+            vfs = VFS(meta, node, config, mountpoint=mountpoint, groups=groups)
         except BaseException:
             node.close()
             raise
     except BaseException:
         meta.close()
         raise
+    if serve:
+        _share(vfs, meta, node)
+    return vfs
+
+
+OWNER_WAIT_S = 5.0
+"""How long a process that finds the drives held waits for their owner to
+share them (it registers right after opening them)."""
+
+
+def _owner(meta: MetaStore) -> int | None:
+    """The server id of the process sharing this embedded file system's drives."""
+    from shinglefs.server.share import owner_of
+
+    deadline = time.monotonic() + OWNER_WAIT_S
+    while True:
+        owner = owner_of(meta)
+        if owner is not None or time.monotonic() > deadline:
+            return owner.id if owner is not None else None
+        time.sleep(0.05)
+
+
+def _share(vfs: VFS, meta: MetaStore, node: StorageNode) -> None:
+    """Serve this process's drives to other processes (server/share.py); a file
+    system that cannot be shared still works here, with a warning."""
+    from shinglefs.server.process import cluster_key
+    from shinglefs.server.share import DriveSharing
+
+    try:
+        sharing = DriveSharing(meta, node, cluster_key(meta)).start()
+    except (ShingleError, OSError) as exc:
+        log.warning("the drives are not shared with other processes: %s", exc)
+        return
+    vfs.before_close.append(sharing.stop)
 
 
 def _open_on_servers(meta: MetaStore, config: ClientConfig | None, mountpoint: str,
-                     groups: GroupPolicy | None) -> VFS:
-    """A client of a file system whose drives belong to storage servers."""
+                     groups: GroupPolicy | None, local_server: int | None = None) -> VFS:
+    """A client of a file system whose drives belong to storage servers, or (with
+    ``local_server``) of an embedded one another process shares (server/share.py)."""
     from shinglefs.server.cluster import ClusterNode  # the wire code, only when needed
     from shinglefs.server.process import cluster_key
 
-    node = ClusterNode(meta, cluster_key(meta))
+    node = ClusterNode(meta, cluster_key(meta), local_server=local_server)
     try:
         return VFS(meta, node, config, mountpoint=mountpoint, groups=groups)
     except BaseException:

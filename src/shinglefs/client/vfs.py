@@ -39,7 +39,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -163,6 +163,9 @@ class VFS:
             deferred=self.config.deferred_close, wake=self.jobs.wake,
         )
         self.meta_backup = self.jobs.backup
+        # Run first by shutdown and abandon: what serves this client's drives
+        # to other processes (server/share.py) stops before they close.
+        self.before_close: list[Callable[[], None]] = []
         self._closed = False
         self.jobs.start()
 
@@ -552,6 +555,7 @@ class VFS:
         if self._closed:
             return
         errors: list[BaseException] = []
+        self._run_before_close(errors)
         for fh in self.handles.file_numbers():
             try:
                 self.release(fh)
@@ -581,6 +585,7 @@ class VFS:
         leave the session registered. Only what was durable survives."""
         if self._closed:
             return
+        self._run_before_close([])
         self._stop_background()
         self._closed = True
         self.writes.abandon()
@@ -589,6 +594,15 @@ class VFS:
             self.meta.close()
         except Exception:
             log.debug("closing meta after abandon", exc_info=True)
+
+    def _run_before_close(self, errors: list[BaseException]) -> None:
+        hooks, self.before_close = self.before_close, []
+        for hook in hooks:
+            try:
+                hook()
+            except BaseException as exc:
+                log.exception("a close hook failed")
+                errors.append(exc)
 
     def __enter__(self) -> VFS:
         return self

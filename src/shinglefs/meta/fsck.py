@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shinglefs.meta import schema as S
-from shinglefs.meta.api import INLINE_SLICE_BIT, Replica, SliceRef, is_inline_slice
+from shinglefs.meta.api import INLINE_SLICE_BIT, LOCAL_SERVER, Replica, SliceRef, is_inline_slice
 from shinglefs.meta.backend import Tx
 from shinglefs.meta.check import (
     COUNTER_PASSES,
@@ -48,7 +48,6 @@ from shinglefs.meta.check import (
 )
 from shinglefs.meta.overlay import flatten
 
-LOCAL_SERVER = "local"
 Progress = Callable[[str], None]
 
 

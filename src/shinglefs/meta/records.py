@@ -210,10 +210,16 @@ class SliceState(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Replica:
-    """Where one copy of a slice lives: a storage server and one of its drives."""
+    """Where one copy of a slice lives: a storage server (its id, or
+    ``LOCAL_SERVER`` for a drive of the file system's own drive list) and one
+    of its drives."""
 
     server: str
     drive: str
+
+
+LOCAL_SERVER = "local"
+"""The server of a replica on a drive recorded at format time (an embedded file system)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,6 +407,7 @@ __all__ = [
     "F_OK",
     "INLINE_SLICE_BIT",
     "LINK_MAX",
+    "LOCAL_SERVER",
     "NAME_MAX",
     "RENAME_EXCHANGE",
     "RENAME_NOREPLACE",

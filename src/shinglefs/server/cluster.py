@@ -73,7 +73,7 @@ from concurrent.futures import Future
 
 from shinglefs.client.commit import cluster_drive_id, drive_for, split_drive_id
 from shinglefs.errors import ShingleError
-from shinglefs.meta.api import MetaStore, ServerRecord
+from shinglefs.meta.api import LOCAL_SERVER, MetaStore, Replica, ServerRecord
 from shinglefs.meta.errors import FsError
 from shinglefs.server.errors import NodeError, NodeFull, PartialFlush, SliceMissing, WireError
 from shinglefs.server.node import DriveStats, NodeStats
@@ -95,7 +95,8 @@ class ClusterNode:
     def __init__(self, meta: MetaStore, secret: bytes, *, connections: int = 4,
                  timeout: float = 60.0, membership_ttl_s: float = 2.0,
                  server_timeout_s: float | None = None, min_free_fraction: float = 0.02,
-                 memo_entries: int = 1 << 16, replicas: int | None = None) -> None:
+                 memo_entries: int = 1 << 16, replicas: int | None = None,
+                 local_server: int | None = None) -> None:
         self._meta = meta
         self._secret = secret
         self._connections = connections
@@ -105,6 +106,7 @@ class ClusterNode:
         self._min_free_fraction = min_free_fraction
         self._memo_entries = memo_entries
         self._replicas = replicas
+        self._local_server = local_server
         self._lock = threading.Lock()
         self._remotes: dict[int, RemoteNode] = {}
         self._servers: dict[int, ServerRecord] = {}  # every registered server, live or not
@@ -410,11 +412,23 @@ class ClusterNode:
             replicas = self._meta.get_slice(slice_id).replicas
         except FsError:
             return ()
-        found = tuple(d for d in (drive_for(r) for r in replicas) if d is not None)
+        found = tuple(d for d in (self.drive_of_replica(r) for r in replicas) if d is not None)
         if found:
             with self._lock:
                 self._remember(slice_id, found)
         return found
+
+    def drive_of_replica(self, replica: Replica) -> int | None:
+        """The cluster drive id of a recorded replica; ``("local", id)`` names a drive
+        of the server sharing an embedded file system (``local_server``)."""
+        if replica.server == LOCAL_SERVER:
+            if self._local_server is None:
+                return None
+            try:
+                return cluster_drive_id(self._local_server, int(replica.drive))
+            except ValueError:
+                return None
+        return drive_for(replica)
 
     def locate(self, slice_id: int) -> int:
         """A drive holding ``slice_id``; ``SliceMissing`` when meta knows none."""

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from shinglefs.meta.api import LOCAL_SERVER, Replica
 from shinglefs.server.errors import (
     DriveInUse,
     NodeClosed,
@@ -169,6 +170,8 @@ class SliceNode(Protocol):
 
     def replicas_of(self, slice_id: int, drive_id: int) -> tuple[int, ...]: ...
 
+    def drive_of_replica(self, replica: Replica) -> int | None: ...
+
     def delete(self, slice_id: int, drive_id: int | None = None) -> None: ...
 
     def flush(self, drive_ids: Iterable[int] | None = None) -> None: ...
@@ -219,6 +222,7 @@ class StorageNode:
         self._reserved = 0  # accepted by writers, not yet stored (``reserve``)
         self._claims: dict[int, int] = {}  # slice -> bytes it claims on its drive (``place``)
         self._claimed: dict[int, int] = dict.fromkeys(stores, 0)  # drive -> claimed bytes
+        self.server_id: int | None = None  # set while shared as a server (server.share)
         self._closed = False
 
     # ------------------------------------------------------------------ opening
@@ -417,6 +421,19 @@ class StorageNode:
     def replicas_of(self, slice_id: int, drive_id: int) -> tuple[int, ...]:
         """The drives holding ``slice_id``, which went to ``drive_id``: one replica here."""
         return (drive_id,)
+
+    def drive_of_replica(self, replica: Replica) -> int | None:
+        """The drive of this node a recorded replica names: ``("local", id)``, or
+        ``(server_id, id)`` once the node is shared as that server
+        (``server.share``); None for a replica elsewhere."""
+        if replica.server != LOCAL_SERVER and (
+                self.server_id is None or replica.server != str(self.server_id)):
+            return None
+        try:
+            drive = int(replica.drive)
+        except ValueError:
+            return None
+        return drive if drive in self._stores else None
 
     def drive_of(self, slice_id: int) -> int | None:
         """The drive this node placed ``slice_id`` on, if it did."""

@@ -17,7 +17,6 @@ import logging
 import threading
 from collections.abc import Callable
 
-from shinglefs.client.commit import drive_for
 from shinglefs.client.config import ClientConfig
 from shinglefs.meta.api import MetaStore
 from shinglefs.server.node import SliceNode
@@ -75,7 +74,8 @@ class DeletionConsumer:
             drives: set[int] = set()
             for info in batch:
                 try:
-                    local = [d for r in info.replicas if (d := drive_for(r)) is not None]
+                    local = [d for r in info.replicas
+                             if (d := self.node.drive_of_replica(r)) is not None]
                     if not local:  # no replica recorded (crash before add_slice): ask every drive
                         self.node.delete(info.id)
                         drives.update(self.node.drive_ids)

@@ -1,0 +1,117 @@
+"""Sharing an embedded file system with other processes on the host.
+
+An embedded file system (drives recorded at format time, ``shinglefs up``)
+is opened by one process at a time: its drives are locked by the process
+that opened them. So that a mount, a ``connect()`` in a script, fsspec in a
+DataLoader and a second mount can use it at once, the process that owns
+the drives also serves them (``DriveSharing``): a ``SliceServer`` on the
+loopback interface, registered in the metadata as a storage server labelled
+``embedded=<host>`` with the file system's drive uuids, heartbeating while
+it runs. A second process that finds the drives held (``DriveInUse``)
+opens the file system through that server instead (``owner_of``,
+``ClusterNode(local_server=...)``): its slices go to the owner's drives over
+loopback, its reads come from them, and meta's replicas of the owner's own
+slices (``("local", drive)``) name that server.
+
+When the owner exits it unregisters; when it is killed its registration goes
+stale and the next process to open the file system finds the drives free and
+becomes the owner.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+
+from shinglefs.errors import ShingleError
+from shinglefs.meta.api import SERVER_HEARTBEAT_S, MetaStore, ServerDrive, ServerRecord
+from shinglefs.server.node import StorageNode
+from shinglefs.server.service import SliceServer
+from shinglefs.zoned.drivespec import parse_drive_spec
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_LABEL = "embedded"
+TIER_OF_KIND = {"emulated": "cold", "linux": "cold", "conventional": "hot"}
+
+
+def drive_records(node: StorageNode, uuids: dict[int, str | None]) -> list[ServerDrive]:
+    """A node's drives as meta records a server's, free bytes as of now."""
+    return [
+        ServerDrive(d.drive_id, d.spec, uuids.get(d.drive_id),
+                    TIER_OF_KIND[parse_drive_spec(d.spec).kind], d.capacity_bytes, d.free_bytes)
+        for d in node.stats().drives
+    ]
+
+
+def owner_of(meta: MetaStore) -> ServerRecord | None:
+    """The live server that shares this embedded file system's drives (the
+    registration holding their uuids), if one is live."""
+    uuids = {r.uuid for r in meta.drive_records() if r.uuid is not None}
+    for record in meta.list_servers():
+        if record.live and uuids and uuids <= {d.uuid for d in record.drives}:
+            return record
+    return None
+
+
+class DriveSharing:
+    """The drives of this process's embedded file system, served on loopback and
+    registered in meta (module docstring). ``start`` raises what binding and
+    registering raise, with nothing left running; ``stop`` is idempotent."""
+
+    def __init__(self, meta: MetaStore, node: StorageNode, key: bytes,
+                 heartbeat_s: float = SERVER_HEARTBEAT_S) -> None:
+        self.meta = meta
+        self.node = node
+        self.key = key
+        self.heartbeat_s = heartbeat_s
+        self.server_id: int | None = None
+        self._uuids = {i: r.uuid for i, r in enumerate(meta.drive_records())}
+        self._server: SliceServer | None = None
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    def start(self) -> DriveSharing:
+        self._server = SliceServer(self.node, self.key, host="127.0.0.1", port=0,
+                                   workers=4).start()
+        try:
+            host, port = self._server.address
+            self.server_id = self.meta.register_server(
+                f"{host}:{port}", drive_records(self.node, self._uuids),
+                {EMBEDDED_LABEL: socket.gethostname()})
+        except BaseException:
+            self._server.close()
+            self._server = None
+            raise
+        self.node.server_id = self.server_id
+        self._beat = threading.Thread(target=self._heartbeat_loop, name="share-heartbeat",
+                                      daemon=True)
+        self._beat.start()
+        return self
+
+    def _heartbeat_loop(self) -> None:
+        assert self.server_id is not None
+        while not self._stop.wait(self.heartbeat_s):
+            try:
+                self.meta.heartbeat_server(self.server_id,
+                                           drive_records(self.node, self._uuids))
+            except ShingleError as exc:
+                log.warning("heartbeat of the shared drives failed: %s", exc)
+            except Exception:
+                log.exception("heartbeat of the shared drives failed")
+
+    def stop(self) -> None:
+        """Unregister (other processes stop using it at once), stop serving."""
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join()
+            self._beat = None
+        if self.server_id is not None:
+            try:
+                self.meta.unregister_server(self.server_id)
+            except ShingleError as exc:
+                log.warning("unregistering the shared drives failed: %s", exc)
+        if self._server is not None:
+            self._server.close()
+            self._server = None
