@@ -26,9 +26,10 @@ two or more servers are live, else 1), each whole on one drive of a distinct
 server, on distinct ``rack`` labels where servers carry them. The first piece
 of a slice places it: the first replica on the drive its lifetime group used
 last while that drive keeps ``min_free_fraction`` of its capacity free, else
-on the live drive with the most free bytes (its heartbeat's figure less what
-this client submitted there since); each further replica on the freest drive
-of another server. Every piece goes to every replica at once (in parallel,
+on a live drive with the most free bytes (its heartbeat's figure less what
+this client submitted there since; one at random among those within
+``SPREAD`` of the freest, so that clients placing at once spread out); each
+further replica on such a drive of another server. Every piece goes to every replica at once (in parallel,
 each over one connection per server: ``RemoteNode`` hashes the slice id, so a
 server appends a slice's pieces in order); the server's write scheduler
 merges what all clients send into its drives' zone runs. A piece is done when
@@ -65,6 +66,7 @@ from __future__ import annotations
 import errno as E
 import functools
 import logging
+import random
 import threading
 import time
 from collections import OrderedDict
@@ -82,6 +84,10 @@ from shinglefs.store.api import Declined, PieceBytes, PieceFuture, StoreStats
 from shinglefs.zoned.fileio import Payload
 
 log = logging.getLogger(__name__)
+
+SPREAD = 0.1
+"""Drives within this fraction of the freest one's free bytes are equally good."""
+
 
 class NoServers(ShingleError):
     """No live storage server with a drive: nothing can be written."""
@@ -238,7 +244,7 @@ class ClusterNode:
                     < self._min_free_fraction * self._live[chosen][0]):
                 chosen = None
             if chosen is None:
-                chosen = max(self._live, key=self._free)
+                chosen = self._freest(list(self._live))
             self._affinity[group] = chosen
             drives = [chosen]
             servers = {split_drive_id(d)[0] for d in self._live}
@@ -259,7 +265,15 @@ class ClusterNode:
         others = [d for d in self._live if split_drive_id(d)[0] not in used]
         elsewhere = [d for d in others if self._rack(split_drive_id(d)[0]) not in racks]
         pool = elsewhere or others
-        return max(pool, key=self._free) if pool else None
+        return self._freest(pool) if pool else None
+
+    def _freest(self, drives: list[int]) -> int:
+        """One of the drives with the most free bytes: a random one among those
+        within ``SPREAD`` of the freest, so that clients placing at once (each
+        seeing the same heartbeats) do not all pick the same drive."""
+        top = max(self._free(d) for d in drives)
+        near = [d for d in drives if self._free(d) >= top * (1 - SPREAD)]
+        return random.choice(near)
 
     def _rack(self, server_id: int) -> str | None:
         record = self._servers.get(server_id)

@@ -16,8 +16,13 @@ connections, run as workers are free, and answers may come back
 out of order (the client matches them by ``request_id``). A FLUSH covers the
 writes that were answered before it was sent, not those still in flight.
 
-Durability: a PUT is answered after ``StorageNode.write`` returned, i.e. once
-the piece is readable; with the DURABLE flag, once it is durable on its drive.
+Durability: a PUT is answered once the piece is readable (its
+``StorageNode.submit`` future completed); with the DURABLE flag, once it is
+durable on its drive. PUTs are submitted without urgency and answered when
+they complete, so the drive's write scheduler gathers the pieces every client
+sends into long zone runs per lifetime group (docs/slice-log.md) instead of
+writing each piece alone; a PUT's payload buffer stays with the drive's queue
+until then.
 
 Back-pressure: a connection stops being read while it has
 ``Limits.max_in_flight`` requests or ``max_in_flight_bytes`` bytes (payloads
@@ -41,7 +46,7 @@ import ssl
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any, Protocol
 
@@ -51,10 +56,11 @@ from shinglefs.server.errors import (
     AuthFailed,
     FrameError,
     FrameRejected,
+    NodeFull,
     PeerClosed,
     UnknownDrive,
 )
-from shinglefs.server.node import NodeStats
+from shinglefs.server.node import NodeStats, PieceFuture
 from shinglefs.server.wire import (
     HEADER_SIZE,
     NO_DRIVE,
@@ -70,6 +76,7 @@ from shinglefs.server.wire import (
     recv_exactly,
     send_frame,
 )
+from shinglefs.store.errors import StoreFull
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +85,15 @@ MAX_FLUSH_DRIVES = 4096
 
 
 class ServedNode(Protocol):
-    """What the server calls on its node: ``StorageNode``'s blocking methods."""
+    """What the server calls on its node: ``StorageNode``'s ``submit`` (PUT) and
+    blocking methods."""
 
     @property
     def drive_ids(self) -> list[int]: ...
+
+    def submit(self, slice_id: int, offset: int, data: Any, group: int, *,
+               drive_id: int | None = None, durable: bool = False, urgent: bool = False,
+               wait: bool = True) -> tuple[int, PieceFuture]: ...
 
     def write(self, slice_id: int, offset: int, data: Any, group: int, *,
               drive_id: int | None = None, durable: bool = False) -> int: ...
@@ -357,13 +369,18 @@ class _Connection:
     def _serve(self, header: Header, payload: memoryview, pooled: bytearray | None,
                cost: int) -> None:
         """Worker thread: run one request, queue its answer (never raises)."""
+        if self._closed.is_set():
+            payload.release()
+            self._server.buffers.give(pooled)
+            self._budget.give(cost)
+            return
+        if header.kind == Kind.PUT:
+            self._submit(header, payload, pooled, cost)
+            return
         kind = header.kind | RESPONSE_BIT
         body: Any = b""
         arg = 0
         try:
-            if self._closed.is_set():
-                self._budget.give(cost)
-                return
             arg, body = dispatch(self._server.node, header, payload)
         except ShingleError as exc:
             kind, body = Kind.ERROR | RESPONSE_BIT, error_body(exc)
@@ -373,6 +390,46 @@ class _Connection:
         finally:
             payload.release()
             self._server.buffers.give(pooled)
+        self._answer(header, kind, arg, body, cost)
+
+    def _submit(self, header: Header, payload: memoryview, pooled: bytearray | None,
+                cost: int) -> None:
+        """A PUT: queue the piece on its drive (in this slice's lane, so in order)
+        and answer when it is stored; the payload is held until then."""
+        def done(drive_id: int, future: Future[None]) -> None:
+            exc = future.exception()
+            self._let_go(payload, pooled)
+            if exc is None:
+                self._answer(header, header.kind | RESPONSE_BIT, drive_id, b"", cost)
+                return
+            if isinstance(exc, StoreFull):
+                exc = NodeFull(header.slice_id, drive_id, str(exc))
+            if not isinstance(exc, ShingleError):
+                log.error("PUT from %s failed: %s", self.peer, exc)
+            self._answer(header, Kind.ERROR | RESPONSE_BIT, 0, error_body(exc), cost)
+
+        node = self._server.node
+        try:
+            drive_id, future = node.submit(
+                header.slice_id, header.offset, payload, header.arg,
+                drive_id=_drive(node, header), durable=bool(header.flags & Flag.DURABLE))
+        except Exception as exc:
+            self._let_go(payload, pooled)
+            if not isinstance(exc, ShingleError):
+                log.exception("PUT from %s failed", self.peer)
+            self._answer(header, Kind.ERROR | RESPONSE_BIT, 0, error_body(exc), cost)
+            return
+        future.add_done_callback(functools.partial(done, drive_id))
+
+    def _let_go(self, payload: memoryview, pooled: bytearray | None) -> None:
+        """A request is done with its payload: release the view, reuse the buffer."""
+        try:
+            payload.release()
+        except BufferError:  # a view of it is still referenced: the buffer is not reused
+            return
+        self._server.buffers.give(pooled)
+
+    def _answer(self, header: Header, kind: int, arg: int, body: Any, cost: int) -> None:
         answer = Header(kind, request_id=header.request_id, slice_id=header.slice_id,
                         offset=header.offset, arg=arg, drive=header.drive, payload_len=len(body))
         if not self._send_now(answer, body, cost):
