@@ -214,18 +214,23 @@ def replica_servers(meta: MetaStore, fs: shinglefs.ShingleFS, path: str) -> list
     return out
 
 
+def write_placed(meta_url: str, meta: MetaStore, path: str, data: bytes) -> list[set[int]]:
+    """Write ``path`` with a fresh client; the servers of each of its slices' replicas."""
+    fs = shinglefs.connect(meta_url)
+    try:
+        fs.write_bytes(path, data)
+        return replica_servers(meta, fs, path)
+    finally:
+        fs.close()
+
+
 def test_two_servers_hold_two_replicas_and_reads_survive_either_dying(
         tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
     s1, _ = start_server(meta_url, tmp_path, "s1", servers)
     start_server(meta_url, tmp_path, "s2", servers)
     wait_until(lambda: live_count(meta) == 2, "two servers live")
     data = os.urandom(20 * MiB + 11)
-    fs = shinglefs.connect(meta_url)
-    try:
-        fs.write_bytes("/two.bin", data)
-        placed = replica_servers(meta, fs, "/two.bin")
-    finally:
-        fs.close()
+    placed = write_placed(meta_url, meta, "/two.bin", data)
     assert placed and all(len(servers_of) == 2 for servers_of in placed), placed
     s1.kill()
     fs = shinglefs.connect(meta_url)
@@ -292,12 +297,7 @@ def test_lost_replicas_are_copied_again_and_the_data_outlives_a_second_server(
                for name in ("s1", "s2", "s3")]
     wait_until(lambda: live_count(meta) == 3, "three servers live")
     data = os.urandom(40 * MiB + 3)
-    fs = shinglefs.connect(meta_url)
-    try:
-        fs.write_bytes("/kept.bin", data)
-        first = replica_servers(meta, fs, "/kept.bin")
-    finally:
-        fs.close()
+    first = write_placed(meta_url, meta, "/kept.bin", data)
     assert all(len(r) == 2 for r in first)
     process_of = {r.id: next(srv for srv, port in started if r.address.endswith(f":{port}"))
                   for r in meta.list_servers(TIMEOUT_S)}
