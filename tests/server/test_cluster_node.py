@@ -375,3 +375,31 @@ def test_a_client_killed_mid_write_commits_nothing_partial_and_its_orphans_are_c
             wait_until(collected, "the dead writer's slices deleted on the server", limit=60)
     finally:
         fs.close()
+
+
+def test_a_client_follows_a_server_that_comes_back_at_another_address(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+    server, _ = start_server(meta_url, tmp_path, "s1", servers)
+    wait_until(lambda: live_count(meta) == 1, "server live")
+    data = os.urandom(3 * MiB)
+    fs = shinglefs.connect(meta_url)  # one client across the restart
+    try:
+        fs.write_bytes("/moved.bin", data)
+        server.kill()
+        start_server(meta_url, tmp_path, "s1", servers)  # same drive, a new port
+        wait_until(lambda: live_count(meta) == 1, "server back")
+
+        def writes() -> bool:  # refused at the old port first, then the new one is read
+            try:
+                fs.write_bytes("/after.bin", data)
+            except OSError:
+                return False
+            return True
+
+        wait_until(writes, "a write through the server's new address", limit=30)
+        for sid, _drive in slices_of(meta, fs, "/moved.bin"):
+            fs.vfs.cache.drop_slice(sid)  # read it from the server again, not from memory
+        assert fs.read_bytes("/moved.bin") == data
+        assert fs.read_bytes("/after.bin") == data
+    finally:
+        fs.close()

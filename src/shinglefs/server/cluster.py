@@ -145,6 +145,13 @@ class ClusterNode:
                 for d in record.drives:
                     live[cluster_drive_id(record.id, d.drive_id)] = (d.capacity_bytes,
                                                                      d.free_bytes)
+        for record in records:  # a server that came back elsewhere (a new port, a new host)
+            remote = self._remotes.get(record.id)
+            known = self._servers.get(record.id)
+            if remote is not None and known is not None and known.address != record.address:
+                del self._remotes[record.id]
+                # Not under our lock: closing fails its requests, whose callbacks take it.
+                threading.Thread(target=remote.close, name="remote-close", daemon=True).start()
         self._servers = {r.id: r for r in records}
         self._live = live
         self._since = dict.fromkeys(live, 0)
