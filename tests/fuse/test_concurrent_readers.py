@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shinglefs.fuse.harness import GiB, MountedFileSystem, default_drives, drop_caches
+from shinglefs.fuse.harness import MountedFileSystem, drop_caches
 
 pytestmark = pytest.mark.fuse
 
@@ -30,11 +30,7 @@ CACHE_MIB = 16
 
 @pytest.fixture
 def small_cache_fs(tmp_path: Path) -> Iterator[MountedFileSystem]:
-    with MountedFileSystem(
-        tmp_path / "data", tmp_path / "mnt",
-        drives=default_drives(tmp_path / "data", smr_bytes=16 * GiB, conventional_bytes=2 * GiB),
-        env={"SHINGLEFS_READ_CACHE_MIB": str(CACHE_MIB)},
-    ) as fs:
+    with MountedFileSystem.with_read_cache(tmp_path, CACHE_MIB) as fs:
         yield fs
 
 

@@ -28,9 +28,7 @@ import pytest
 
 from shinglefs.bench.mount import daemon_memory
 from shinglefs.fuse.harness import (
-    GiB,
     MountedFileSystem,
-    default_drives,
     drop_caches,
     shinglefs_command,
 )
@@ -51,11 +49,7 @@ def small_payload(i: int) -> bytes:
 
 @pytest.fixture
 def small_cache_fs(tmp_path: Path) -> Iterator[MountedFileSystem]:
-    with MountedFileSystem(
-        tmp_path / "data", tmp_path / "mnt",
-        drives=default_drives(tmp_path / "data", smr_bytes=16 * GiB, conventional_bytes=2 * GiB),
-        env={"SHINGLEFS_READ_CACHE_MIB": str(CACHE_MIB)},
-    ) as fs:
+    with MountedFileSystem.with_read_cache(tmp_path, CACHE_MIB) as fs:
         yield fs
 
 

@@ -58,6 +58,15 @@ class MountedFileSystem:
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = self.data_dir / "mount.log"
 
+    @classmethod
+    def with_read_cache(cls, root: Path, cache_mib: int) -> MountedFileSystem:
+        """A file system under ``root`` (16 GiB of SMR, 2 GiB conventional) whose
+        mount has a ``cache_mib`` read cache (memory and read-ahead tests)."""
+        return cls(root / "data", root / "mnt",
+                   drives=default_drives(root / "data", smr_bytes=16 * GiB,
+                                         conventional_bytes=2 * GiB),
+                   env={"SHINGLEFS_READ_CACHE_MIB": str(cache_mib)})
+
     # -- life cycle -------------------------------------------------------------------------
 
     def format(self) -> None:
