@@ -40,6 +40,7 @@ from shinglefs.server.wire import (
     decode_header,
     read_frame,
 )
+from shinglefs.zoned.fileio import Payload
 
 MiB = 1024 * 1024
 SECRET = b"cluster secret of the tests, 32B"
@@ -128,6 +129,15 @@ def test_pieces_round_trip_bit_exact(client: RemoteNode, node: StorageNode) -> N
         client.read(11, 0, 1)
     assert missing.value.slice_id == 11
     client.delete(11)  # idempotent
+
+
+@pytest.mark.parametrize("sizes", [(100, 200, 300), (MiB, 3 * MiB + 5, 17)])
+def test_a_piece_of_several_buffers_is_sent_unjoined_and_stored_in_order(
+        client: RemoteNode, sizes: tuple[int, ...]) -> None:
+    parts = [os.urandom(n) for n in sizes]
+    sid = 900 + len(sizes) + sizes[0] % 7
+    client.write(sid, 0, Payload(parts), group=1)  # a writer's pending buffers, as they are
+    assert client.read(sid, 0, sum(sizes)) == b"".join(parts)
 
 
 def test_node_calls_mirror_storage_node(client: RemoteNode, node: StorageNode) -> None:

@@ -316,14 +316,13 @@ class ClusterNode:
         on the network), nothing sent."""
         if not wait:
             raise Declined()
+        body = Payload(data)  # sent view by view, never joined
         if drive_id is None:
-            drive_id = self.place(slice_id, group, Payload(data).nbytes)
-        views = Payload(data).views
-        body = views[0] if len(views) == 1 else b"".join(views)
+            drive_id = self.place(slice_id, group, body.nbytes)
         with self._lock:
             drives = list(self._placed.get(slice_id) or [drive_id])
             for d in drives:
-                self._since[d] = self._since.get(d, 0) + len(body)
+                self._since[d] = self._since.get(d, 0) + body.nbytes
         sends = []
         for d in drives:
             server, local = split_drive_id(d)

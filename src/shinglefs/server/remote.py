@@ -66,6 +66,7 @@ from shinglefs.server.wire import (
     send_frame,
 )
 from shinglefs.store.api import StoreStats
+from shinglefs.zoned.fileio import Payload
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +291,8 @@ class RemoteNode:
         header = Header(kind, flags=flags, request_id=next(self._ids), slice_id=sid,
                         offset=offset, arg=arg,
                         drive=NO_DRIVE if drive_id is None else drive_id,
-                        payload_len=memoryview(payload).nbytes)
+                        payload_len=payload.nbytes if isinstance(payload, Payload)
+                        else memoryview(payload).nbytes)
         return channel, channel.call(header, payload, into)
 
     def _answer(self, channel: _Channel, future: Future[Answer], kind: Kind) -> Answer:

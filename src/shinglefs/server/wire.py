@@ -42,6 +42,7 @@ from typing import Any
 
 from shinglefs.server.errors import FrameError, PeerClosed
 from shinglefs.store.api import MAX_SLICE_SIZE
+from shinglefs.zoned.fileio import Payload
 
 MAGIC = b"SHFW"
 PROTOCOL_VERSION = 1
@@ -220,14 +221,18 @@ def read_frame(sock: socket.socket, header_buf: bytearray,
 
 
 def send_frame(sock: socket.socket, header_bytes: bytes,
-               payload: bytes | bytearray | memoryview = b"") -> None:
+               payload: bytes | bytearray | memoryview | Payload = b"") -> None:
     """Send a packed header and its payload; a large payload goes out from its own
-    buffer (no join). The caller holds the connection's send lock."""
-    if len(payload) <= 64 * 1024:
-        sock.sendall(header_bytes + bytes(payload) if payload else header_bytes)
-    else:
-        sock.sendall(header_bytes)
-        sock.sendall(payload)
+    buffer(s) — a ``Payload``'s views one after another — never joined. The
+    caller holds the connection's send lock."""
+    views = payload.views if isinstance(payload, Payload) else [memoryview(payload)]
+    size = sum(v.nbytes for v in views)
+    if size <= 64 * 1024:
+        sock.sendall(header_bytes + b"".join(views) if size else header_bytes)
+        return
+    sock.sendall(header_bytes)
+    for view in views:
+        sock.sendall(view)
 
 
 def encode_json(value: Any) -> bytes:
