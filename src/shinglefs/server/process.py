@@ -55,9 +55,9 @@ from types import FrameType
 from shinglefs.errors import PathError, ShingleError, UsageError
 from shinglefs.meta import open_meta
 from shinglefs.meta.api import REPAIR_AFTER_S, SERVER_HEARTBEAT_S, MetaStore, ServerDrive
-from shinglefs.meta.errors import FsError
 from shinglefs.server.auth import MIN_SECRET_BYTES
 from shinglefs.server.errors import AddressInUse, ClusterSecretError
+from shinglefs.server.membership import Membership, server_drives
 from shinglefs.server.node import DriveLock, StorageNode
 from shinglefs.server.repair import Repairer
 from shinglefs.server.service import SliceServer
@@ -78,7 +78,6 @@ from shinglefs.zoned.zonetable import DriveIdentity
 log = logging.getLogger(__name__)
 
 WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
-TIER_OF_KIND = {"emulated": "cold", "linux": "cold", "conventional": "hot"}
 
 
 def parse_address(text: str, what: str = "--listen") -> tuple[str, int]:
@@ -281,7 +280,7 @@ class StorageServer:
         self._uuids: dict[int, str | None] = {}
         self._slices: SliceServer | None = None
         self._stop = threading.Event()
-        self._beat: threading.Thread | None = None
+        self._membership: Membership | None = None
         self._repair: threading.Thread | None = None
         self.repairer: Repairer | None = None
 
@@ -302,13 +301,13 @@ class StorageServer:
                     raise AddressInUse(f"{host}:{port}") from None
                 raise
             self.address = self._advertised()
-            self._register()
+            self._membership = Membership(self._meta, self._node, self._uuids,
+                                          self.config.labels, self.config.heartbeat_s)
+            self.server_id = self._membership.register(self.address)
         except BaseException:
             self._close_all()
             raise
-        self._beat = threading.Thread(target=self._heartbeat_loop, name="server-heartbeat",
-                                      daemon=True)
-        self._beat.start()
+        self._membership.start()
         if self.config.repair_interval_s > 0:
             assert self._node is not None and self.server_id is not None
             self.repairer = Repairer(self._meta, self._node, self.server_id, key,
@@ -344,52 +343,17 @@ class StorageServer:
     def drive_records(self) -> list[ServerDrive]:
         """The server's drives as meta records them, with free bytes as of now."""
         assert self._node is not None
-        return [
-            ServerDrive(d.drive_id, d.spec, self._uuids.get(d.drive_id),
-                        TIER_OF_KIND[parse_drive_spec(d.spec).kind], d.capacity_bytes,
-                        d.free_bytes)
-            for d in self._node.stats().drives
-        ]
-
-    def _register(self) -> None:
-        assert self._meta is not None
-        self.server_id = self._meta.register_server(self.address, self.drive_records(),
-                                                    self.config.labels)
-        log.info("storage server %d registered at %s", self.server_id, self.address)
-
-    def heartbeat(self) -> None:
-        """One heartbeat; registers again when meta says the registration is gone."""
-        assert self._meta is not None and self.server_id is not None
-        try:
-            self._meta.heartbeat_server(self.server_id, self.drive_records())
-        except FsError as exc:
-            if exc.errno != _errno.ESTALE:
-                raise
-            log.warning("server %d was unregistered meanwhile; registering again",
-                        self.server_id)
-            self._register()
-
-    def _heartbeat_loop(self) -> None:
-        while not self._stop.wait(self.config.heartbeat_s):
-            try:
-                self.heartbeat()
-            except ShingleError as exc:
-                log.warning("heartbeat of server %s failed: %s", self.server_id, exc)
-            except Exception:  # the server keeps serving; the next beat tries again
-                log.exception("heartbeat of server %s failed", self.server_id)
+        return server_drives(self._node, self._uuids)
 
     def stop(self) -> None:
         """Unregister, stop serving, close the drives and the metadata. Idempotent."""
         self._stop.set()
-        for thread in (self._beat, self._repair):
-            if thread is not None:
-                thread.join()
-        self._beat = self._repair = None
-        if self._meta is not None and self.server_id is not None:
-            try:
-                self._meta.unregister_server(self.server_id)
-            except ShingleError as exc:
-                log.warning("unregistering server %d failed: %s", self.server_id, exc)
+        if self._repair is not None:
+            self._repair.join()
+            self._repair = None
+        if self._membership is not None:
+            self._membership.stop()
+            self._membership = None
         self._close_all()
 
     def _close_all(self) -> None:

@@ -20,29 +20,14 @@ becomes the owner.
 
 from __future__ import annotations
 
-import logging
 import socket
-import threading
 
-from shinglefs.errors import ShingleError
-from shinglefs.meta.api import SERVER_HEARTBEAT_S, MetaStore, ServerDrive, ServerRecord
+from shinglefs.meta.api import SERVER_HEARTBEAT_S, MetaStore, ServerRecord
+from shinglefs.server.membership import Membership
 from shinglefs.server.node import StorageNode
 from shinglefs.server.service import SliceServer
-from shinglefs.zoned.drivespec import parse_drive_spec
-
-log = logging.getLogger(__name__)
 
 EMBEDDED_LABEL = "embedded"
-TIER_OF_KIND = {"emulated": "cold", "linux": "cold", "conventional": "hot"}
-
-
-def drive_records(node: StorageNode, uuids: dict[int, str | None]) -> list[ServerDrive]:
-    """A node's drives as meta records a server's, free bytes as of now."""
-    return [
-        ServerDrive(d.drive_id, d.spec, uuids.get(d.drive_id),
-                    TIER_OF_KIND[parse_drive_spec(d.spec).kind], d.capacity_bytes, d.free_bytes)
-        for d in node.stats().drives
-    ]
 
 
 def owner_of(meta: MetaStore) -> ServerRecord | None:
@@ -65,53 +50,31 @@ class DriveSharing:
         self.meta = meta
         self.node = node
         self.key = key
-        self.heartbeat_s = heartbeat_s
-        self.server_id: int | None = None
-        self._uuids = {i: r.uuid for i, r in enumerate(meta.drive_records())}
+        uuids = {i: r.uuid for i, r in enumerate(meta.drive_records())}
+        self._membership = Membership(meta, node, uuids,
+                                      {EMBEDDED_LABEL: socket.gethostname()}, heartbeat_s)
         self._server: SliceServer | None = None
-        self._stop = threading.Event()
-        self._beat: threading.Thread | None = None
+
+    @property
+    def server_id(self) -> int | None:
+        return self._membership.server_id
 
     def start(self) -> DriveSharing:
         self._server = SliceServer(self.node, self.key, host="127.0.0.1", port=0,
                                    workers=4).start()
         try:
             host, port = self._server.address
-            self.server_id = self.meta.register_server(
-                f"{host}:{port}", drive_records(self.node, self._uuids),
-                {EMBEDDED_LABEL: socket.gethostname()})
+            self.node.server_id = self._membership.register(f"{host}:{port}")
         except BaseException:
             self._server.close()
             self._server = None
             raise
-        self.node.server_id = self.server_id
-        self._beat = threading.Thread(target=self._heartbeat_loop, name="share-heartbeat",
-                                      daemon=True)
-        self._beat.start()
+        self._membership.start()
         return self
-
-    def _heartbeat_loop(self) -> None:
-        assert self.server_id is not None
-        while not self._stop.wait(self.heartbeat_s):
-            try:
-                self.meta.heartbeat_server(self.server_id,
-                                           drive_records(self.node, self._uuids))
-            except ShingleError as exc:
-                log.warning("heartbeat of the shared drives failed: %s", exc)
-            except Exception:
-                log.exception("heartbeat of the shared drives failed")
 
     def stop(self) -> None:
         """Unregister (other processes stop using it at once), stop serving."""
-        self._stop.set()
-        if self._beat is not None:
-            self._beat.join()
-            self._beat = None
-        if self.server_id is not None:
-            try:
-                self.meta.unregister_server(self.server_id)
-            except ShingleError as exc:
-                log.warning("unregistering the shared drives failed: %s", exc)
+        self._membership.stop()
         if self._server is not None:
             self._server.close()
             self._server = None
