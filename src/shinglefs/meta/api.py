@@ -32,7 +32,7 @@ Rules every method follows (stated once here, repeated only where they bend):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from shinglefs.meta.records import (
     BLOCK_SIZE,
@@ -355,11 +355,22 @@ class MetaStore(ABC):
 
     @abstractmethod
     def set_policy(self, ino: int, policy: DirPolicy, ctx: Ctx = ROOT_CTX) -> None:
-        """Store a directory's tier/retention policy. ENOTDIR; EPERM unless owner or root."""
+        """Store a directory's policy (tier, retention, replication goal), replacing
+        the one it had, durable on return. ENOTDIR; EPERM unless owner or root;
+        EINVAL for a goal outside 1..16."""
 
     @abstractmethod
     def get_policy(self, ino: int) -> DirPolicy:
-        """A directory's tier/retention policy. ENOTDIR, ENOENT."""
+        """A directory's own policy (``replicas`` None: it inherits its goal).
+        ENOTDIR, ENOENT."""
+
+    @abstractmethod
+    def replica_goals(self, inos: Iterable[int]) -> dict[int, int]:
+        """The replication goal of each of ``inos`` (files or directories) that has
+        one: the ``DirPolicy.replicas`` of the nearest directory at or above it
+        (a file: above its ``parent``). Inodes with none set, or gone, are left
+        out (the caller applies the default). A read; never raises for an
+        unknown inode."""
 
     # ---- statfs ------------------------------------------------------------------
 
@@ -446,6 +457,18 @@ class MetaStore(ABC):
         """A clean stop: the server is no longer live from now on. Its row (id,
         drives) stays so that it rejoins under the same id; ``forget`` removes
         the row for good (a server taken out of the cluster). Idempotent."""
+
+    @abstractmethod
+    def set_drive_state(self, server_id: int, drive_id: int, state: str | None) -> None:
+        """Record the state of drive ``drive_id`` of server ``server_id``:
+        ``"offline"`` (left out of placement from the clients' next membership
+        read, its slices copied to other drives by the servers: drained), or
+        None (online again). Durable on return. EINVAL for another state;
+        ENOENT when the server is not registered or has no such drive."""
+
+    @abstractmethod
+    def drive_states(self) -> dict[tuple[int, int], str]:
+        """``{(server id, drive id): state}`` of every drive not online."""
 
     @abstractmethod
     def cluster_secret(self) -> str:

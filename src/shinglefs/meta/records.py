@@ -384,11 +384,19 @@ class RenameResult:
 
 @dataclass(frozen=True, slots=True)
 class DirPolicy:
-    """Tier and retention policy of a directory: stored now, enforced by the
-    policy layer later. New subdirectories inherit their parent's policy."""
+    """Policy of a directory: tier and retention (stored now, enforced by the
+    policy layer later; a new subdirectory copies its parent's), and the
+    replication goal ``replicas`` (copies of each slice of the files below it).
+
+    ``replicas`` is the directory's own goal, None to inherit: the goal of a
+    file is that of the nearest directory above it with one set
+    (``MetaStore.replica_goals``), looked up when it is written, so a goal set
+    on a tree applies to everything below that sets none; with none set the
+    default is 1 with one storage server and 2 with two or more."""
 
     tier: str | None = None
     retention: str | None = None
+    replicas: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,6 +406,21 @@ class UnlinkResult:
 
     attr: InodeAttr
     released: bool
+
+
+def permits(mode: int, uid: int, gid: int, ctx: Ctx, mask: int) -> bool:
+    """Linux's generic_permission on mode bits (no ACLs)."""
+    mask &= 7
+    if ctx.uid == 0:
+        # root: anything but executing a file nobody may execute
+        return not (mask & X_OK and not stat.S_ISDIR(mode) and not mode & 0o111)
+    if ctx.uid == uid:
+        bits = (mode >> 6) & 7
+    elif ctx.in_group(gid):
+        bits = (mode >> 3) & 7
+    else:
+        bits = mode & 7
+    return bits & mask == mask
 
 
 __all__ = [
@@ -450,4 +473,5 @@ __all__ = [
     "StatFs",
     "UnlinkResult",
     "is_inline_slice",
+    "permits",
 ]

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Version 1 kept the drive list as the root xattr below; opening a version-1
 # database migrates it into the drives table (engine/format.py).
 # Version 2 had no drives.uuid column (the drive identity written in each
@@ -31,6 +31,9 @@ SCHEMA_VERSION = 5
 # opening a version-3 database creates it, empty (the DDL is idempotent).
 # Version 4 had no servers table (storage-server membership) and no "server"
 # id counter; opening a version-4 database creates both.
+# Version 5 had no inodes.replicas column (a directory's replication goal) and
+# no drive_states table (drives an operator took offline); opening a version-5
+# database adds the column, NULL (inherit) everywhere, and the table, empty.
 V1_DRIVES_XATTR = b"trusted.shinglefs.drives"
 
 # Inode columns in the order InodeAttr takes them.
@@ -78,7 +81,8 @@ DDL = [
         next_cookie BIGINT NOT NULL,
         tier TEXT,
         retention TEXT,
-        target {blob}
+        target {blob},
+        replicas INTEGER
     )""",
     """CREATE TABLE IF NOT EXISTS dentries (
         parent BIGINT NOT NULL,
@@ -174,11 +178,31 @@ SERVERS_DDL = """CREATE TABLE IF NOT EXISTS servers (
     stopped_ns BIGINT NOT NULL
 )"""
 DDL.append(SERVERS_DDL)
+# A drive's state when it is not plain online, keyed by (server id, drive id):
+# 'offline' = left out of placement and drained (server/repair.py). No row: online.
+DRIVE_STATES_DDL = """CREATE TABLE IF NOT EXISTS drive_states (
+    server BIGINT NOT NULL,
+    drive BIGINT NOT NULL,
+    state TEXT NOT NULL,
+    since_ns BIGINT NOT NULL,
+    PRIMARY KEY (server, drive)
+){without_rowid}"""
+DDL.append(DRIVE_STATES_DDL)
+ADD_INODE_REPLICAS = "ALTER TABLE inodes ADD COLUMN replicas INTEGER"
+# Whether inodes has the replicas column, per dialect (a migration run on a
+# database whose tables were created by this version's DDL must not add it twice).
+HAS_INODE_REPLICAS = {
+    "sqlite": "SELECT COUNT(*) FROM pragma_table_info('inodes') WHERE name = 'replicas'",
+    "postgresql": (
+        "SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = current_schema() "
+        "AND table_name = 'inodes' AND column_name = 'replicas'"
+    ),
+}
 
 TABLES = [
     "format", "ids", "counters", "inodes", "dentries", "xattrs", "chunks", "chunk_refs",
     "slices", "slice_replicas", "deletions", "sessions", "open_files", "drives",
-    "inline_slices", "servers",
+    "inline_slices", "servers", "drive_states",
 ]  # fmt: skip
 
 
@@ -314,7 +338,26 @@ UPDATE_ATTRS = (
     "UPDATE inodes SET mode = ?, uid = ?, gid = ?, size = ?, atime_ns = ?, mtime_ns = ?, "
     "ctime_ns = ? WHERE ino = ?"
 )
-SET_POLICY = "UPDATE inodes SET tier = ?, retention = ?, ctime_ns = ? WHERE ino = ?"
+SET_POLICY = (
+    "UPDATE inodes SET tier = ?, retention = ?, replicas = ?, ctime_ns = ? WHERE ino = ?"
+)
+SEL_POLICY = "SELECT mode, tier, retention, replicas FROM inodes WHERE ino = ?"
+
+
+def replica_goals(count: int) -> str:
+    """The replication goal of ``count`` inodes (``?`` each): rows ``(ino, goal)``
+    for those with a goal on themselves or a directory above them, the nearest
+    one's (the walk up ``parent`` stops at the first goal, at the root -- its
+    own parent -- or after 4096 levels)."""
+    marks = ", ".join("?" * count)
+    return (
+        "WITH RECURSIVE up (start, ino, parent, replicas, depth) AS ("
+        f"SELECT ino, ino, parent, replicas, 0 FROM inodes WHERE ino IN ({marks}) "
+        "UNION ALL SELECT up.start, i.ino, i.parent, i.replicas, up.depth + 1 "
+        "FROM up JOIN inodes i ON i.ino = up.parent "
+        "WHERE up.replicas IS NULL AND up.ino <> up.parent AND up.depth < 4096"
+        ") SELECT start, replicas FROM up WHERE replicas IS NOT NULL"
+    )
 
 INS_DENTRY = (
     "INSERT INTO dentries (parent, name, ino, cookie) VALUES (?, ?, ?, ?) "
@@ -477,4 +520,11 @@ HEARTBEAT_SERVER = (
     "UPDATE servers SET heartbeat_ns = ?, drives = ? WHERE id = ? AND stopped_ns = 0"
 )
 STOP_SERVER = "UPDATE servers SET stopped_ns = ? WHERE id = ?"
+SEL_DRIVE_STATES = "SELECT server, drive, state, since_ns FROM drive_states ORDER BY server, drive"
+SET_DRIVE_STATE = (
+    "INSERT INTO drive_states (server, drive, state, since_ns) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (server, drive) DO UPDATE SET state = excluded.state, "
+    "since_ns = excluded.since_ns"
+)
+DEL_DRIVE_STATE = "DELETE FROM drive_states WHERE server = ? AND drive = ?"
 DEL_SERVER = "DELETE FROM servers WHERE id = ?"

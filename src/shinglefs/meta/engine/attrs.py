@@ -1,5 +1,7 @@
 """Attributes and permissions of one inode: getattr, setattr (chmod, chown,
-utimens, truncate), access, and a directory's tier/retention policy.
+utimens, truncate), access, and a directory's policy (tier, retention, replication
+goal; ``replica_goals``: the goal of files and directories, inherited from the
+nearest directory above that sets one, in one recursive query).
 
 Who may change what is decided by ``permissions.check_setattr_rights`` (Linux's
 setattr_prepare); a size change drops the content past the new end in the
@@ -9,8 +11,11 @@ same transaction (``ChunkOps._drop_content_past``).
 from __future__ import annotations
 
 import errno as E
+import functools
 import stat
+from collections.abc import Iterable
 from dataclasses import replace
+from typing import Any
 
 from shinglefs.meta import schema as S
 from shinglefs.meta.backend import Tx
@@ -26,6 +31,23 @@ from shinglefs.meta.records import (
     DirPolicy,
     InodeAttr,
 )
+
+MAX_REPLICAS = 16
+"""The largest replication goal a directory may set."""
+GOALS_PAGE = 500
+"""Inodes per ``replica_goals`` query (bounded statement size)."""
+
+
+def check_replicas(replicas: int | None) -> None:
+    """EINVAL unless ``replicas`` is None (inherit) or 1..``MAX_REPLICAS``."""
+    if replicas is not None and (isinstance(replicas, bool) or not isinstance(replicas, int)
+                                 or not 1 <= replicas <= MAX_REPLICAS):
+        raise FsError(E.EINVAL, f"a replication goal is 1..{MAX_REPLICAS} copies, "
+                                f"got {replicas!r}")
+
+
+def _goals_of(tx: Tx, inos: list[int]) -> list[Any]:
+    return tx.all(S.replica_goals(len(inos)), inos)
 
 
 def check_resizable(a: InodeAttr) -> None:
@@ -131,6 +153,8 @@ class AttributeOps(ChunkOps):
     # ---- directory policy ----------------------------------------------------------------
 
     def set_policy(self, ino: int, policy: DirPolicy, ctx: Ctx = ROOT_CTX) -> None:
+        check_replicas(policy.replicas)
+
         def txn(tx: Tx) -> None:
             row = tx.one(S.SEL_INODE, (ino,))
             if row is None:
@@ -139,14 +163,24 @@ class AttributeOps(ChunkOps):
                 raise FsError(E.ENOTDIR, f"inode {ino} is not a directory", ino=ino)
             if ctx.uid not in (0, row[2]):
                 raise FsError(E.EPERM, f"only the owner may set the policy of {ino}", ino=ino)
-            tx.run(S.SET_POLICY, (policy.tier, policy.retention, now_ns(), ino))
+            tx.run(S.SET_POLICY,
+                   (policy.tier, policy.retention, policy.replicas, now_ns(), ino))
 
         self._run(txn)
 
     def get_policy(self, ino: int) -> DirPolicy:
-        row = self._run(lambda tx: tx.one(S.SEL_INODE_EXTRA, (ino,)), "single")
+        row = self._run(lambda tx: tx.one(S.SEL_POLICY, (ino,)), "single")
         if row is None:
             raise enoent(ino)
-        if not stat.S_ISDIR(row[1]):
+        if not stat.S_ISDIR(row[0]):
             raise FsError(E.ENOTDIR, f"inode {ino} is not a directory", ino=ino)
-        return DirPolicy(row[14], row[15])
+        return DirPolicy(row[1], row[2], None if row[3] is None else int(row[3]))
+
+    def replica_goals(self, inos: Iterable[int]) -> dict[int, int]:
+        wanted = sorted(set(inos))
+        out: dict[int, int] = {}
+        for at in range(0, len(wanted), GOALS_PAGE):
+            page = wanted[at:at + GOALS_PAGE]
+            rows = self._run(functools.partial(_goals_of, inos=page), "read")
+            out.update((int(start), int(goal)) for start, goal in rows)
+        return out

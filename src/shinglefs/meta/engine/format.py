@@ -102,7 +102,7 @@ class FormatOps(SqlCore):
         except NotFormatted:
             return
         migrations = {1: self._migrate_v1, 2: self._migrate_v2, 3: self._migrate_v3,
-                      4: self._migrate_v4}
+                      4: self._migrate_v4, 5: self._migrate_v5}
         try:
             while info.schema_version in migrations:
                 migrations[info.schema_version]()
@@ -228,6 +228,23 @@ class FormatOps(SqlCore):
                 return  # migrated concurrently
             tx.run(S.INS_ID_IF_MISSING, ("server", 1))
             tx.run(S.SET_SCHEMA_VERSION, (5,))
+
+        self._run(txn)
+
+    def _migrate_v5(self) -> None:
+        """Version 5 -> 6: ``inodes.replicas`` (a directory's replication goal, NULL:
+        inherit) and the ``drive_states`` table, empty."""
+        self._run(functools.partial(_run_ddl, ddl=S.DRIVE_STATES_DDL), "autocommit")
+        has_column = S.HAS_INODE_REPLICAS[self._b.dialect.name]
+
+        def txn(tx: Tx) -> None:
+            row = tx.one(S.SEL_FORMAT)
+            if row is None or row[4] != 5:
+                return  # migrated concurrently
+            present = tx.one(has_column)
+            if present is None or not present[0]:
+                tx.run(S.ADD_INODE_REPLICAS)
+            tx.run(S.SET_SCHEMA_VERSION, (6,))
 
         self._run(txn)
 

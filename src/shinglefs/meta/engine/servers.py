@@ -14,6 +14,11 @@ stopped) and its last heartbeat is younger than the timeout the reader
 passes. Heartbeat times are the server's clock and ages the reader's, so the
 hosts' clocks must agree to well within the timeout (NTP).
 
+Drive states: an operator takes a drive offline (``set_drive_state``; a row of
+``drive_states``, which heartbeats never touch), clients leave it out of
+placement, and the servers drain it (server/repair.py); online again deletes
+the row.
+
 The cluster secret is the format record's ``secret``. A file system
 formatted before secrets were created at format time holds an empty one;
 the first caller of ``cluster_secret`` stores a random one in a transaction
@@ -40,6 +45,8 @@ from shinglefs.meta.records import (
     ServerRecord,
 )
 
+DRIVE_STATES = ("offline",)
+"""The states a drive may be put in (``set_drive_state``); no state: online."""
 SECRET_BYTES = 32
 """Random bytes of a generated cluster secret (stored as 64 hex characters)."""
 
@@ -91,8 +98,8 @@ def _same_server(rows: Sequence[Any], address: str,
 
 
 class ServerOps(SqlCore):
-    """register_server, heartbeat_server, list_servers, unregister_server, and
-    cluster_secret."""
+    """register_server, heartbeat_server, list_servers, unregister_server, drive
+    states (set_drive_state, drive_states), and cluster_secret."""
 
     def register_server(self, address: str, drives: Sequence[ServerDrive],
                         labels: Mapping[str, str] | None = None) -> int:
@@ -142,6 +149,28 @@ class ServerOps(SqlCore):
             self._run(lambda tx: tx.run(S.DEL_SERVER, (server_id,)), "autocommit")
         else:
             self._run(lambda tx: tx.run(S.STOP_SERVER, (now_ns(), server_id)), "autocommit")
+
+    def set_drive_state(self, server_id: int, drive_id: int, state: str | None) -> None:
+        if state is not None and state not in DRIVE_STATES:
+            raise FsError(E.EINVAL, f"a drive state is one of {DRIVE_STATES} (or online), "
+                                    f"got {state!r}")
+
+        def txn(tx: Tx) -> None:
+            rows = [r for r in tx.all(S.SEL_SERVERS) if int(r[0]) == server_id]
+            if not rows:
+                raise FsError(E.ENOENT, f"no storage server {server_id} is registered")
+            if drive_id not in {d.drive_id for d in _drives_of(rows[0][3])}:
+                raise FsError(E.ENOENT, f"storage server {server_id} has no drive {drive_id}")
+            if state is None:
+                tx.run(S.DEL_DRIVE_STATE, (server_id, drive_id))
+            else:
+                tx.run(S.SET_DRIVE_STATE, (server_id, drive_id, state, now_ns()))
+
+        self._run(txn)
+
+    def drive_states(self) -> dict[tuple[int, int], str]:
+        rows = self._run(lambda tx: tx.all(S.SEL_DRIVE_STATES), "read")
+        return {(int(r[0]), int(r[1])): str(r[2]) for r in rows}
 
     def cluster_secret(self) -> str:
         secret = self.format_info().secret
