@@ -170,7 +170,7 @@ def test_status_lists_the_servers(tmp_path: Path, meta_url: str, servers: list[S
     only_servers = json.loads(capsys.readouterr().out)
     assert set(only_servers) == {"meta_url", "servers", "replication"}
     assert only_servers["replication"] == {"goal": 1, "slices": 0, "under_replicated": 0,
-                                           "lost": 0}
+                                           "lost": 0, "draining": 0}
     assert [r["state"] for r in only_servers["servers"]] == ["up"]
     server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(timeout=60) == 0

@@ -38,6 +38,7 @@ def server_status(meta: MetaStore, timeout_s: float | None = None) -> list[dict[
     from shinglefs.meta.api import SERVER_TIMEOUT_S
 
     now = time.time_ns()
+    states = meta.drive_states()
     out = []
     for server in meta.list_servers(SERVER_TIMEOUT_S if timeout_s is None else timeout_s):
         tiers = server.tiers()
@@ -49,6 +50,8 @@ def server_status(meta: MetaStore, timeout_s: float | None = None) -> list[dict[
             "heartbeat_age_s": round(max(0, now - server.heartbeat_ns) / 1e9, 1),
             "labels": server.labels,
             "drives": len(server.drives),
+            "offline_drives": sorted(d.drive_id for d in server.drives
+                                     if states.get((server.id, d.drive_id)) == "offline"),
             "capacity_bytes": sum(cap for cap, _ in tiers.values()),
             "free_bytes": sum(free for _, free in tiers.values()),
             "tiers": {t: {"capacity_bytes": c, "free_bytes": f} for t, (c, f) in tiers.items()},
@@ -159,9 +162,11 @@ def _show_servers_of_url(meta_url: str, timeout_s: float | None, as_json: bool) 
     elif servers:
         _print_servers(servers, Console())
         assert health is not None
-        typer.echo(f"replication: {health['slices']} slices stored, goal {health['goal']} "
-                   f"replica(s): {health['under_replicated']} under-replicated, "
-                   f"{health['lost']} with no replica on a present server")
+        typer.echo(f"replication: {health['slices']} slices stored (default goal "
+                   f"{health['goal']} replica(s), else their directory's): "
+                   f"{health['under_replicated']} under their goal, "
+                   f"{health['lost']} with no replica on a present server, "
+                   f"{health['draining']} still on an offline drive")
     else:
         typer.echo(f"no storage server is registered in {meta_url}")
 
@@ -223,7 +228,9 @@ def _print_servers(servers: list[dict[str, Any]], console: Any) -> None:
         space = [f"{tier} {human(t['free_bytes'])} / {human(t['capacity_bytes'])}"
                  for tier, t in sorted(server["tiers"].items())]
         table.add_row(
-            str(server["id"]), server["address"], server["state"],
+            str(server["id"]), server["address"],
+            server["state"] + "".join(f"\ndrive {d} offline"
+                                      for d in server.get("offline_drives", ())),
             f"{server['heartbeat_age_s']:.0f} s",
             " ".join(f"{k}={v}" for k, v in sorted(server["labels"].items())),
             "\n".join(space),

@@ -21,12 +21,18 @@ younger than ``server_timeout_s``), re-read at most every
 placement at the next re-read; its connections stay open for reads of the
 slices it holds.
 
-Placement and replication: a slice has ``replicas`` copies (default: 2 when
-two or more servers are live, else 1), each whole on one drive of a distinct
-server, on distinct ``rack`` labels where servers carry them. The first piece
-of a slice places it: the first replica on the drive its lifetime group used
-last while that drive keeps ``min_free_fraction`` of its capacity free, else
-on a live drive with the most free bytes (its heartbeat's figure less what
+Placement and replication: a slice has as many copies as its replication goal
+asks: the goal of its lifetime group's directory (``DirPolicy.replicas``,
+inherited; ``MetaStore.replica_goals`` of the group's inode, remembered
+``goal_ttl_s`` per group), else the ``replicas`` given, else 2 when two or
+more servers are live and 1 otherwise; each copy whole on one drive of a
+distinct server, on distinct ``rack`` labels where servers carry them (with
+fewer live servers than the goal, one copy on each: repair adds the rest when
+servers join). A drive taken offline (``MetaStore.set_drive_state``) leaves
+placement at the next membership read; the servers drain it (server/repair.py).
+The first piece of a slice places it: the first replica on the drive its
+lifetime group used last while that drive keeps ``min_free_fraction`` of its
+capacity free, else on a live drive with the most free bytes (its heartbeat's figure less what
 this client submitted there since; one at random among those within
 ``SPREAD`` of the freest, so that clients placing at once spread out); each
 further replica on such a drive of another server. Every piece goes to every replica at once (in parallel,
@@ -37,6 +43,9 @@ every replica stored it. A replica that fails (its server died, its drive is
 full) is dropped from the slice with a warning and the slice goes on with the
 others — the write completes; the commit records the replicas that hold the
 slice (``SliceCommit.replicas``), so a reader never meets the partial copy.
+So a slice commits with its goal met at placement, and a replica lost during
+the write leaves it committed below its goal until the servers copy it again
+(the rule and why: docs/cluster.md, "Replication goal").
 Only when every replica failed does the piece fail; a flush that misses a
 server (``PartialFlush``) leaves that server's replicas out of the commit the
 same way. A server a request found gone (refused, connection lost, timed out)
@@ -45,10 +54,11 @@ to it at once, not after the heartbeat timeout. Servers restore the replica
 count of slices that lost one (server/repair.py).
 
 Reads: a slice's drives are the ones this client placed it on, else the
-replicas meta records for it (``get_slice``), remembered in a bounded memo (a
-slice never moves between drives). A read tries them in turn: a replica whose
-server is unreachable, whose connection breaks or times out, or that lacks the
-slice is skipped for the next. A dead server costs a refused connection; a
+replicas meta records for it (``get_slice``), remembered in a bounded memo. A
+read tries them in turn: a replica whose server is unreachable, whose
+connection breaks or times out, or that lacks the slice is skipped for the
+next; when every remembered one failed, the replicas meta records now are
+tried (a slice moves when its drive is drained or a replica is re-copied). A dead server costs a refused connection; a
 hung one the connection's ``timeout``.
 
 Space: ``reserve`` takes bytes against the live drives' free bytes as their
@@ -87,6 +97,8 @@ log = logging.getLogger(__name__)
 
 SPREAD = 0.1
 """Drives within this fraction of the freest one's free bytes are equally good."""
+GOAL_ENTRIES = 4096
+"""Lifetime groups whose replication goal a client remembers."""
 
 
 class NoServers(ShingleError):
@@ -102,7 +114,7 @@ class ClusterNode:
                  timeout: float = 60.0, membership_ttl_s: float = 2.0,
                  server_timeout_s: float | None = None, min_free_fraction: float = 0.02,
                  memo_entries: int = 1 << 16, replicas: int | None = None,
-                 local_server: int | None = None) -> None:
+                 local_server: int | None = None, goal_ttl_s: float = 10.0) -> None:
         self._meta = meta
         self._secret = secret
         self._connections = connections
@@ -113,6 +125,8 @@ class ClusterNode:
         self._memo_entries = memo_entries
         self._replicas = replicas
         self._local_server = local_server
+        self._goal_ttl = goal_ttl_s
+        self._goals: OrderedDict[int, tuple[int | None, float]] = OrderedDict()  # group -> goal
         self._lock = threading.Lock()
         self._remotes: dict[int, RemoteNode] = {}
         self._servers: dict[int, ServerRecord] = {}  # every registered server, live or not
@@ -134,6 +148,7 @@ class ClusterNode:
             return
         records = (self._meta.list_servers() if self._server_timeout is None
                    else self._meta.list_servers(timeout_s=self._server_timeout))
+        offline = self._meta.drive_states()
         live: dict[int, tuple[int, int]] = {}
         for record in records:
             failed_at = self._suspects.get(record.id)
@@ -143,8 +158,9 @@ class ClusterNode:
                 continue
             if record.live:
                 for d in record.drives:
-                    live[cluster_drive_id(record.id, d.drive_id)] = (d.capacity_bytes,
-                                                                     d.free_bytes)
+                    if (record.id, d.drive_id) not in offline:  # drained: no new slices
+                        live[cluster_drive_id(record.id, d.drive_id)] = (d.capacity_bytes,
+                                                                         d.free_bytes)
         for record in records:  # a server that came back elsewhere (a new port, a new host)
             remote = self._remotes.get(record.id)
             known = self._servers.get(record.id)
@@ -230,9 +246,33 @@ class ClusterNode:
                 return self._free(drive_id) >= nbytes
             return any(self._free(d) >= nbytes for d in self._live)
 
+    def goal_of(self, group: int) -> int | None:
+        """The replication goal of lifetime group ``group`` (an inode: a file, or
+        the directory of small files) as its directories set it, None when none
+        does; read from meta at most every ``goal_ttl_s`` per group."""
+        now = time.monotonic()
+        with self._lock:
+            cached = self._goals.get(group)
+            if cached is not None and now - cached[1] < self._goal_ttl:
+                return cached[0]
+        goal = self._meta.replica_goals([group]).get(group)  # not under our lock
+        with self._lock:
+            self._goals[group] = (goal, now)
+            self._goals.move_to_end(group)
+            while len(self._goals) > GOAL_ENTRIES:
+                self._goals.popitem(last=False)
+        return goal
+
     def place(self, slice_id: int, group: int, size_hint: int = 0) -> int:
-        """Choose the drives of a new slice (module docstring); remembers them and
-        returns the first."""
+        """Choose the drives of a new slice (module docstring): as many distinct
+        servers as its group's goal asks (``goal_of``; else the ``replicas``
+        given, else 2 with two or more live servers, else 1), fewer when fewer
+        are live; remembers them and returns the first."""
+        with self._lock:
+            placed = self._placed.get(slice_id)
+            if placed:
+                return placed[0]
+        wanted = self.goal_of(group) or self._replicas
         with self._lock:
             placed = self._placed.get(slice_id)
             if placed:
@@ -255,7 +295,7 @@ class ClusterNode:
             self._affinity[group] = chosen
             drives = [chosen]
             servers = {split_drive_id(d)[0] for d in self._live}
-            goal = self._replicas or min(2, len(servers))
+            goal = wanted or min(2, len(servers))
             while len(drives) < goal:
                 more = self._next_replica(drives)
                 if more is None:
@@ -465,6 +505,20 @@ class ClusterNode:
         drives = (drive_id,) if drive_id is not None else self._drives_of(slice_id)
         if not drives:
             raise SliceMissing(slice_id, None)
+        try:
+            return self._read_from(drives, slice_id, offset, length)
+        except NodeError:
+            if drive_id is not None:
+                raise
+            with self._lock:  # the memo may name drives the slice has left since
+                self._located.pop(slice_id, None)
+            moved = tuple(d for d in self._drives_of(slice_id) if d not in drives)
+            if not moved:
+                raise
+            return self._read_from(moved, slice_id, offset, length)
+
+    def _read_from(self, drives: tuple[int, ...], slice_id: int, offset: int,
+                   length: int) -> memoryview:
         failure: BaseException | None = None
         for drive in drives:
             server, local = split_drive_id(drive)

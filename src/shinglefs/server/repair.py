@@ -1,18 +1,30 @@
-"""Re-replication: storage servers restore the replica count of slices that lost one.
+"""Re-replication and draining: storage servers bring every slice to its goal.
 
-The goal is what clients place (``server.cluster``): two replicas while two or
-more servers are present, else one. A replica is *present* while its server
-runs and heartbeated within ``repair_after_s`` (default 300 s: a server that
+A slice's goal is its lifetime group's replication goal
+(``MetaStore.replica_goals`` of the group's inode: the ``DirPolicy.replicas``
+of the nearest directory above that sets one), the same figure clients place
+by (``server.cluster``); with none set, two replicas while two or more
+servers are present, else one. A replica is *present* while its server runs
+and heartbeated within ``repair_after_s`` (default 300 s: a server that
 restarts, or a host that reboots, is waited for rather than copied around);
-a replica on a server gone longer is lost.
+a replica on a server gone longer is lost. A present replica on a drive taken
+offline (``MetaStore.set_drive_state``) is *draining*: it still serves as a
+source, but counts against no goal; the others are *healthy*.
 
-Who copies: the server of a slice's first present replica (replicas in the
-order meta lists them), so two servers never copy one slice. It reads the
-slice from its own drive and writes it whole to the freest drive of a present
-server that holds no replica of it (another rack where servers carry
-``rack`` labels), flushes it there, then records the slice's replicas as its
-present ones plus the new copy (``MetaStore.set_slice_replicas``): the lost
-ones leave the record, so readers stop trying them.
+Who copies: the server of a slice's first healthy replica, else of its first
+draining one (replicas in the order meta lists them), so two servers never
+copy one slice. While the slice has fewer healthy replicas than its goal, it
+reads the slice from its own drive and writes it whole to the freest online
+drive of a present server that holds no healthy replica of it (another rack
+where servers carry ``rack`` labels), flushes it there, and records the
+slice's replicas as its present ones plus the new copy
+(``MetaStore.set_slice_replicas``): lost ones leave the record, so readers
+stop trying them. Then, once the slice has a healthy replica and either its
+goal is met or no further drive can take a copy, its draining replicas leave
+the record and are deleted from their drives: an offline drive is empty when
+no record names it any more (``ReplicationHealth.draining`` counts the slices
+still on offline drives). A draining replica that is a slice's only copy with
+nowhere to go stays.
 
 What is not handled yet: a copy left on a server that comes back after its
 replica was dropped from the record stays on its drive unreferenced (no
@@ -27,11 +39,18 @@ repair thread); ``replication_health`` may run anywhere.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 from shinglefs.errors import ShingleError
-from shinglefs.meta.api import REPAIR_AFTER_S, MetaStore, Replica, ServerRecord, SliceInfo
+from shinglefs.meta.api import (
+    REPAIR_AFTER_S,
+    MetaStore,
+    Replica,
+    ServerDrive,
+    ServerRecord,
+    SliceInfo,
+)
 from shinglefs.server.node import StorageNode
 from shinglefs.server.remote import RemoteNode
 
@@ -42,18 +61,33 @@ PAGE = 1000
 
 
 def replica_goal(present_servers: int) -> int:
-    """Replicas a slice should have with this many servers present."""
+    """Replicas a slice should have with this many servers present, when no
+    directory sets its goal."""
     return min(2, present_servers)
 
 
 @dataclass(frozen=True, slots=True)
 class ReplicationHealth:
-    """Stored slices by replica count against the goal (``shinglefs status``)."""
+    """Stored slices by replica count against each one's goal (``shinglefs status``)."""
+
+    goal: int  # the default goal: for slices whose directories set none
+    slices: int
+    under_replicated: int  # fewer healthy replicas than its goal, at least one present
+    lost: int  # no present replica
+    draining: int = 0  # a replica on an offline drive still in the record
+
+
+@dataclass(frozen=True, slots=True)
+class _Standing:
+    """One slice's replicas as a pass sees them (module docstring)."""
 
     goal: int
-    slices: int
-    under_replicated: int  # fewer present replicas than the goal, at least one
-    lost: int  # no present replica
+    healthy: list[Replica]
+    draining: list[Replica]
+
+    @property
+    def sources(self) -> list[Replica]:
+        return self.healthy + self.draining
 
 
 def _pages(meta: MetaStore) -> Iterator[list[SliceInfo]]:
@@ -67,23 +101,44 @@ def _present(meta: MetaStore, repair_after_s: float) -> list[ServerRecord]:
     return [s for s in meta.list_servers(timeout_s=repair_after_s) if s.live]
 
 
+def _offline(meta: MetaStore) -> set[tuple[str, str]]:
+    """The offline drives as replicas name them: ``(server, drive)``."""
+    return {(str(s), str(d)) for (s, d), state in meta.drive_states().items()
+            if state == "offline"}
+
+
+def _standings(meta: MetaStore, page: Sequence[SliceInfo], present: Collection[str],
+               offline: Collection[tuple[str, str]], default: int) -> Iterator[
+                   tuple[SliceInfo, _Standing]]:
+    """Each slice of ``page`` with its goal and its healthy and draining replicas
+    (one ``replica_goals`` query for the page's groups)."""
+    goals = meta.replica_goals({info.group for info in page})
+    for info in page:
+        mine = [r for r in info.replicas if r.server in present]
+        yield info, _Standing(goals.get(info.group, default),
+                              [r for r in mine if (r.server, r.drive) not in offline],
+                              [r for r in mine if (r.server, r.drive) in offline])
+
+
 def replication_health(meta: MetaStore, repair_after_s: float = REPAIR_AFTER_S
                        ) -> ReplicationHealth:
-    """Count stored slices against the goal (reads every slice record: a full scan)."""
+    """Count stored slices against their goals (reads every slice record: a full scan)."""
     present = {str(s.id) for s in _present(meta, repair_after_s)}
-    goal = replica_goal(len(present))
-    slices = under = lost = 0
+    offline = _offline(meta)
+    default = replica_goal(len(present))
+    slices = under = lost = draining = 0
     for page in _pages(meta):
-        for info in page:
-            have = sum(r.server in present for r in info.replicas)
+        for _, standing in _standings(meta, page, present, offline, default):
             slices += 1
-            lost += have == 0
-            under += 0 < have < goal
-    return ReplicationHealth(goal, slices, under, lost)
+            lost += not standing.sources
+            under += bool(standing.sources) and len(standing.healthy) < standing.goal
+            draining += bool(standing.draining)
+    return ReplicationHealth(default, slices, under, lost, draining)
 
 
 class Repairer:
-    """Copies under-replicated slices this server is first present replica of."""
+    """Copies the slices this server is the first source of to their goal, and
+    drains offline drives (module docstring)."""
 
     def __init__(self, meta: MetaStore, node: StorageNode, server_id: int, key: bytes, *,
                  repair_after_s: float = REPAIR_AFTER_S, timeout: float = 60.0) -> None:
@@ -95,25 +150,27 @@ class Repairer:
         self.timeout = timeout
         self.copied = 0  # slices copied (statistics)
         self.copied_bytes = 0
+        self.drained = 0  # replicas dropped from offline drives
 
     def run_once(self) -> int:
         """One pass over every stored slice; returns the copies made. A copy that
         fails is logged and tried again at the next pass."""
         servers = _present(self.meta, self.repair_after_s)
         present = {str(s.id): s for s in servers}
-        goal = replica_goal(len(present))
+        offline = _offline(self.meta)
+        default = replica_goal(len(present))
         me = str(self.server_id)
         made = 0
         remotes: dict[int, RemoteNode] = {}
         try:
             for page in _pages(self.meta):
-                for info in page:
-                    have = [r for r in info.replicas if r.server in present]
-                    if not have or len(have) >= goal or have[0].server != me:
+                for info, standing in _standings(self.meta, page, present, offline, default):
+                    sources = standing.sources
+                    if not sources or sources[0].server != me or (
+                            len(standing.healthy) >= standing.goal and not standing.draining):
                         continue
                     try:
-                        self._copy(info, have, servers, remotes)
-                        made += 1
+                        made += self._repair(info, standing, servers, offline, remotes)
                     except (ShingleError, OSError) as exc:
                         log.warning("re-replicating slice %#x failed: %s; trying again at the "
                                     "next pass", info.id, exc)
@@ -122,27 +179,51 @@ class Repairer:
                 remote.close()
         return made
 
-    def _target(self, have: Sequence[Replica],
-                servers: Sequence[ServerRecord]) -> tuple[ServerRecord, int] | None:
-        used = {r.server for r in have}
-        racks = {s.labels.get("rack") for s in servers if str(s.id) in used} - {None}
-        others = [s for s in servers if str(s.id) not in used and s.drives]
-        elsewhere = [s for s in others if s.labels.get("rack") not in racks] or others
-        best = max(((d.free_bytes, s.id, d.drive_id, s) for s in elsewhere for d in s.drives),
-                   default=None, key=lambda t: (t[0], -t[1], -t[2]))
-        return (best[3], best[2]) if best is not None and best[0] > 0 else None
-
-    def _copy(self, info: SliceInfo, have: Sequence[Replica], servers: Sequence[ServerRecord],
-              remotes: dict[int, RemoteNode]) -> None:
-        target = self._target(have, servers)
-        if target is None:
-            return
-        server, drive = target
+    def _remote(self, server: ServerRecord, remotes: dict[int, RemoteNode]) -> RemoteNode:
         remote = remotes.get(server.id)
         if remote is None:
             remote = remotes[server.id] = RemoteNode(server.address, self.key,
                                                      timeout=self.timeout)
-        source = int(have[0].drive)
+        return remote
+
+    def _repair(self, info: SliceInfo, standing: _Standing, servers: Sequence[ServerRecord],
+                offline: Collection[tuple[str, str]], remotes: dict[int, RemoteNode]) -> int:
+        """Copy ``info`` until its goal is met or no drive can take it, then drop
+        its draining replicas when a healthy one holds it; returns the copies made."""
+        healthy, draining = list(standing.healthy), standing.draining
+        source = standing.sources[0]
+        made = 0
+        while len(healthy) < standing.goal:
+            target = _target(healthy, servers, offline)
+            if target is None:
+                break
+            healthy.append(self._copy(info, int(source.drive), target, remotes))
+            self.meta.set_slice_replicas(info.id, [*healthy, *draining])
+            made += 1
+        if healthy and draining:
+            self.meta.set_slice_replicas(info.id, healthy)
+            by_id = {str(s.id): s for s in servers}
+            for replica in draining:
+                server = by_id[replica.server]
+                try:
+                    if replica.server == str(self.server_id):
+                        self.node.delete(info.id, int(replica.drive))
+                    else:
+                        self._remote(server, remotes).delete(info.id, int(replica.drive))
+                except (ShingleError, OSError) as exc:  # unreferenced now: space, not data
+                    log.warning("deleting slice %#x from offline drive %s of server %s "
+                                "failed: %s", info.id, replica.drive, replica.server, exc)
+                self.drained += 1
+            log.info("slice %#x left offline drive(s) %s", info.id,
+                     ", ".join(f"{r.server}:{r.drive}" for r in draining))
+        return made
+
+    def _copy(self, info: SliceInfo, source: int, target: tuple[ServerRecord, int],
+              remotes: dict[int, RemoteNode]) -> Replica:
+        """Write slice ``info`` from this server's drive ``source`` whole to
+        ``target`` and flush it there; returns the new replica (not yet recorded)."""
+        server, drive = target
+        remote = self._remote(server, remotes)
         length = self.node.length(info.id, source)
         remote.delete(info.id, drive)  # a partial copy of an earlier attempt
         offset = 0
@@ -152,8 +233,25 @@ class Repairer:
             remote.write(info.id, offset, data, info.group, drive_id=drive)
             offset += len(data)
         remote.flush([drive])
-        self.meta.set_slice_replicas(info.id, [*have, Replica(str(server.id), str(drive))])
         self.copied += 1
         self.copied_bytes += length
         log.info("slice %#x (%d bytes) copied to server %d drive %d", info.id, length,
                  server.id, drive)
+        return Replica(str(server.id), str(drive))
+
+
+def _target(healthy: Sequence[Replica], servers: Sequence[ServerRecord],
+            offline: Collection[tuple[str, str]]) -> tuple[ServerRecord, int] | None:
+    """The freest online drive of a present server holding no healthy replica
+    (on another rack when one is left), or None."""
+    used = {r.server for r in healthy}
+    racks = {s.labels.get("rack") for s in servers if str(s.id) in used} - {None}
+
+    def drives(s: ServerRecord) -> list[ServerDrive]:
+        return [d for d in s.drives if (str(s.id), str(d.drive_id)) not in offline]
+
+    others = [s for s in servers if str(s.id) not in used and drives(s)]
+    elsewhere = [s for s in others if s.labels.get("rack") not in racks] or others
+    best = max(((d.free_bytes, s.id, d.drive_id, s) for s in elsewhere for d in drives(s)),
+               default=None, key=lambda t: (t[0], -t[1], -t[2]))
+    return (best[3], best[2]) if best is not None and best[0] > 0 else None

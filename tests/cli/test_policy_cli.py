@@ -1,0 +1,90 @@
+"""``shinglefs policy`` and ``shinglefs drive`` against a real SQLite metadata file."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shinglefs.cli.main import main
+from shinglefs.client.filesystem import format_filesystem
+from shinglefs.meta import open_meta
+from shinglefs.meta.api import ROOT_INO, DirPolicy, MetaStore, ServerDrive
+
+GiB = 1024**3
+
+
+def cli(*args: str) -> int:
+    """``shinglefs ARGS`` in this process; its exit code."""
+    with pytest.raises(SystemExit) as exited:
+        main(list(args))
+        raise SystemExit(0)
+    return int(exited.value.code or 0)
+
+
+@pytest.fixture
+def meta_url(tmp_path: Path) -> str:
+    url = f"sqlite3://{tmp_path / 'meta.db'}"
+    format_filesystem(url, [], servers=True)
+    return url
+
+
+@pytest.fixture
+def meta(meta_url: str) -> Iterator[MetaStore]:
+    store = open_meta(meta_url)
+    yield store
+    store.close()
+
+
+def shown(capsys: pytest.CaptureFixture[str]) -> dict:  # type: ignore[type-arg]
+    return dict(json.loads(capsys.readouterr().out))
+
+
+def test_policy_sets_and_shows_a_goal_and_keeps_the_rest_of_the_policy(
+        meta_url: str, meta: MetaStore, capsys: pytest.CaptureFixture[str]) -> None:
+    ckpt = meta.mkdir(ROOT_INO, b"ckpt", 0o755)
+    step = meta.mkdir(ckpt.ino, b"step-1", 0o755)
+    meta.set_policy(ckpt.ino, DirPolicy(tier="cold"))
+    assert cli("policy", meta_url, "/ckpt/step-1", "--json") == 0
+    assert shown(capsys) == {"path": "/ckpt/step-1", "ino": step.ino, "replicas": None,
+                             "tier": None, "retention": None, "effective_replicas": None}
+    assert cli("policy", meta_url, "/ckpt", "--replicas", "3") == 0
+    assert "replicas 3" in capsys.readouterr().out
+    assert meta.get_policy(ckpt.ino) == DirPolicy("cold", None, 3)
+    assert cli("policy", meta_url, "/ckpt/step-1", "--json") == 0
+    assert shown(capsys)["effective_replicas"] == 3  # inherited
+    assert cli("policy", meta_url, "/ckpt", "--replicas", "inherit", "--retention",
+               "keep_last=2", "--json") == 0
+    assert shown(capsys)["effective_replicas"] is None
+    assert meta.get_policy(ckpt.ino) == DirPolicy("cold", "keep_last=2", None)
+
+
+@pytest.mark.parametrize(("args", "code", "says"), [
+    (["/nowhere", "--replicas", "2"], 1, "no entry"),
+    (["/ckpt", "--replicas", "0"], 1, "1..16"),
+    (["/ckpt", "--replicas", "two"], 2, "neither a number"),
+    (["ckpt"], 2, "absolute path"),
+])
+def test_policy_refuses_what_it_cannot_do_with_one_line(
+        meta_url: str, meta: MetaStore, capsys: pytest.CaptureFixture[str], args: list[str],
+        code: int, says: str) -> None:
+    ckpt = meta.mkdir(ROOT_INO, b"ckpt", 0o755)
+    assert cli("policy", meta_url, *args) == code
+    assert says in capsys.readouterr().err
+    assert meta.get_policy(ckpt.ino) == DirPolicy()
+
+
+def test_drive_offline_and_online_record_the_state(
+        meta_url: str, meta: MetaStore, capsys: pytest.CaptureFixture[str]) -> None:
+    sid = meta.register_server("h1:7070", [ServerDrive(
+        0, "emulated:/srv/d0.img:4G", str(uuid.uuid4()), "cold", 4 * GiB, GiB)])
+    assert cli("drive", "offline", meta_url, f"{sid}:0") == 0
+    assert meta.drive_states() == {(sid, 0): "offline"}
+    assert cli("drive", "offline", meta_url, f"{sid}:7") == 1
+    assert cli("drive", "offline", meta_url, "zero") == 2
+    assert "SERVER:DRIVE" in capsys.readouterr().err
+    assert cli("drive", "online", meta_url, f"{sid}:0") == 0
+    assert meta.drive_states() == {}

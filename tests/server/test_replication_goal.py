@@ -1,0 +1,207 @@
+"""Replication goals per directory and draining an offline drive, on one host.
+
+Real ``shinglefs server`` processes on loopback, metadata in SQLite: a
+directory's goal decides how many servers hold its files' slices, the
+servers bring slices to their goal when it rises, ``status --servers``
+counts health against each slice's goal, and a drive taken offline gets no
+new slice and is emptied onto other drives without losing a byte.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.server.test_cluster_node import live_count, replica_servers, start_server
+from tests.server.test_server_process import TIMEOUT_S, Server, cli, free_port
+from tests.support.polling import wait_until
+
+import shinglefs
+from shinglefs.client.filesystem import format_filesystem
+from shinglefs.meta import open_meta
+from shinglefs.meta.api import DirPolicy, MetaStore, Replica
+from shinglefs.server.errors import SliceMissing
+from shinglefs.server.process import cluster_key
+from shinglefs.server.remote import RemoteNode
+from shinglefs.server.repair import replication_health
+
+MiB = 1024 * 1024
+FAST_REPAIR = ("--repair-after", "1.5", "--repair-interval", "0.3")
+NO_REPAIR = ("--repair-interval", "0")
+
+
+@pytest.fixture
+def meta_url(tmp_path: Path) -> str:
+    url = f"sqlite3://{tmp_path / 'meta.db'}"
+    format_filesystem(url, [], servers=True, chunk_size=16 * MiB)
+    return url
+
+
+@pytest.fixture
+def meta(meta_url: str) -> Iterator[MetaStore]:
+    store = open_meta(meta_url)
+    yield store
+    store.close()
+
+
+def three_servers(meta_url: str, meta: MetaStore, tmp_path: Path, servers: list[Server],
+                  *extra: str) -> None:
+    for name in ("s1", "s2", "s3"):
+        start_server(meta_url, tmp_path, name, servers, None, *extra)
+    wait_until(lambda: live_count(meta) == 3, "three servers live")
+
+
+def set_goal(meta: MetaStore, fs: shinglefs.ShingleFS, path: str, goal: int | None) -> None:
+    meta.set_policy(fs.stat(path).st_ino, DirPolicy(replicas=goal))
+
+
+def copies(meta: MetaStore, meta_url: str, path: str) -> list[int]:
+    """How many servers hold each stored slice of ``path`` (a fresh client)."""
+    fs = shinglefs.connect(meta_url)
+    try:
+        return [len(s) for s in replica_servers(meta, fs, path)]
+    finally:
+        fs.close()
+
+
+def test_each_directory_s_goal_decides_how_many_servers_hold_its_files(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+    three_servers(meta_url, meta, tmp_path, servers, *NO_REPAIR)
+    big, small = os.urandom(20 * MiB + 5), os.urandom(MiB)
+    fs = shinglefs.connect(meta_url)
+    try:
+        for path in ("/one", "/three/deeper", "/plain"):
+            fs.makedirs(path)
+        set_goal(meta, fs, "/one", 1)
+        set_goal(meta, fs, "/three", 3)  # /three/deeper inherits it
+        for d in ("/one", "/three/deeper", "/plain"):
+            fs.write_bytes(f"{d}/big.bin", big)  # a group of its own (its inode)
+            fs.write_bytes(f"{d}/small.bin", small)  # its directory's group
+        placed = {d: {n for name in ("big", "small")
+                      for n in map(len, replica_servers(meta, fs, f"{d}/{name}.bin"))}
+                  for d in ("/one", "/three/deeper", "/plain")}
+        assert fs.read_bytes("/three/deeper/big.bin") == big
+    finally:
+        fs.close()
+    assert placed == {"/one": {1}, "/three/deeper": {3}, "/plain": {2}}
+
+
+def test_health_counts_each_slice_against_its_own_goal(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    three_servers(meta_url, meta, tmp_path, servers, *NO_REPAIR)
+    fs = shinglefs.connect(meta_url)
+    try:
+        for d in ("/raised", "/lowered"):
+            fs.makedirs(d)
+            fs.write_bytes(f"{d}/f.bin", os.urandom(20 * MiB))  # two slices, two copies each
+        set_goal(meta, fs, "/raised", 3)
+        set_goal(meta, fs, "/lowered", 1)
+    finally:
+        fs.close()
+    health = replication_health(meta, TIMEOUT_S)
+    assert (health.goal, health.slices, health.under_replicated, health.lost) == (2, 4, 2, 0)
+    assert cli("status", meta_url, "--servers", "--json", "--server-timeout", "5") == 0
+    assert json.loads(capsys.readouterr().out)["replication"]["under_replicated"] == 2
+
+
+def test_the_servers_bring_existing_slices_up_to_a_raised_goal(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+    three_servers(meta_url, meta, tmp_path, servers, *FAST_REPAIR)
+    data = os.urandom(40 * MiB + 3)
+    fs = shinglefs.connect(meta_url)
+    try:
+        for d in ("/precious", "/plain"):
+            fs.makedirs(d)
+            fs.write_bytes(f"{d}/f.bin", data)
+        assert set(map(len, replica_servers(meta, fs, "/precious/f.bin"))) == {2}
+        set_goal(meta, fs, "/precious", 3)
+    finally:
+        fs.close()
+    wait_until(lambda: set(copies(meta, meta_url, "/precious/f.bin")) == {3},
+               "every slice of /precious on three servers", limit=60)
+    assert set(copies(meta, meta_url, "/plain/f.bin")) == {2}  # its goal stays the default
+    health = replication_health(meta, 1.5)
+    assert (health.slices, health.under_replicated, health.lost) == (6, 0, 0)
+    fs = shinglefs.connect(meta_url)
+    try:
+        assert fs.read_bytes("/precious/f.bin") == data
+    finally:
+        fs.close()
+
+
+def replicas_of(meta: MetaStore, meta_url: str, path: str) -> list[tuple[int, tuple[Replica, ...]]]:
+    """``(slice id, its replicas)`` of every stored slice of ``path``."""
+    fs = shinglefs.connect(meta_url)
+    try:
+        ino = fs.stat(path).st_ino
+        return [(p.slice_id, meta.get_slice(p.slice_id).replicas)
+                for p in meta.read_map(ino, 0, fs.stat(path).st_size) if p.inline is None]
+    finally:
+        fs.close()
+
+
+def test_an_offline_drive_gets_no_new_slice_and_is_drained_onto_other_drives(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    two_drives = Server(meta_url, [f"emulated:{tmp_path / 'a0.img'}:{1024 * MiB}",
+                                   f"emulated:{tmp_path / 'a1.img'}:{1024 * MiB}"],
+                        free_port(), *FAST_REPAIR)
+    two_drives.ready()
+    servers.append(two_drives)
+    start_server(meta_url, tmp_path, "b", servers, None, *FAST_REPAIR)
+    wait_until(lambda: live_count(meta) == 2, "two servers live")
+    a = next(s for s in meta.list_servers(TIMEOUT_S) if len(s.drives) == 2)
+    data = os.urandom(40 * MiB + 7)
+    fs = shinglefs.connect(meta_url)
+    try:
+        fs.write_bytes("/ckpt.bin", data)
+    finally:
+        fs.close()
+    before = replicas_of(meta, meta_url, "/ckpt.bin")
+    on_a = [r for _, rs in before for r in rs if r.server == str(a.id)]
+    assert len(on_a) == len(before)  # one copy of each slice on each server
+    drive = int(on_a[0].drive)
+    moving = [slice_id for slice_id, rs in before if Replica(str(a.id), str(drive)) in rs]
+
+    assert cli("drive", "offline", meta_url, f"{a.id}:{drive}") == 0
+    assert "offline" in capsys.readouterr().out
+    assert meta.drive_states() == {(a.id, drive): "offline"}
+
+    def drained() -> bool:
+        now = replicas_of(meta, meta_url, "/ckpt.bin")
+        return all(len(rs) == 2 and Replica(str(a.id), str(drive)) not in rs for _, rs in now)
+
+    wait_until(drained, "no slice left on the offline drive, two copies each", limit=60)
+    after = replicas_of(meta, meta_url, "/ckpt.bin")
+    assert all(Replica(str(a.id), str(1 - drive)) in rs for _, rs in after)  # a's other drive
+    health = replication_health(meta, 1.5)
+    assert (health.under_replicated, health.lost, health.draining) == (0, 0, 0)
+    with RemoteNode(a.address, cluster_key(meta), timeout=30) as remote:
+
+        def gone(slice_id: int) -> bool:
+            try:
+                remote.length(slice_id, drive)
+            except SliceMissing:
+                return True
+            return False
+
+        # Deleted right after the record drops them: the drive ends up empty.
+        wait_until(lambda: all(map(gone, moving)), "the drained copies deleted from the drive")
+    fs = shinglefs.connect(meta_url)
+    try:
+        assert fs.read_bytes("/ckpt.bin") == data
+        fs.write_bytes("/new.bin", os.urandom(20 * MiB))
+    finally:
+        fs.close()
+    assert all(Replica(str(a.id), str(drive)) not in rs
+               for _, rs in replicas_of(meta, meta_url, "/new.bin"))
+    assert cli("status", meta_url, "--servers", "--json", "--server-timeout", "5") == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert {s["id"]: s["offline_drives"] for s in listed["servers"]}[a.id] == [drive]
+    assert listed["replication"]["draining"] == 0
+    assert cli("drive", "online", meta_url, f"{a.id}:{drive}") == 0
+    assert meta.drive_states() == {}
