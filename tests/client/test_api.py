@@ -6,6 +6,7 @@ import io
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import fsspec
@@ -246,3 +247,58 @@ def test_a_cached_fsspec_instance_reconnects_after_close(fs_factory: FsFactory) 
         assert again.cat_file("/a") == b"1"
     finally:
         fsspec_impl.close_connections()
+
+
+# ---- directories remembered by path resolution (VFS.lookup_dir) --------------------------
+
+
+def test_renames_and_rmdirs_through_this_client_are_seen_at_once(pyfs: ShingleFS) -> None:
+    pyfs.makedirs("/a/b")
+    pyfs.write_bytes("/a/b/x", b"x")  # /a and /a/b are remembered now
+    pyfs.rename("/a", "/c")
+    with pytest.raises(FileNotFoundError):
+        pyfs.open("/a/b/y", "wb")
+    pyfs.write_bytes("/c/b/y", b"y")
+    assert pyfs.read_bytes("/c/b/x") == b"x" and pyfs.read_bytes("/c/b/y") == b"y"
+    for name in ("x", "y"):
+        pyfs.unlink(f"/c/b/{name}")
+    pyfs.rmdir("/c/b")
+    pyfs.mkdir("/c/b")  # a new directory under the old name
+    pyfs.write_bytes("/c/b/z", b"z")
+    assert pyfs.listdir("/c/b") == ["z"] and pyfs.read_bytes("/c/b/z") == b"z"
+
+
+def test_a_directory_renamed_by_another_client_resolves_anew_after_the_ttl(
+    fs_factory: FsFactory, pyfs: ShingleFS
+) -> None:
+    from shinglefs.meta import open_meta
+    from shinglefs.meta.api import ROOT_INO
+
+    pyfs.vfs.dir_names.ttl = 0.05
+    pyfs.makedirs("/d/sub")
+    pyfs.write_bytes("/d/sub/f", b"1")
+    other = open_meta(fs_factory.meta_url)
+    try:
+        other.rename(ROOT_INO, b"d", ROOT_INO, b"e")
+    finally:
+        other.close()
+    time.sleep(0.1)
+    assert not pyfs.exists("/d/sub/f")
+    with pytest.raises(FileNotFoundError):
+        pyfs.open("/d/sub/g", "wb")
+    assert pyfs.read_bytes("/e/sub/f") == b"1"
+
+
+def test_a_remembered_directory_is_searched_only_with_permission(pyfs: ShingleFS) -> None:
+    from shinglefs.meta.api import Ctx
+
+    pyfs.makedirs("/p/q")
+    pyfs.chmod("/p/q", 0o777)
+    pyfs.chmod("/p", 0o700)
+    pyfs.write_bytes("/p/q/root", b"r")  # root remembers /p (mode 700) and /p/q
+    user = ShingleFS(pyfs.vfs, Ctx(uid=1000, gid=1000))
+    with pytest.raises(PermissionError):
+        user.open("/p/q/u", "wb")
+    pyfs.chmod("/p", 0o755)
+    user.write_bytes("/p/q/u", b"u")
+    assert pyfs.read_bytes("/p/q/u") == b"u"

@@ -37,7 +37,7 @@ from shinglefs.client.errors import TooManySymlinks
 from shinglefs.client.filesystem import open_filesystem
 from shinglefs.client.vfs import VFS, SetAttrChanges
 from shinglefs.errors import ShingleError, UsageError
-from shinglefs.meta.api import ROOT_CTX, ROOT_INO, Ctx, InodeAttr, StatFs
+from shinglefs.meta.api import ROOT_CTX, Ctx, InodeAttr, StatFs
 
 MAX_SYMLINK_DEPTH = 40
 WRITE_BUFFER = 4 * 1024 * 1024
@@ -256,19 +256,28 @@ class ShingleFS:
                                            release or vfs.shutdown)
 
     # ------------------------------------------------------------------ resolution
-    def _walk(self, parts: list[str], follow_last: bool, depth: int = 0) -> InodeAttr:
-        attr = self.vfs.getattr(ROOT_INO)
+    def _walk(self, parts: list[str], follow_last: bool, depth: int = 0, *,
+              fresh_last: bool = True) -> InodeAttr:
+        """The inode ``parts`` names. Directories on the way come from the VFS's
+        name memo (``VFS.lookup_dir``: at most ``DIR_NAMES_TTL`` old, like a
+        mount's names); the last component, unless ``fresh_last`` is False, is
+        looked up in meta (its attributes are fresh, as ``stat`` wants)."""
+        vfs = self.vfs
+        attr = vfs.lookup_dir(None, b"/", self.ctx)
         stack = list(reversed(parts))
         while stack:
             name = stack.pop()
             parent = attr
-            attr = self.vfs.lookup(parent.ino, name.encode(), self.ctx)
+            if stack or not fresh_last:
+                attr = vfs.lookup_dir(parent, name.encode(), self.ctx)
+            else:
+                attr = vfs.lookup(parent.ino, name.encode(), self.ctx)
             if attr.is_symlink and (stack or follow_last):
                 depth += 1
                 if depth > MAX_SYMLINK_DEPTH:
                     raise TooManySymlinks(name)
-                target = self.vfs.readlink(attr.ino, self.ctx).decode()
-                attr = self.vfs.getattr(ROOT_INO) if target.startswith("/") else parent
+                target = vfs.readlink(attr.ino, self.ctx).decode()
+                attr = vfs.lookup_dir(None, b"/", self.ctx) if target.startswith("/") else parent
                 stack.extend(reversed(_split(target)))
         return attr
 
@@ -280,7 +289,8 @@ class ShingleFS:
         parts = _split(path)
         if not parts:
             raise OSError(errno.EBUSY, "the root has no parent", path)
-        parent = self._resolve("/".join(parts[:-1]))
+        with _as_oserror(path):
+            parent = self._walk(parts[:-1], True, fresh_last=False)
         if not parent.is_dir:
             raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
         return parent.ino, parts[-1].encode()
@@ -323,40 +333,53 @@ class ShingleFS:
     def open_raw(self, path: str, flags: int, perm: int = 0o644) -> ShingleRawFile:
         """Open with ``os.open``-style flags; returns the unbuffered raw file."""
         if flags & os.O_CREAT:
-            # Like Linux: without O_EXCL a (dangling) symlink is followed and its
-            # target created; with O_EXCL any existing name, symlink included, is EEXIST.
-            target = path if flags & os.O_EXCL else self._follow_for_create(path)
-            parent, name = self._parent(target)
-            try:
-                existing = self._resolve(target) if not flags & os.O_EXCL else None
-            except FileNotFoundError:
-                existing = None
-            with _as_oserror(path):
-                if existing is None:
-                    fh, attr = self.vfs.create(
-                        parent, name, _stat.S_IFREG | (perm & 0o7777), flags, self.ctx
-                    )
-                    return ShingleRawFile(self, fh, attr.ino, path, flags)
-        attr = self._resolve(path)
+            # The name was absent when looked up: create it exclusively (no second
+            # lookup inside the transaction); if another client made it meanwhile,
+            # look again and open what is there.
+            for _ in range(MAX_SYMLINK_DEPTH):
+                parent, name, existing = self._find_for_create(path, flags)
+                if existing is not None:
+                    attr = existing
+                    break
+                try:
+                    with _as_oserror(path):
+                        fh, attr = self.vfs.create(parent, name, _stat.S_IFREG | (perm & 0o7777),
+                                                   flags | os.O_EXCL, self.ctx)
+                except FileExistsError:
+                    if flags & os.O_EXCL:
+                        raise
+                    continue
+                return ShingleRawFile(self, fh, attr.ino, path, flags)
+            else:
+                raise OSError(errno.EAGAIN, "the name kept changing while being created", path)
+        else:
+            attr = self._resolve(path)
         if attr.is_dir:
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
         with _as_oserror(path):
             fh = self.vfs.open(attr.ino, flags & ~(os.O_CREAT | os.O_EXCL), self.ctx)
         return ShingleRawFile(self, fh, attr.ino, path, flags)
 
-    def _follow_for_create(self, path: str) -> str:
-        """The path ``open(O_CREAT)`` creates: ``path``, or what its symlinks name."""
+    def _find_for_create(self, path: str, flags: int) -> tuple[int, bytes, InodeAttr | None]:
+        """Where ``open(path, flags | O_CREAT)`` creates: (parent, name, the inode
+        already there or None). Like Linux: without O_EXCL a (dangling) symlink
+        is followed and its target created; with O_EXCL the name is not looked
+        up (``create`` says EEXIST for any existing name, symlink included)."""
         for _ in range(MAX_SYMLINK_DEPTH):
+            parent, name = self._parent(path)
+            if flags & os.O_EXCL:
+                return parent, name, None
             try:
-                attr = self._resolve(path, follow=False)
+                with _as_oserror(path):
+                    attr = self.vfs.lookup(parent, name, self.ctx)
             except FileNotFoundError:
-                return path
+                return parent, name, None
             if not attr.is_symlink:
-                return path
+                return parent, name, attr
             with _as_oserror(path):
                 link = self.vfs.readlink(attr.ino, self.ctx).decode(errors="surrogateescape")
-            parent = "/".join(_split(path)[:-1])
-            path = link if link.startswith("/") else f"/{parent}/{link}"
+            where = "/".join(_split(path)[:-1])
+            path = link if link.startswith("/") else f"/{where}/{link}"
         raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
 
     def read_bytes(self, path: str) -> bytes:

@@ -22,17 +22,20 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from shinglefs.client.writer import FileWriter
-from shinglefs.meta.api import ReadPiece
+from shinglefs.meta.api import InodeAttr, ReadPiece
 
 __all__ = [
+    "DIR_NAMES_TTL",
     "INODE_MEMO_ENTRIES",
     "NO_CAPS_TTL",
+    "DirNames",
     "InodeMemo",
     "InodeTable",
     "MapCache",
@@ -46,6 +49,9 @@ INODE_MEMO_ENTRIES = 1 << 16  # ~40 MiB for the three memos when full (measured 
 # The absence of security.capability, learned at create or from a miss, is
 # trusted this long (as long as attributes).
 NO_CAPS_TTL = 1.0
+# A directory resolved by path (the Python API) is trusted this long: as long
+# as a mount's kernel trusts a name (fuse.operations.ENTRY_TIMEOUT).
+DIR_NAMES_TTL = 1.0
 T = TypeVar("T")
 Stamp = tuple[int, int, int]  # (mtime_ns, ctime_ns, size)
 
@@ -77,6 +83,41 @@ class InodeMemo(OrderedDict[int, T]):
             self.move_to_end(key)
             if len(self) > self.capacity:
                 self.popitem(last=False)
+
+
+class DirNames:
+    """Directories resolved by name within the last ``DIR_NAMES_TTL`` seconds:
+    ``(parent, name) -> attributes`` (directories only; the root under
+    ``(0, b"/")``), bounded by ``INODE_MEMO_ENTRIES`` (emptied when full).
+
+    A memo for path resolution, like a mount's dentry cache: what another
+    client renames or removes shows here at most ``DIR_NAMES_TTL`` late; what
+    this client changes is forgotten at once (``clear``)."""
+
+    def __init__(self, ttl: float = DIR_NAMES_TTL, capacity: int = INODE_MEMO_ENTRIES) -> None:
+        self.ttl = ttl
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._names: dict[tuple[int, bytes], tuple[InodeAttr, float]] = {}
+
+    def get(self, parent: int, name: bytes) -> InodeAttr | None:
+        with self._lock:
+            hit = self._names.get((parent, name))
+        if hit is None or hit[1] < time.monotonic():
+            return None
+        return hit[0]
+
+    def put(self, parent: int, name: bytes, attr: InodeAttr) -> None:
+        if not attr.is_dir:
+            return
+        with self._lock:
+            if len(self._names) >= self.capacity:
+                self._names.clear()
+            self._names[(parent, name)] = (attr, time.monotonic() + self.ttl)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._names.clear()
 
 
 @dataclass(slots=True)

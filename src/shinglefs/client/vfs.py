@@ -54,7 +54,7 @@ from shinglefs.client.errors import (
 )
 from shinglefs.client.groups import GroupPolicy
 from shinglefs.client.handles import FileHandle, HandleTable
-from shinglefs.client.inodes import InodeTable
+from shinglefs.client.inodes import DirNames, InodeTable
 from shinglefs.client.openfiles import OpenFiles
 from shinglefs.client.reader import ExtentCache
 from shinglefs.client.readpath import ReadPath
@@ -69,6 +69,7 @@ from shinglefs.meta.api import (
     StatFs,
 )
 from shinglefs.meta.errors import FsError
+from shinglefs.meta.records import ROOT_INO, X_OK, permits
 from shinglefs.server.errors import NodeFull
 from shinglefs.server.node import Declined, SliceNode
 
@@ -134,6 +135,7 @@ class VFS:
         self.chunk_size = meta.format_info().chunk_size
         self.handles = HandleTable()
         self.inodes = InodeTable()  # bounded by inodes.INODE_MEMO_ENTRIES
+        self.dir_names = DirNames()
         self._pool = ThreadPoolExecutor(self.config.io_threads, thread_name_prefix="shinglefs-io")
         self.cache = ExtentCache(
             self._read_slice,
@@ -192,6 +194,26 @@ class VFS:
             self.inodes.note_parent(attr.ino, parent)
         return self.writes.with_buffered_size(attr)
 
+    def lookup_dir(self, parent: InodeAttr | None, name: bytes, ctx: Ctx = ROOT_CTX) -> InodeAttr:
+        """``lookup`` for resolving a path through ``parent`` (attributes from this
+        client, as fresh as ``DirNames`` keeps them): a directory resolved in the
+        last ``DIR_NAMES_TTL`` seconds is answered from memory when ``ctx`` may
+        search ``parent`` by its remembered mode (the kernel's dentry cache does
+        the same for a mount); anything else is a ``lookup``. The root's
+        attributes: ``parent`` None."""
+        if parent is None:
+            attr = self.dir_names.get(0, b"/")
+            if attr is None:
+                attr = self.getattr(ROOT_INO)
+                self.dir_names.put(0, b"/", attr)
+            return attr
+        attr = self.dir_names.get(parent.ino, name)
+        if attr is not None and permits(parent.mode, parent.uid, parent.gid, ctx, X_OK):
+            return attr
+        attr = self.lookup(parent.ino, name, ctx)
+        self.dir_names.put(parent.ino, name, attr)
+        return attr
+
     def forget(self, ino: int, nlookup: int) -> None:
         """The kernel dropped ``nlookup`` references (and with them its cached
         pages). Data is never freed here: the metadata engine frees unlinked
@@ -216,6 +238,8 @@ class VFS:
         self._check_open()
         handle = self.handles.find_file(fh) if fh is not None else None
         by_fd = handle is not None and handle.writable
+
+        self.dir_names.clear()  # a directory's mode or owner may change
 
         def change() -> InodeAttr:
             return changes.apply(self.meta, ino, ctx, open_for_write=by_fd, checked=checked)
@@ -249,6 +273,7 @@ class VFS:
 
     def rmdir(self, parent: int, name: bytes, ctx: Ctx = ROOT_CTX) -> None:
         self._check_open()
+        self.dir_names.clear()
         self.meta.rmdir(parent, name, ctx)
 
     def symlink(self, parent: int, name: bytes, target: bytes, ctx: Ctx = ROOT_CTX) -> InodeAttr:
@@ -268,6 +293,7 @@ class VFS:
     ) -> None:
         """Atomic rename (replacing the target); see ``MetaStore.rename``."""
         self._check_open()
+        self.dir_names.clear()
         result = self.meta.rename(parent_old, name_old, parent_new, name_new, flags, ctx)
         self.inodes.note_parent(result.ino, parent_new)
         if result.released:

@@ -1,6 +1,7 @@
 """Linux's permission rules on mode bits, as pure functions (no database).
 
-``permits`` is generic_permission without ACLs; ``check_setattr_rights`` is who
+``permits`` (generic_permission without ACLs) lives in ``meta.records``, where
+clients use it too; ``check_setattr_rights`` is who
 may make a ``setattr`` change; ``check_parent`` is the check every operation
 on a directory entry makes of its parent; ``sticky_ok`` the sticky-bit rule
 for removing or replacing an entry. Each raises ``FsError`` or answers a bool;
@@ -14,22 +15,7 @@ import stat
 from typing import Any
 
 from shinglefs.meta.errors import FsError
-from shinglefs.meta.records import UTIME_NOW, W_OK, X_OK, Ctx, InodeAttr
-
-
-def permits(mode: int, uid: int, gid: int, ctx: Ctx, mask: int) -> bool:
-    """Linux's generic_permission on mode bits (no ACLs)."""
-    mask &= 7
-    if ctx.uid == 0:
-        # root: anything but executing a file nobody may execute
-        return not (mask & X_OK and not stat.S_ISDIR(mode) and not mode & 0o111)
-    if ctx.uid == uid:
-        bits = (mode >> 6) & 7
-    elif ctx.in_group(gid):
-        bits = (mode >> 3) & 7
-    else:
-        bits = mode & 7
-    return bits & mask == mask
+from shinglefs.meta.records import UTIME_NOW, W_OK, X_OK, Ctx, InodeAttr, permits
 
 
 def sticky_ok(pmode: int, puid: int, victim_uid: int, ctx: Ctx) -> bool:
