@@ -7,6 +7,11 @@ array, a checkpoint step's metadata files - share zones and die together.
 A file is small when its first slice ends before ``small_file_bytes``
 (4 MiB) at close/flush, i.e. it never filled a streamed piece.
 
+The group also names the slice's replication goal: storage placement
+(``server.cluster.ClusterNode.place``) and re-replication
+(``server.repair``) both ask meta the goal of the group's inode
+(``MetaStore.replica_goals``), so a group must stay an inode number.
+
 Hook for retention directories (a later step): a :class:`GroupPolicy`
 subclass overrides :meth:`GroupPolicy.group_for` to return the group of the
 retention directory's child that contains the file (one checkpoint step), e.g.
