@@ -206,3 +206,92 @@ def test_one_submitter_feeding_many_groups_round_robin_through_a_full_queue_land
         assert sum(written) == piece * per_group * groups
     finally:
         store.close()
+
+
+def _zone_runs(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(group, bytes) of each sequence of consecutive runs of one group: what the
+    drive wrote between two zone switches (``bench cluster``'s ``mean_run_mib``)."""
+    out: list[tuple[int, int]] = []
+    for group, n in runs:
+        if out and out[-1][0] == group:
+            out[-1] = (group, out[-1][1] + n)
+        else:
+            out.append((group, n))
+    return out
+
+
+def test_sixteen_clients_sending_a_piece_at_a_time_get_zone_runs_of_switch_bytes(drive_factory):
+    # A storage server's drive: 16 clients, each with one 256 KiB piece in
+    # flight at a time (it sends the next once the last is stored), so no group
+    # ever has more than a piece queued. Without zone runs the writer takes
+    # whatever is queued and the groups interleave piece by piece; with them,
+    # it stays on a group until it wrote switch_bytes of it in a row.
+    drive = drive_factory(zone_size=16 * MiB, zone_count=40, max_open_zones=32)
+    # switch_wait_s: how long the writer waits for a group's next piece; 2 s
+    # keeps the test about the rule, not about thread scheduling on 2 cores.
+    store = SliceStore.format(drive, switch_bytes=2 * MiB, switch_wait_s=2.0,
+                              gc_background=False)
+    piece, pieces = 256 * 1024, 24  # 6 MiB a client: three zone runs each
+    barrier = threading.Barrier(16)
+
+    def client(g: int) -> None:
+        data = payload(g, piece * pieces)
+        barrier.wait()
+        for i in range(pieces):
+            store.submit(g, i * piece, data[i * piece : (i + 1) * piece], group=100 + g).result()
+
+    threads = [threading.Thread(target=client, args=(g,)) for g in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    runs = _zone_runs(store.scheduler.runs_written)
+    assert sum(n for _, n in runs) == 16 * piece * pieces
+    assert all(n >= 2 * MiB for _, n in runs), runs
+    assert len(runs) == 16 * 3
+    for g in range(16):
+        assert store.read(g, 0, piece * pieces) == payload(g, piece * pieces)
+    store.close()
+
+
+def test_without_zone_runs_those_clients_interleave(drive_factory):
+    # The same clients on a client's own store (switch_bytes 0): what the rule
+    # above changes (so that test fails when zone runs do nothing).
+    drive = drive_factory(zone_size=16 * MiB, zone_count=40, max_open_zones=32)
+    store = SliceStore.format(drive, gc_background=False)
+    assert store.scheduler.zone_run.switch_bytes == 0
+    piece, pieces = 256 * 1024, 8
+    barrier = threading.Barrier(8)
+
+    def client(g: int) -> None:
+        data = payload(g, piece * pieces)
+        barrier.wait()
+        for i in range(pieces):
+            store.submit(g, i * piece, data[i * piece : (i + 1) * piece], group=100 + g).result()
+
+    threads = [threading.Thread(target=client, args=(g,)) for g in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(_zone_runs(store.scheduler.runs_written)) > 8
+    store.close()
+
+
+def test_flush_completed_makes_written_pieces_durable_and_leaves_queued_ones(drive_factory):
+    drive = drive_factory(zone_size=4 * MiB, zone_count=16)
+    # Another group's pieces wait for a longer run: nothing makes them eligible.
+    store = SliceStore.format(drive, min_run_bytes=64 * MiB, linger_s=30.0,
+                              gc_background=False)
+    store.write(1, 0, payload(1, 64 * 1024), group=1)  # completed (readable)
+    queued = store.submit(2, 0, payload(2, 64 * 1024), group=2)
+    drive.start_trace()
+    store.scheduler.flush_completed()
+    trace = drive.stop_trace()
+    assert [t.op for t in trace] == ["flush"]  # one drive flush, no write of group 2
+    assert not queued.done()
+    assert [g for g, _ in store.scheduler.runs_written] == [1]
+    store.flush()  # the barrier: group 2 is written now
+    assert queued.done() and queued.exception() is None
+    assert store.read(2, 0, 64 * 1024) == payload(2, 64 * 1024)
+    store.close()

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+SERVER_SWITCH_BYTES = 32 * 1024**2
+"""A storage server's zone run (``StoreConfig.switch_bytes`` None)."""
+
 
 @dataclass(frozen=True, slots=True)
 class StoreConfig:
@@ -20,6 +23,15 @@ class StoreConfig:
     the GC and metadata streams. ``checkpoint_interval_bytes``: device bytes
     between index checkpoints. ``checkpoint_path``: put checkpoints in a file
     instead of the drive's conventional zones.
+
+    Write scheduler (store/scheduler.py): ``max_queue_bytes`` queued before
+    ``submit`` waits; a group is written once ``min_run_bytes`` of it are
+    queued, up to ``max_run_bytes`` a run and ``batch_bytes`` a batch, or
+    once it lingered (``linger_s``). ``switch_bytes``: the zone run — the
+    writer stays on a group until it wrote this many bytes of it in a row,
+    or nothing of it was queued for ``switch_wait_s``. None: the role's
+    default, ``SERVER_SWITCH_BYTES`` on a storage server (whose drives take
+    pieces from many clients at once), 0 (off) in a client's own stores.
     """
 
     gc_free_zones: int | None = None
@@ -32,6 +44,8 @@ class StoreConfig:
     max_run_bytes: int = 64 * 1024**2
     batch_bytes: int = 128 * 1024**2
     linger_s: float = 0.002
+    switch_bytes: int | None = None
+    switch_wait_s: float = 0.25
     gc_background: bool = True
     gc_interval_s: float = 0.05
     gc_chunk_bytes: int = 16 * 1024**2

@@ -19,6 +19,13 @@ Rules:
   than interleaved small writes. Within a run, consecutive pieces of one slice
   become one record, and the run's records go out as one ``pwritev`` of the
   callers' own memoryviews (no concatenation).
+- Zone runs (``switch_bytes`` > 0: a storage server): the writer stays on
+  the group it took, writing its pieces as they come and no other group's,
+  until it wrote ``switch_bytes`` of it in a row, a piece of it was durable,
+  or none of it came for ``switch_wait_s`` (``ZoneRun``). So many clients'
+  groups, each sent a few MiB at a time, reach the drive as runs of
+  ``switch_bytes`` per zone switch. The next group is the eligible one with
+  the most bytes queued, or one whose oldest piece waited too long.
 - Admission under pressure: while a submitter waits for room, the writer
   takes only what frees that room — the groups a caller waits for, then
   the oldest group (eligible or not: a waiting submitter never waits out a
@@ -40,7 +47,9 @@ Rules:
   thread without queueing if nothing stands before it, else ``Declined``.
 - Group commit: one flush a batch when any piece in it asked for durability.
   A future completes when its bytes are written and indexed (readable), and
-  for a durable piece only after that flush.
+  for a durable piece only after that flush. ``flush``: every piece submitted
+  before it (queued ones are written first); ``flush_completed``: only the
+  completed ones (a server's FLUSH), forcing nothing out of the queue.
 - A caller may cancel a piece's future while it is still queued: the piece is
   written anyway (a slice has no holes) and its future stays cancelled; the
   writer thread never dies of it (futures are marked running when taken).
@@ -62,6 +71,7 @@ from typing import TYPE_CHECKING
 
 from shinglefs.store.api import MAX_SLICE_SIZE, Declined, PieceFuture
 from shinglefs.store.errors import SliceOrderError, StoreClosed, StoreError
+from shinglefs.store.zonerun import DriveSync, ZoneRun
 from shinglefs.zoned.fileio import Payload
 
 if TYPE_CHECKING:
@@ -100,6 +110,8 @@ class WriteScheduler:
         self.max_run_bytes = cfg.max_run_bytes
         self.batch_bytes = cfg.batch_bytes
         self.linger_s = cfg.linger_s
+        self.zone_run = ZoneRun(cfg.switch_bytes or 0, cfg.switch_wait_s)
+        self._sync = DriveSync(slice_log)
         self._cond = threading.Condition(threading.Lock())
         self._groups: dict[int, deque[PendingWrite]] = {}
         self._group_bytes: dict[int, int] = {}
@@ -148,10 +160,10 @@ class WriteScheduler:
         with self._cond:
             if self._stopping:
                 raise StoreClosed("store is closing", drive=self.log.name)
-            if self._queued_bytes and self._queued_bytes + n > self.max_queue_bytes:
+            if self._queued_bytes and self._queued_bytes + n > self.max_queue_bytes + self.zone_run.allowance(group):
                 if not wait:
                     raise Declined(f"{self.log.name}: the write queue is full")
-                self._wait_for_room(n)
+                self._wait_for_room(n, group)
             piece = self._new_piece(slice_id, offset, data, group, durable, indexed_length)
             if n == 0:
                 piece.future.set_result(None)
@@ -172,13 +184,14 @@ class WriteScheduler:
             self._cond.notify_all()
             return piece
 
-    def _wait_for_room(self, n: int) -> None:
-        """Back-pressure: wait until ``n`` more bytes fit the queue (``_cond`` held).
-        While it waits the writer drains only as much as it needs (``_take``)."""
+    def _wait_for_room(self, n: int, group: int) -> None:
+        """Back-pressure: wait until ``n`` more bytes of ``group`` fit the queue
+        (``_cond`` held). While it waits the writer drains only as much as it
+        needs (``_take``)."""
         self._room_wanted += n
         self._cond.notify_all()  # the writer may sleep out a linger: pressure changes that
         try:
-            while self._queued_bytes and self._queued_bytes + n > self.max_queue_bytes:
+            while self._queued_bytes and self._queued_bytes + n > self.max_queue_bytes + self.zone_run.allowance(group):
                 self._cond.wait()
                 if self._stopping:
                     raise StoreClosed("store is closing", drive=self.log.name)
@@ -208,20 +221,16 @@ class WriteScheduler:
 
     def _write_now(self, slice_id: int, offset: int, data: Payload, group: int,
                    durable: bool, indexed_length: Callable[[int], int]) -> PieceFuture:
-        """Write one piece in the calling thread at once, or raise ``Declined``.
-
-        Only when no thread is writing, no flush barrier waits, nothing of
-        ``group`` is queued (a group's runs stay in order), the store is not
-        closing, no index checkpoint is due (that is the writer thread's job)
-        and the collector is not holding the log (copying a zone); otherwise
-        nothing is queued. The returned future is complete (its exception is
-        the write's error). For a small file's close: one ``pwritev`` and no
-        thread hand-off.
-        """
+        """Write one piece in the calling thread at once (a small file's close: one
+        ``pwritev``, no hand-off), or raise ``Declined`` with nothing queued:
+        when a thread writes, a flush barrier waits, ``group`` has queued
+        pieces or another group's zone run is on, the store closes, an index
+        checkpoint is due (the writer thread's job) or the collector holds the
+        log. The returned future is complete (its exception is the write's)."""
         n = data.nbytes
         with self._cond:
             if (self._busy or self._stopping or self._barriers or self._groups.get(group)
-                    or self.log.checkpoint_due):
+                    or self.zone_run.group not in (None, group) or self.log.checkpoint_due):
                 raise Declined(f"{self.log.name}: the writer is busy")
             # The collector holds io_lock while it copies a zone: never wait for it.
             if not self.log.io_lock.acquire(blocking=False):
@@ -285,6 +294,11 @@ class WriteScheduler:
                 self._cond.notify_all()
         return True
 
+    def flush_completed(self) -> None:
+        """Make every piece whose future completed before the call, and every
+        delete done before it, durable; queued pieces stay queued (``DriveSync``)."""
+        self._sync.flush()
+
     def _expedite(self, group: int) -> None:
         """A caller waits for a queued piece of ``group`` (``PieceFuture.expedite``):
         write the group's queued run in this thread when no other thread is
@@ -292,7 +306,8 @@ class WriteScheduler:
         with self._cond:
             if not self._groups.get(group):
                 return
-            if self._busy or self._stopping or self._barriers:
+            if (self._busy or self._stopping or self._barriers
+                    or self.zone_run.group not in (None, group)):
                 self._urgent.add(group)
                 self._cond.notify_all()
                 return
@@ -355,32 +370,36 @@ class WriteScheduler:
             if (self._stopping or self._group_bytes[group] >= self.min_run_bytes
                     or self._group_durable[group] or head.ticket <= barrier
                     or group in self._urgent
-                    or now >= self._lingered_until(queue)):
+                    or now >= lingered_until(queue, self._last_queued, self.linger_s)):
                 out.append(group)
         out.sort(key=lambda g: self._groups[g][0].ticket)
         return out
 
     def _take(self, now: float) -> list[tuple[int, list[PendingWrite]]]:
+        run = self.zone_run
+        forced = self._stopping or self._barriers or self._urgent
+        if run.group is not None and not forced:
+            if self._groups.get(run.group):
+                return run.took_runs(self._take_groups([run.group]), self._groups, now)
+            until = run.waits_until()
+            if not self._room_wanted and until is not None and now < until:
+                return []  # the writer waits for the group's next piece
+            run.end()
         groups = self._eligible(now)
         if self._room_wanted and not self._stopping:
             groups = self._for_waiters(groups)
+        if run.switch_bytes and not forced:
+            chosen = run.choose(groups, self._groups, self._group_bytes, now)
+            return run.took_runs(self._take_groups(chosen), self._groups, now)
+        run.end()
         return self._take_groups(groups)
 
     def _for_waiters(self, eligible: list[int]) -> list[int]:
         """The groups to take under queue pressure (a submitter waits for room;
         ``_cond`` held): those a caller waits for (urgent, durable, under a
-        flush barrier), then, oldest head first, only as many as free the
-        room the waiters need: of the ``eligible`` groups, or when none is,
-        of all (waiting out the linger would idle the drive while a submitter
-        waits).
-
-        Draining every eligible group at once keeps the groups' queues in
-        step (all at queue / groups bytes) and caps every run there. A group
-        at a time, oldest head first, staggers them: the group written is the
-        one queued longest, so the fullest when pieces arrive round robin,
-        and runs grow to about twice queue / groups. Fair by age: every
-        group's turn comes, and a submitter never waits for a group it does
-        not feed (the oldest group is taken whatever it is)."""
+        flush barrier), then, oldest head first, only as many as free the room
+        needed, of the ``eligible`` groups or, when none is, of all (module
+        docstring, "Admission under pressure")."""
         barrier = max((t for t, _ in self._barriers), default=0)
         out = [g for g in eligible
                if g in self._urgent or self._group_durable[g]
@@ -428,18 +447,15 @@ class WriteScheduler:
             self._cond.notify_all()  # back-pressure waiters
         return runs
 
-    def _lingered_until(self, queue: deque[PendingWrite]) -> float:
-        """When a group's short run stops waiting for more: once no piece came
-        to the store for ``linger_s`` (while submitters keep feeding it, a
-        group grows towards a full run), or at the latest ``LINGER_BOUND``
-        lingers after its oldest piece."""
-        return min(self._last_queued + self.linger_s,
-                   queue[0].queued_at + LINGER_BOUND * self.linger_s)
-
     def _next_wait(self, now: float) -> float | None:
         if self._room_wanted:
             return None  # the waiting submitters wake the writer (``_wait_for_room``)
-        until = [self._lingered_until(q) for q in self._groups.values() if q]
+        run = self.zone_run
+        held = run.waits_until()
+        if held is not None and run.group is not None and not self._groups.get(run.group):
+            return max(0.0, held - now)  # a piece of the group (or its deadline) wakes it
+        until = [lingered_until(q, self._last_queued, self.linger_s)
+                 for q in self._groups.values() if q]
         if not until:
             return None
         return max(0.0, min(until) - now)
@@ -576,6 +592,14 @@ class WriteScheduler:
             self._group_pending[group] = left
         else:
             self._group_pending.pop(group, None)
+
+
+def lingered_until(queue: deque[PendingWrite], last_queued: float, linger_s: float) -> float:
+    """When a group's short run stops waiting for more: once no piece came to
+    the store for ``linger_s`` since ``last_queued`` (while submitters keep
+    feeding it, a group grows towards a full run), or at the latest
+    ``LINGER_BOUND`` lingers after its oldest piece."""
+    return min(last_queued + linger_s, queue[0].queued_at + LINGER_BOUND * linger_s)
 
 
 def _resolve(future: Future[None], err: BaseException | None) -> None:

@@ -1,0 +1,117 @@
+"""The write scheduler's zone runs and its flushes of what is written.
+
+``ZoneRun``: the group a drive's writer stays on (``StoreConfig.switch_bytes``,
+store/scheduler.py's module docstring, "Zone runs"). ``DriveSync``: drive
+flushes of completed writes, shared by the callers that wait meanwhile
+(``WriteScheduler.flush_completed``, a storage server's FLUSH). Both are used
+under the scheduler's own locking: ``ZoneRun`` under its condition,
+``DriveSync`` from any thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shinglefs.store.log import SliceLog
+    from shinglefs.store.scheduler import PendingWrite
+
+STARVE_WAITS = 8  # a group waits at most this many switch_wait_s before it is next
+
+
+class ZoneRun:
+    """The group the writer stays on (``switch_bytes``; module docstring, "Zone runs").
+
+    ``switch_bytes`` 0: off (``group`` stays None). While on a group, a piece
+    of it is queued up to ``switch_bytes`` over ``max_queue_bytes`` (its
+    sender is the one the writer waits for). A flush barrier, an urgent
+    piece, closing, or queue pressure with nothing of it queued end the run
+    at once. ``switches``: zone runs begun."""
+
+    def __init__(self, switch_bytes: int, wait_s: float) -> None:
+        self.switch_bytes = switch_bytes
+        self.wait_s = wait_s
+        self.group: int | None = None
+        self.written = 0  # bytes of ``group`` taken in a row
+        self.idle_since: float | None = None  # when nothing of ``group`` was left queued
+        self.switches = 0
+
+    def allowance(self, group: int) -> int:
+        """Bytes a piece of ``group`` may be queued over ``max_queue_bytes``."""
+        return self.switch_bytes if group == self.group else 0
+
+    def took(self, group: int, run: list[PendingWrite], drained: bool, now: float) -> None:
+        """The writer took ``run`` of ``group`` (``drained``: nothing of it is left queued)."""
+        if group != self.group:
+            self.group, self.written = group, 0
+            self.switches += 1
+        self.written += sum(p.data.nbytes for p in run)
+        if self.written >= self.switch_bytes or any(p.durable for p in run):
+            self.end()
+        else:
+            self.idle_since = now if drained else None
+
+    def choose(self, eligible: list[int], queues: dict[int, deque[PendingWrite]],
+               queued: dict[int, int], now: float) -> list[int]:
+        """The group of the next zone run: of the ``eligible`` ones (oldest head
+        first), the one with the most bytes ``queued`` (the longest run at once),
+        unless the oldest head waited ``STARVE_WAITS`` waits (fairness)."""
+        if not eligible:
+            return []
+        if now - queues[eligible[0]][0].queued_at >= STARVE_WAITS * self.wait_s:
+            return eligible[:1]
+        return [max(eligible, key=queued.__getitem__)]
+
+    def took_runs(self, runs: list[tuple[int, list[PendingWrite]]],
+                  queues: dict[int, deque[PendingWrite]],
+                  now: float) -> list[tuple[int, list[PendingWrite]]]:
+        """``took`` for each of ``runs`` (the writer's ``queues`` after it); returns them."""
+        for group, pieces in runs:
+            self.took(group, pieces, not queues.get(group), now)
+        return runs
+
+    def end(self) -> None:
+        self.group, self.written, self.idle_since = None, 0, None
+
+    def waits_until(self) -> float | None:
+        """Until when the writer waits for the next piece of ``group`` (None: it does not)."""
+        if self.group is None or self.idle_since is None:
+            return None
+        return self.idle_since + self.wait_s
+
+
+class DriveSync:
+    """Group-committed drive flushes of what is already written: callers that
+    come while a flush runs share the next one."""
+
+    def __init__(self, slice_log: SliceLog) -> None:
+        self.log = slice_log
+        self._cond = threading.Condition(threading.Lock())
+        self._asked = self._done = 0
+        self._running = False
+
+    def flush(self) -> None:
+        """Return once a drive flush that began after the call completed; raises
+        the drive's ``StoreError`` (nothing is then promised)."""
+        with self._cond:
+            self._asked += 1
+            asked = self._asked
+            while self._running:
+                self._cond.wait()
+            if self._done >= asked:
+                return  # a flush that began after our call covered it
+            self._running = True
+            covers = self._asked
+        flushed = False
+        try:
+            with self.log.io_lock:
+                self.log.flush_drive()
+            flushed = True
+        finally:
+            with self._cond:
+                self._running = False
+                if flushed:
+                    self._done = covers
+                self._cond.notify_all()
