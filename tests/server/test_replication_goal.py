@@ -3,8 +3,9 @@
 Real ``shinglefs server`` processes on loopback, metadata in SQLite: a
 directory's goal decides how many servers hold its files' slices, the
 servers bring slices to their goal when it rises, ``status --servers``
-counts health against each slice's goal, and a drive taken offline gets no
-new slice and is emptied onto other drives without losing a byte.
+counts health against each slice's goal, a drive taken offline gets no
+new slice and is emptied onto other drives without losing a byte, and a
+client that remembered a slice's old drive finds it on its new one.
 """
 
 from __future__ import annotations
@@ -144,6 +145,15 @@ def replicas_of(meta: MetaStore, meta_url: str, path: str) -> list[tuple[int, tu
         fs.close()
 
 
+def gone(remote: RemoteNode, slice_id: int, drive: int) -> bool:
+    """The server's drive holds no copy of the slice."""
+    try:
+        remote.length(slice_id, drive)
+    except SliceMissing:
+        return True
+    return False
+
+
 def test_an_offline_drive_gets_no_new_slice_and_is_drained_onto_other_drives(
         tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server],
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -181,16 +191,9 @@ def test_an_offline_drive_gets_no_new_slice_and_is_drained_onto_other_drives(
     health = replication_health(meta, 1.5)
     assert (health.under_replicated, health.lost, health.draining) == (0, 0, 0)
     with RemoteNode(a.address, cluster_key(meta), timeout=30) as remote:
-
-        def gone(slice_id: int) -> bool:
-            try:
-                remote.length(slice_id, drive)
-            except SliceMissing:
-                return True
-            return False
-
         # Deleted right after the record drops them: the drive ends up empty.
-        wait_until(lambda: all(map(gone, moving)), "the drained copies deleted from the drive")
+        wait_until(lambda: all(gone(remote, s, drive) for s in moving),
+                   "the drained copies deleted from the drive")
     fs = shinglefs.connect(meta_url)
     try:
         assert fs.read_bytes("/ckpt.bin") == data
@@ -205,3 +208,31 @@ def test_an_offline_drive_gets_no_new_slice_and_is_drained_onto_other_drives(
     assert listed["replication"]["draining"] == 0
     assert cli("drive", "online", meta_url, f"{a.id}:{drive}") == 0
     assert meta.drive_states() == {}
+
+
+def test_a_client_that_read_a_slice_before_it_moved_finds_it_on_its_new_drive(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+    one = Server(meta_url, [f"emulated:{tmp_path / 'a0.img'}:{1024 * MiB}",
+                            f"emulated:{tmp_path / 'a1.img'}:{1024 * MiB}"],
+                 free_port(), *FAST_REPAIR)
+    one.ready()
+    servers.append(one)
+    wait_until(lambda: live_count(meta) == 1, "the server live")
+    (server,) = meta.list_servers(TIMEOUT_S)
+    data = os.urandom(20 * MiB + 1)
+    fs = shinglefs.connect(meta_url)  # remembers where it put each slice
+    try:
+        fs.write_bytes("/only.bin", data)
+        (drive,) = {int(r.drive) for _, rs in replicas_of(meta, meta_url, "/only.bin")
+                    for r in rs}
+        meta.set_drive_state(server.id, drive, "offline")
+        wait_until(lambda: all(rs == (Replica(str(server.id), str(1 - drive)),)
+                               for _, rs in replicas_of(meta, meta_url, "/only.bin")),
+                   "the one copy of each slice moved to the other drive", limit=60)
+        moved = [slice_id for slice_id, _ in replicas_of(meta, meta_url, "/only.bin")]
+        with RemoteNode(server.address, cluster_key(meta), timeout=30) as remote:
+            wait_until(lambda: all(gone(remote, s, drive) for s in moved),
+                       "the old copies deleted")
+        assert fs.read_bytes("/only.bin") == data
+    finally:
+        fs.close()
