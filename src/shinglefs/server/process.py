@@ -16,10 +16,14 @@ step fails:
    and given a drive identity (the file system's uuid and a fresh drive
    uuid) in its header; an existing drive is recovered as ``SliceStore.open``
    recovers it, after its identity is checked (``DriveIdentityError`` for a
-   drive of another file system). ``DriveInUse`` when another process holds
-   a drive, found before any new drive is created. A zoned block device has no header of ours: it is always opened
+   drive of another file system), with the server's defaults where the
+   configuration leaves them to the role (``server_store_config``: zone runs
+   of ``SERVER_SWITCH_BYTES`` across the clients' groups). ``DriveInUse``
+   when another process holds a drive, found before any new drive is
+   created. A zoned block device has no header of ours: it is always opened
    as an existing slice store;
-4. serves the node with ``SliceServer`` on the listen address;
+4. serves the node with ``SliceServer`` on the listen address, holding at
+   most a write queue's bytes (``max_queue_bytes``) of PUTs not yet stored;
 5. registers in meta (``MetaStore.register_server``; a restart with the
    same drives rejoins under its old id) and heartbeats every
    ``heartbeat_s`` from a thread, with the drives' free bytes. A heartbeat
@@ -40,6 +44,7 @@ recovers its drives and rejoins.
 
 from __future__ import annotations
 
+import dataclasses
 import errno as _errno
 import logging
 import os
@@ -61,7 +66,7 @@ from shinglefs.server.membership import Membership, server_drives
 from shinglefs.server.node import DriveLock, StorageNode
 from shinglefs.server.repair import Repairer
 from shinglefs.server.service import SliceServer
-from shinglefs.store.config import StoreConfig
+from shinglefs.store.config import SERVER_SWITCH_BYTES, StoreConfig
 from shinglefs.store.log import check_drive_size
 from shinglefs.zoned.drivespec import (
     DriveIdentityError,
@@ -147,6 +152,16 @@ class ServerConfig:
 
 
 # ---- drives ---------------------------------------------------------------------------
+
+
+def server_store_config(config: StoreConfig | None) -> StoreConfig:
+    """The slice stores' tunables on a storage server: ``config`` with the
+    server's defaults where it leaves the role to decide (``switch_bytes``
+    None: ``SERVER_SWITCH_BYTES``, zone runs across the clients' groups)."""
+    config = config or StoreConfig()
+    if config.switch_bytes is None:
+        config = dataclasses.replace(config, switch_bytes=SERVER_SWITCH_BYTES)
+    return config
 
 
 def _is_new(spec: DriveSpec) -> bool:
@@ -253,7 +268,7 @@ def open_drives(config: ServerConfig, fs_uuid: str,
             log.info("formatted new drive %s", specs[i])
     ids = _drive_ids(uuids, known)
     node = StorageNode.open(list(zip(ids, map(str, specs), strict=True)),
-                            store_config=config.store_config)
+                            store_config=server_store_config(config.store_config))
     for i, spec in enumerate(specs):
         if uuids[i] is None and header_path(spec) is not None:  # formatted before identities
             uuids[i] = drive_uuid = str(_uuid.uuid4())
@@ -295,7 +310,10 @@ class StorageServer:
                      for d in s.drives if d.uuid is not None}
             self._node, self._uuids = open_drives(self.config, fs_uuid, known)
             try:
-                self._slices = SliceServer(self._node, key, host=host, port=port).start()
+                stores = server_store_config(self.config.store_config)
+                self._slices = SliceServer(self._node, key, host=host, port=port,
+                                           held_bytes=stores.max_queue_bytes,
+                                           zone_run_bytes=stores.switch_bytes or 0).start()
             except OSError as exc:
                 if exc.errno == _errno.EADDRINUSE:
                     raise AddressInUse(f"{host}:{port}") from None

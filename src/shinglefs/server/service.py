@@ -14,7 +14,8 @@ LENGTH, DELETE) run one after another in the order they arrived (a slice's
 pieces must be appended in order); other requests, and requests of other
 connections, run as workers are free, and answers may come back
 out of order (the client matches them by ``request_id``). A FLUSH covers the
-writes that were answered before it was sent, not those still in flight.
+writes that were answered before it was sent, not those still in flight,
+and forces no other client's queued piece out (``flush_answered``).
 
 Durability: a PUT is answered once the piece is readable (its
 ``StorageNode.submit`` future completed); with the DURABLE flag, once it is
@@ -26,7 +27,9 @@ until then.
 
 Back-pressure: a connection stops being read while it has
 ``Limits.max_in_flight`` requests or ``max_in_flight_bytes`` bytes (payloads
-in and out) outstanding, so a fast client is slowed by TCP, not by memory.
+in and out) outstanding, or before a PUT's payload while the server holds
+``held_bytes`` of PUTs not yet stored (``_HeldBytes``), so fast clients,
+however many, are slowed by TCP, not by memory.
 
 Failure isolation: whatever one connection does — a wrong secret, a
 replayed handshake or frame, a malformed, oversized or truncated frame, a
@@ -77,6 +80,7 @@ from shinglefs.server.wire import (
     send_frame,
 )
 from shinglefs.store.errors import StoreFull
+from shinglefs.store.scheduler import WriteScheduler
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +136,27 @@ def _flush_drives(payload: memoryview) -> list[int] | None:
     return ids
 
 
+def drive_scheduler(node: ServedNode, drive_id: int) -> WriteScheduler | None:
+    """A drive's write scheduler (None: not a slice store of ours); ``UnknownDrive``."""
+    store_of = getattr(node, "store", None)
+    if store_of is None:
+        return None
+    scheduler = getattr(store_of(drive_id), "scheduler", None)
+    return scheduler if isinstance(scheduler, WriteScheduler) else None
+
+
+def flush_answered(node: ServedNode, drive_ids: list[int] | None) -> None:
+    """A FLUSH: the writes already answered made durable on those drives (None:
+    all) by ``WriteScheduler.flush_completed``, which leaves other clients'
+    queued pieces queued: one client's fsync cuts no group's zone run short."""
+    for drive_id in drive_ids if drive_ids is not None else node.drive_ids:
+        scheduler = drive_scheduler(node, drive_id)
+        if scheduler is None:
+            node.flush([drive_id])
+        else:
+            scheduler.flush_completed()
+
+
 def dispatch(node: ServedNode, header: Header, payload: memoryview) -> tuple[int, Any]:
     """Carry out one request on the node: ``(arg, body)`` of the answer.
 
@@ -150,7 +175,7 @@ def dispatch(node: ServedNode, header: Header, payload: memoryview) -> tuple[int
         node.delete(header.slice_id, _drive(node, header))
         return 0, b""
     if kind is Kind.FLUSH:
-        node.flush(_flush_drives(payload))
+        flush_answered(node, _flush_drives(payload))
         return 0, b""
     if kind is Kind.STATS:
         return 0, encode_json(asdict(node.stats()))
@@ -278,6 +303,39 @@ class _Budget:
             self._cond.notify_all()
 
 
+class _HeldBytes:
+    """PUT payloads held (read, not yet stored) by every connection together:
+    a reader waits for room before a PUT's payload. A piece its drive's writer
+    waits for (``favoured``: the zone run's group) may go ``allowance`` over.
+    ``limit`` <= a drive's write queue: no worker waits in its back-pressure."""
+
+    POLL_S = 0.05  # a waiting reader re-asks whether its group became favoured
+
+    def __init__(self, limit: int, allowance: int) -> None:
+        self.limit = limit
+        self.allowance = allowance
+        self.held = 0
+        self.peak = 0
+        self._cond = threading.Condition()
+
+    def take(self, n: int, favoured: Callable[[], bool], closed: threading.Event) -> bool:
+        """Wait for room for ``n`` bytes (one piece always fits); False once ``closed``."""
+        with self._cond:
+            while self.held and self.held + n > self.limit and not (
+                    self.held + n <= self.limit + self.allowance and favoured()):
+                if closed.is_set():
+                    return False
+                self._cond.wait(self.POLL_S)
+            self.held += n
+            self.peak = max(self.peak, self.held)
+            return True
+
+    def give(self, n: int) -> None:
+        with self._cond:
+            self.held -= n
+            self._cond.notify_all()
+
+
 # (header to seal, body, budget bytes to give back); header None: body is the
 # rest of a frame already sealed and partly sent, to go out before anything else
 _Answer = tuple[Header | None, Any, int]
@@ -354,6 +412,10 @@ class _Connection:
             cost = header.payload_len + (header.arg if header.kind == Kind.READ else 0)
             if not self._budget.take(cost):
                 return
+            if header.kind == Kind.PUT and not self._server.held.take(
+                    header.payload_len, functools.partial(self._server.in_zone_run, header),
+                    self._closed):
+                return
             payload, pooled = self._server.buffers.take(header.payload_len)
             if header.payload_len:
                 try:
@@ -373,6 +435,8 @@ class _Connection:
             payload.release()
             self._server.buffers.give(pooled)
             self._budget.give(cost)
+            if header.kind == Kind.PUT:
+                self._server.held.give(header.payload_len)
             return
         if header.kind == Kind.PUT:
             self._submit(header, payload, pooled, cost)
@@ -399,6 +463,7 @@ class _Connection:
         def done(drive_id: int, future: Future[None]) -> None:
             exc = future.exception()
             self._let_go(payload, pooled)
+            self._server.held.give(header.payload_len)
             if exc is None:
                 self._answer(header, header.kind | RESPONSE_BIT, drive_id, b"", cost)
                 return
@@ -415,6 +480,7 @@ class _Connection:
                 drive_id=_drive(node, header), durable=bool(header.flags & Flag.DURABLE))
         except Exception as exc:
             self._let_go(payload, pooled)
+            self._server.held.give(header.payload_len)
             if not isinstance(exc, ShingleError):
                 log.exception("PUT from %s failed", self.peer)
             self._answer(header, Kind.ERROR | RESPONSE_BIT, 0, error_body(exc), cost)
@@ -513,7 +579,10 @@ class SliceServer:
     bound ``(host, port)`` (port 0 picks a free one). ``close()`` stops
     accepting, closes every connection and waits for the workers; it does not
     close the node (its owner does). ``pool_bytes``: idle payload buffers kept
-    for reuse (``BufferPool``). ``ssl_context``: a server-side context to
+    for reuse (``BufferPool``). ``held_bytes``: PUT payloads held at once, all
+    connections together (``_HeldBytes``; at most a drive's write queue), of
+    which a piece of a drive's zone run may exceed by ``zone_run_bytes``
+    (``StoreConfig.switch_bytes``). ``ssl_context``: a server-side context to
     wrap every connection in TLS (the HMAC handshake runs inside it).
     """
 
@@ -521,7 +590,8 @@ class SliceServer:
                  port: int = 0, limits: Limits | None = None, workers: int = 16,
                  max_connections: int = 1024, handshake_timeout: float = 5.0,
                  ssl_context: ssl.SSLContext | None = None,
-                 pool_bytes: int = 128 * 1024 * 1024) -> None:
+                 pool_bytes: int = 128 * 1024 * 1024,
+                 held_bytes: int = 256 * 1024 * 1024, zone_run_bytes: int = 0) -> None:
         self.node = node
         self.secret = check_secret(secret)
         self.limits = limits or Limits()
@@ -532,6 +602,7 @@ class SliceServer:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="slice-worker")
         self.lanes = _SliceLanes(self._pool)
         self.buffers = BufferPool(pool_bytes)
+        self.held = _HeldBytes(held_bytes, zone_run_bytes)
         self._lock = threading.Lock()
         self._connections: set[_Connection] = set()
         self._listener: socket.socket | None = None
@@ -581,6 +652,16 @@ class SliceServer:
                 conn = _Connection(self, sock, peer)
                 self._connections.add(conn)
             conn.thread.start()
+
+    def in_zone_run(self, header: Header) -> bool:
+        """Is a PUT's group the one its drive's writer stays on (``ZoneRun``)?"""
+        if header.drive == NO_DRIVE:
+            return False
+        try:
+            scheduler = drive_scheduler(self.node, header.drive)
+        except ShingleError:
+            return False
+        return scheduler is not None and scheduler.zone_run.group == header.arg
 
     def forget(self, conn: _Connection) -> None:
         with self._lock:

@@ -1,0 +1,82 @@
+"""A storage server's write scheduling across clients: a FLUSH covers only the
+writes already answered (another client's queued pieces stay queued, their
+zone run goes on), and the PUT payloads a server holds are bounded."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+
+import pytest
+
+from shinglefs.server.node import StorageNode
+from shinglefs.server.remote import RemoteNode
+from shinglefs.server.service import SliceServer
+from shinglefs.store.config import StoreConfig
+from shinglefs.store.scheduler import WriteScheduler
+
+MiB = 1024 * 1024
+SECRET = b"cluster secret of the tests, 32B"
+
+# Pieces of a group wait for a long run: only a durable piece, a barrier or
+# closing makes a group eligible (the linger is far longer than a test).
+HOLDING = StoreConfig(min_run_bytes=256 * MiB, linger_s=60.0, switch_bytes=32 * MiB,
+                      gc_background=False)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[StorageNode]:
+    n = StorageNode.open([(0, f"emulated:{tmp_path}/d0.img:{256 * MiB}")], create=True,
+                         zone_size=16 * MiB, store_config=HOLDING)
+    yield n
+    n.close()
+
+
+def scheduler(node: StorageNode) -> WriteScheduler:
+    found = getattr(node.store(0), "scheduler", None)
+    assert isinstance(found, WriteScheduler)
+    return found
+
+
+def test_a_flush_leaves_another_clients_queued_pieces_queued(node: StorageNode) -> None:
+    with SliceServer(node, SECRET) as server, \
+            RemoteNode(server.address, SECRET, connections=1, timeout=20) as a, \
+            RemoteNode(server.address, SECRET, connections=1, timeout=20) as b:
+        waiting = a.submit_write(0x2000, 0, b"a" * MiB, 2, drive_id=0)
+        assert b.write(0x1000, 0, b"b" * MiB, 1, drive_id=0, durable=True) == 0
+        b.flush([0])  # b's fsync: its answered write is durable ...
+        assert not waiting.done()  # ... and a's piece was not forced out of the queue
+        assert [g for g, _ in scheduler(node).runs_written] == [1]
+        node.flush()  # the drive's own barrier writes it
+        assert waiting.result(20) == 0
+        assert a.read(0x2000, 0, MiB) == b"a" * MiB
+
+
+def test_the_put_payloads_a_server_holds_are_bounded(node: StorageNode) -> None:
+    pieces = 24
+    with SliceServer(node, SECRET, held_bytes=4 * MiB) as server, \
+            RemoteNode(server.address, SECRET, connections=4, timeout=30) as client:
+        # 24 MiB of pieces sent at once, none of which the drive writes until
+        # flushed: the server reads 4 MiB of them and leaves the rest to TCP
+        # (so the sender, blocked by TCP, runs in a thread of its own).
+        sent: list[Future[int]] = []
+
+        def send() -> None:
+            for i in range(pieces):
+                sent.append(client.submit_write(0x3000 + i, 0, bytes([i]) * MiB, 10 + i,
+                                                drive_id=0))
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        while sender.is_alive() or not all(f.done() for f in sent):
+            node.flush()  # writes what is queued; the readers then take more
+            time.sleep(0.01)
+        sender.join()
+        assert [f.result() for f in sent] == [0] * pieces
+        assert 0 < server.held.peak <= 4 * MiB
+        assert server.held.held == 0
+        for i in range(pieces):
+            assert client.read(0x3000 + i, 0, MiB) == bytes([i]) * MiB
