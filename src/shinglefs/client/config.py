@@ -44,7 +44,9 @@ class ClientConfig:
     """
 
     piece_size: int = 4 * MiB  # stream a slice to the store in pieces of at least this
-    file_buffer_bytes: int = 16 * MiB  # per open file: pending + in flight
+    # per open file: pending + in flight. At least a storage server's zone run
+    # (StoreConfig.switch_bytes): what a file has in flight bounds its runs there
+    file_buffer_bytes: int = 64 * MiB
     total_buffer_bytes: int = 256 * MiB  # all files of this client
     small_file_bytes: int = 4 * MiB  # a file whose first slice ends below this is "small"
     # A whole file of at most this many bytes, written in one go (nothing of it

@@ -38,7 +38,10 @@ this client submitted there since; one at random among those within
 further replica on such a drive of another server. Every piece goes to every replica at once (in parallel,
 each over one connection per server: ``RemoteNode`` hashes the slice id, so a
 server appends a slice's pieces in order); the server's write scheduler
-merges what all clients send into its drives' zone runs. A piece is done when
+merges what all clients send into its drives' zone runs. A slice with two or
+more replicas is sent by one sender thread per server, in order, so a server
+that holds back a piece (its memory bound) stalls no other replica: each
+server's zone run gets its group's pieces as fast as that server takes them. A piece is done when
 every replica stored it. A replica that fails (its server died, its drive is
 full) is dropped from the slice with a warning and the slice goes on with the
 others — the write completes; the commit records the replicas that hold the
@@ -81,7 +84,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from shinglefs.client.commit import cluster_drive_id, drive_for, split_drive_id
 from shinglefs.errors import ShingleError
@@ -138,6 +141,7 @@ class ClusterNode:
         self._located: OrderedDict[int, tuple[int, ...]] = OrderedDict()  # slice -> drives
         self._affinity: dict[int, int] = {}  # group -> drive
         self._suspects: dict[int, int] = {}  # server -> when a request to it failed (ns)
+        self._senders: dict[int, ThreadPoolExecutor] = {}  # server -> its pieces' sender
         self._closed = False
 
     # ------------------------------------------------------------------ membership
@@ -366,14 +370,42 @@ class ClusterNode:
         sends = []
         for d in drives:
             server, local = split_drive_id(d)
-            try:
-                sent = self._remote(server).submit_write(slice_id, offset, body, group,
-                                                         drive_id=local, durable=durable)
-            except Exception as exc:  # unreachable: a failed replica like any other
+            if len(drives) == 1:
+                sent = self._send(server, slice_id, offset, body, group, local, durable)
+            else:  # each replica's server in turn: one that stalls holds up no other
                 sent = Future()
-                sent.set_exception(exc)
+                self._sender(server).submit(self._send_into, sent, server, slice_id, offset,
+                                            body, group, local, durable)
             sends.append((d, sent))
         return drive_id, self._all_replicas(slice_id, sends)
+
+    def _send(self, server: int, slice_id: int, offset: int, body: Payload, group: int,
+              local: int, durable: bool) -> Future[int]:
+        """Send one piece to one server now (the caller's thread): its answer's future."""
+        try:
+            return self._remote(server).submit_write(slice_id, offset, body, group,
+                                                     drive_id=local, durable=durable)
+        except Exception as exc:  # unreachable: a failed replica like any other
+            failed: Future[int] = Future()
+            failed.set_exception(exc)
+            return failed
+
+    def _send_into(self, out: Future[int], server: int, slice_id: int, offset: int,
+                   body: Payload, group: int, local: int, durable: bool) -> None:
+        """A sender thread: send one piece, and complete ``out`` with its answer."""
+        self._send(server, slice_id, offset, body, group, local,
+                   durable).add_done_callback(functools.partial(_settle_into, out))
+
+    def _sender(self, server: int) -> ThreadPoolExecutor:
+        """The thread that sends a server its replicas' pieces, in submission order."""
+        with self._lock:
+            sender = self._senders.get(server)
+            if sender is None:
+                if self._closed:
+                    raise FsError(E.EIO, "the cluster node is closed")
+                sender = self._senders[server] = ThreadPoolExecutor(
+                    1, thread_name_prefix=f"send-{server}")
+            return sender
 
     def _all_replicas(self, slice_id: int, sends: list[tuple[int, Future[int]]]) -> PieceFuture:
         """Done when every send is: ok if one succeeded (failed replicas dropped)."""
@@ -459,6 +491,10 @@ class ClusterNode:
             targets = list(self._drives_of(slice_id)) or self.drive_ids
         for target in targets:
             server, local = split_drive_id(target)
+            with self._lock:
+                sender = self._senders.get(server)
+            if sender is not None:  # after the pieces of it still waiting to be sent
+                sender.submit(lambda: None).result()
             self._remote(server).delete(slice_id, local)
 
     # ------------------------------------------------------------------ reads
@@ -567,12 +603,24 @@ class ClusterNode:
         with self._lock:
             self._closed = True
             remotes, self._remotes = list(self._remotes.values()), {}
+            senders, self._senders = list(self._senders.values()), {}
+        for sender in senders:  # pieces still waiting fail: the node is closed
+            sender.shutdown(wait=False)
         for remote in remotes:
             remote.close()
 
     def abandon(self) -> None:
         """Drop everything at once (a crashed client): same as ``close``."""
         self.close()
+
+
+def _settle_into(out: Future[int], sent: Future[int]) -> None:
+    """Complete ``out`` as ``sent`` completed."""
+    exc = sent.exception()
+    if exc is not None:
+        out.set_exception(exc)
+    else:
+        out.set_result(sent.result())
 
 
 def _piece_future(sent: Future[int]) -> PieceFuture:
