@@ -5,7 +5,8 @@ directory's goal decides how many servers hold its files' slices, the
 servers bring slices to their goal when it rises, ``status --servers``
 counts health against each slice's goal, a drive taken offline gets no
 new slice and is emptied onto other drives without losing a byte, and a
-client that remembered a slice's old drive finds it on its new one.
+client that remembered a slice's old drive finds it on its new one; a
+server takes a drive with a failed zone offline by itself.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from shinglefs.client.filesystem import format_filesystem
 from shinglefs.meta import open_meta
 from shinglefs.meta.api import DirPolicy, MetaStore, Replica
 from shinglefs.server.errors import SliceMissing
-from shinglefs.server.process import cluster_key
+from shinglefs.server.process import ServerConfig, StorageServer, cluster_key
 from shinglefs.server.remote import RemoteNode
 from shinglefs.server.repair import replication_health
+from shinglefs.zoned.model import ZoneCondition
 
 MiB = 1024 * 1024
 FAST_REPAIR = ("--repair-after", "1.5", "--repair-interval", "0.3")
@@ -236,3 +238,37 @@ def test_a_client_that_read_a_slice_before_it_moved_finds_it_on_its_new_drive(
         assert fs.read_bytes("/only.bin") == data
     finally:
         fs.close()
+
+
+def test_a_server_takes_a_drive_with_a_failed_zone_offline_and_drains_it(
+        tmp_path: Path, meta_url: str, meta: MetaStore) -> None:
+    config = ServerConfig(meta_url, tuple(f"emulated:{tmp_path / n}:{1024 * MiB}"
+                                          for n in ("a0.img", "a1.img")),
+                          ("127.0.0.1", 0), heartbeat_s=0.2, zone_size=16 * MiB,
+                          repair_after_s=1.5, repair_interval_s=0.3)
+    data = os.urandom(20 * MiB + 9)
+    with StorageServer(config).start() as server:
+        wait_until(lambda: live_count(meta) == 1, "the server live")
+        fs = shinglefs.connect(meta_url)
+        try:
+            fs.write_bytes("/on_a_bad_disk.bin", data)
+        finally:
+            fs.close()
+        (drive,) = {int(r.drive) for _, rs in replicas_of(meta, meta_url, "/on_a_bad_disk.bin")
+                    for r in rs}
+        assert meta.drive_states() == {}
+        assert server.repairer is not None
+        emulated = server.repairer.node.store(drive).drive  # type: ignore[attr-defined]
+        last = emulated.report_zones()[-1]
+        assert last.condition == ZoneCondition.EMPTY  # no data is lost: the head failed there
+        emulated.fail_zone(last.index, ZoneCondition.READ_ONLY)
+        wait_until(lambda: meta.drive_states() == {(server.server_id, drive): "offline"},
+                   "the server took its failing drive offline")
+        wait_until(lambda: all(rs == (Replica(str(server.server_id), str(1 - drive)),)
+                               for _, rs in replicas_of(meta, meta_url, "/on_a_bad_disk.bin")),
+                   "every slice moved to the healthy drive", limit=60)
+        fs = shinglefs.connect(meta_url)
+        try:
+            assert fs.read_bytes("/on_a_bad_disk.bin") == data
+        finally:
+            fs.close()

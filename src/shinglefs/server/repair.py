@@ -26,6 +26,12 @@ no record names it any more (``ReplicationHealth.draining`` counts the slices
 still on offline drives). A draining replica that is a slice's only copy with
 nowhere to go stays.
 
+A drive its own server finds failing is taken offline by that server at the
+start of a pass, the same as an operator's ``shinglefs drive offline``:
+failing means zones a failed head leaves behind (``OFFLINE`` or
+``READ_ONLY`` in its store's zone report, ``failing_drives``). While it
+keeps them, a pass takes it offline again after ``drive online``.
+
 What is not handled yet: a copy left on a server that comes back after its
 replica was dropped from the record stays on its drive unreferenced (no
 server-side orphan sweep yet); a slice deleted while it is being copied
@@ -107,6 +113,21 @@ def _offline(meta: MetaStore) -> set[tuple[str, str]]:
             if state == "offline"}
 
 
+FAILED_ZONES = ("OFFLINE", "READ_ONLY")
+"""Zone conditions that make a drive failing (module docstring)."""
+
+
+def failing_drives(node: StorageNode) -> dict[int, int]:
+    """``{drive id: failed zones}`` of ``node``'s drives with any zone in
+    ``FAILED_ZONES`` (from each store's zone report)."""
+    out: dict[int, int] = {}
+    for drive in node.stats().drives:
+        failed = sum(drive.store.zones_by_condition.get(c, 0) for c in FAILED_ZONES)
+        if failed:
+            out[drive.drive_id] = failed
+    return out
+
+
 def _standings(meta: MetaStore, page: Sequence[SliceInfo], present: Collection[str],
                offline: Collection[tuple[str, str]], default: int) -> Iterator[
                    tuple[SliceInfo, _Standing]]:
@@ -158,6 +179,7 @@ class Repairer:
         servers = _present(self.meta, self.repair_after_s)
         present = {str(s.id): s for s in servers}
         offline = _offline(self.meta)
+        self._take_failing_offline(offline)
         default = replica_goal(len(present))
         me = str(self.server_id)
         made = 0
@@ -178,6 +200,21 @@ class Repairer:
             for remote in remotes.values():
                 remote.close()
         return made
+
+    def _take_failing_offline(self, offline: set[tuple[str, str]]) -> None:
+        """Record this server's failing drives offline (adding them to ``offline``)."""
+        try:
+            failing = failing_drives(self.node)
+        except (ShingleError, OSError) as exc:
+            log.warning("reading the zone reports of server %d failed: %s", self.server_id, exc)
+            return
+        for drive, zones in failing.items():
+            if (str(self.server_id), str(drive)) in offline:
+                continue
+            self.meta.set_drive_state(self.server_id, drive, "offline")
+            offline.add((str(self.server_id), str(drive)))
+            log.warning("drive %d of server %d has %d failed zone(s): taken offline, its "
+                        "slices are copied to other drives", drive, self.server_id, zones)
 
     def _remote(self, server: ServerRecord, remotes: dict[int, RemoteNode]) -> RemoteNode:
         remote = remotes.get(server.id)
