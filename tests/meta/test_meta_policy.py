@@ -123,3 +123,14 @@ def test_a_drive_state_names_a_known_drive_and_a_known_state(meta: SqlMetaStore)
     assert errno_of(meta.set_drive_state, sid, 5, "offline") == errno.ENOENT
     assert errno_of(meta.set_drive_state, sid, 0, "broken") == errno.EINVAL
     assert meta.drive_states() == {}
+
+
+def test_forgetting_a_server_forgets_its_drive_states(meta: SqlMetaStore) -> None:
+    kept = meta.register_server("h1:7070", server_drives(1))
+    gone = meta.register_server("h2:7070", server_drives(2))
+    meta.set_drive_state(kept, 0, "offline")
+    meta.set_drive_state(gone, 1, "offline")
+    meta.unregister_server(gone)  # a clean stop keeps them
+    assert set(meta.drive_states()) == {(kept, 0), (gone, 1)}
+    meta.unregister_server(gone, forget=True)
+    assert meta.drive_states() == {(kept, 0): "offline"}

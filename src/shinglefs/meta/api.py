@@ -456,7 +456,8 @@ class MetaStore(ABC):
     def unregister_server(self, server_id: int, *, forget: bool = False) -> None:
         """A clean stop: the server is no longer live from now on. Its row (id,
         drives) stays so that it rejoins under the same id; ``forget`` removes
-        the row for good (a server taken out of the cluster). Idempotent."""
+        the row for good (a server taken out of the cluster), its drive states
+        with it. Idempotent."""
 
     @abstractmethod
     def set_drive_state(self, server_id: int, drive_id: int, state: str | None) -> None:

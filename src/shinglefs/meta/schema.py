@@ -527,4 +527,5 @@ SET_DRIVE_STATE = (
     "since_ns = excluded.since_ns"
 )
 DEL_DRIVE_STATE = "DELETE FROM drive_states WHERE server = ? AND drive = ?"
+DEL_DRIVE_STATES_OF = "DELETE FROM drive_states WHERE server = ?"
 DEL_SERVER = "DELETE FROM servers WHERE id = ?"

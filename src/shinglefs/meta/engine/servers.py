@@ -146,7 +146,11 @@ class ServerOps(SqlCore):
 
     def unregister_server(self, server_id: int, *, forget: bool = False) -> None:
         if forget:
-            self._run(lambda tx: tx.run(S.DEL_SERVER, (server_id,)), "autocommit")
+            def txn(tx: Tx) -> None:
+                tx.run(S.DEL_SERVER, (server_id,))
+                tx.run(S.DEL_DRIVE_STATES_OF, (server_id,))
+
+            self._run(txn)
         else:
             self._run(lambda tx: tx.run(S.STOP_SERVER, (now_ns(), server_id)), "autocommit")
 
