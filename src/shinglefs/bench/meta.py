@@ -10,8 +10,15 @@ server), each figure the median of ``REPEATS`` runs on a fresh database:
 - ``readdir_100k_s``: listing a directory of 100,000 entries (10,000 with
   ``quick``; the entry count is reported as ``readdir_entries``) through
   ``readdir`` pages of 1,000 entries with attributes;
-- ``create_per_s_4clients``: 4 client PROCESSES creating at once, each in its
-  own directory (total creates / wall time);
+- ``create_per_s_clients``: 1, 4 and 16 client PROCESSES creating at once,
+  each in its own directory, the same number of files each (total creates /
+  wall time), and ``create_scaling_4`` / ``create_scaling_16``: the 4- and
+  16-client aggregate over one client's (issue 10: on PostgreSQL the
+  aggregate must grow with clients; SQLite admits one writer at a time);
+  ``cpu_busy_clients``: the fraction of the machine's ``cpus`` busy during
+  each (clients and database server together: at 1.0 more clients cannot
+  add throughput on this machine, whatever the database does);
+  ``create_per_s_4clients`` repeats the 4-client figure;
 - baseline, same run, same settings: raw single-row INSERT transactions per
   second (sqlite3 with the engine's pragmas; psycopg BEGIN/INSERT/COMMIT),
   and ``create_vs_baseline`` = create_per_s / that;
@@ -25,7 +32,10 @@ server), each figure the median of ``REPEATS`` runs on a fresh database:
   reports ``small_files_error`` instead.
 
 PostgreSQL: the benchmark creates (and drops) its own databases on the server
-of ``meta_url``, so the role needs CREATEDB.
+of ``meta_url``, so the role needs CREATEDB. Without ``meta_url`` it starts a
+private durable server (``testbed.pgcluster``, fsync on) when PostgreSQL is
+installed, and reports ``postgresql_error`` when it is not; ``pg_source``
+says which.
 """
 
 from __future__ import annotations
@@ -52,6 +62,7 @@ from shinglefs.meta.errors import MetaUnavailable, MetaURLError
 
 REPEATS = 3
 CLIENTS = 4
+CLIENT_COUNTS = (1, 4, 16)
 TARGET_CREATE_PER_S = 5000
 TARGET_PG_SMALL_FILES_PER_S = 500
 SMALL_FILE = 4096
@@ -225,25 +236,62 @@ def _client(url: str, index: int, n: int, barrier: Any, out: Any) -> None:
     store.close()
 
 
-def _concurrent_creates(url: str, n_per_client: int) -> float:
+def _cpu_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine so far (/proc/stat; zeros elsewhere)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def _concurrent_creates(url: str, clients: int, n_per_client: int) -> tuple[float, float]:
+    """Creates/s of ``clients`` processes creating ``n_per_client`` files each at
+    once (from the barrier to the last one done), and the fraction of the
+    machine's CPU busy meanwhile (every process: clients, database server)."""
     _fresh(url).close()
     ctx = mp.get_context("spawn")
-    barrier = ctx.Barrier(CLIENTS + 1)
+    barrier = ctx.Barrier(clients + 1)
     out = ctx.Queue()
     procs = [
         ctx.Process(target=_client, args=(url, i, n_per_client, barrier, out))
-        for i in range(CLIENTS)
+        for i in range(clients)
     ]
     for p in procs:
         p.start()
-    barrier.wait(timeout=120)
+    barrier.wait(timeout=300)
+    busy0, total0 = _cpu_ticks()
     t0 = time.perf_counter()
     for _ in procs:
-        out.get(timeout=600)
+        out.get(timeout=900)
     wall = time.perf_counter() - t0
+    busy1, total1 = _cpu_ticks()
     for p in procs:
         p.join(60)
-    return _rate(CLIENTS * n_per_client, wall)
+    busy = (busy1 - busy0) / (total1 - total0) if total1 > total0 else 0.0
+    return _rate(clients * n_per_client, wall), busy
+
+
+def _client_scaling(dbs: _Databases, n_per_client: int, repeats: int) -> dict[str, Any]:
+    """``create_per_s_clients`` and the scaling figures (module docstring)."""
+    rates: dict[str, float] = {}
+    busy: dict[str, float] = {}
+    for k in CLIENT_COUNTS:
+        runs = [_concurrent_creates(dbs.new(), k, n_per_client) for _ in range(repeats)]
+        rates[str(k)] = _median([r for r, _ in runs])
+        busy[str(k)] = round(statistics.median(b for _, b in runs), 3)
+    one = rates["1"]
+    return {
+        "create_per_s_clients": rates,
+        "cpu_busy_clients": busy,
+        "cpus": os.cpu_count(),
+        "create_files_per_client": n_per_client,
+        "create_scaling_4": round(rates["4"] / one, 3) if one else None,
+        "create_scaling_16": round(rates["16"] / one, 3) if one else None,
+        "create_per_s_4clients": rates["4"],
+    }
 
 
 def _sqlite_baseline(workdir: Path, n: int) -> float:
@@ -354,9 +402,7 @@ def _bench_backend(
             statistics.median(_readdir(dbs.new(), n_readdir) for _ in range(repeats)), 4
         )
         result["readdir_entries"] = n_readdir
-        result["create_per_s_4clients"] = _median(
-            [_concurrent_creates(dbs.new(), n // CLIENTS) for _ in range(repeats)]
-        )
+        result.update(_client_scaling(dbs, max(100, n // CLIENT_COUNTS[-1]), repeats))
         probe = open_meta(dbs.new())
         result["durability"] = probe.durability
         probe.close()
@@ -377,7 +423,8 @@ def _bench_backend(
 
 
 def run(quick: bool, workdir: Path, meta_url: str | None = None, **_: Any) -> dict[str, Any]:
-    """Benchmark SQLite (always) and PostgreSQL (when ``meta_url`` is given)."""
+    """Benchmark SQLite (always) and PostgreSQL (``meta_url``'s server, else a
+    private one when PostgreSQL is installed)."""
     if meta_url is not None and not urlsplit(meta_url).scheme.startswith("postgres"):
         raise MetaURLError(
             f"--meta {meta_url!r} is not a PostgreSQL URL",
@@ -394,17 +441,31 @@ def run(quick: bool, workdir: Path, meta_url: str | None = None, **_: Any) -> di
         "quick": quick,
         "files_per_run": n,
         "repeats": repeats,
-        "clients": CLIENTS,
+        "clients": list(CLIENT_COUNTS),
         "target_create_per_s": TARGET_CREATE_PER_S,
     }
     out["sqlite"] = _bench_backend("sqlite", workdir, None, n, n_readdir, repeats, n_small)
     out["meets_target"] = out["sqlite"]["create_per_s"] >= TARGET_CREATE_PER_S
-    if meta_url is not None:
+    with contextlib.ExitStack() as stack:
+        source = "--meta"
+        if meta_url is None:
+            from shinglefs.testbed.pgcluster import PgClusterError, private_cluster
+
+            try:
+                cluster = stack.enter_context(
+                    private_cluster("shinglefs-bench-meta-pg-", durable=True))
+            except PgClusterError as exc:  # no PostgreSQL here: SQLite's figures stand
+                out["postgresql_error"] = str(exc).splitlines()[0]
+                return out
+            meta_url = cluster.url()
+            source = "private PostgreSQL (fsync on)"
         pg_n = max(500, n // 4)
         out["postgresql"] = _bench_backend(
             "postgresql", workdir, meta_url, pg_n, n_readdir, repeats, n_small
         )
         out["postgresql"]["files_per_run"] = pg_n
+        out["postgresql"]["pg_source"] = source
         # bench report reads ``targets`` (field -> at least this).
-        out["targets"] = {"postgresql.small_files_per_s": TARGET_PG_SMALL_FILES_PER_S}
+        out["targets"] = {"postgresql.small_files_per_s": TARGET_PG_SMALL_FILES_PER_S,
+                          "postgresql.create_scaling_16": 1.0}
     return out
