@@ -272,3 +272,39 @@ def test_a_server_takes_a_drive_with_a_failed_zone_offline_and_drains_it(
             assert fs.read_bytes("/on_a_bad_disk.bin") == data
         finally:
             fs.close()
+
+
+def test_a_slice_short_of_its_goal_after_a_server_died_mid_write_is_copied_to_a_live_server(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+    # Long --repair-after: the dead server stays "present" (its replicas waited for)
+    # the whole test, and it is the freest: the copy must still go to a live one.
+    slow = ("--repair-after", "600", "--repair-interval", "0.3")
+    big = Server(meta_url, [f"emulated:{tmp_path / 'big.img'}:{4096 * MiB}"], free_port(),
+                 *slow)
+    big.ready()
+    servers.append(big)
+    for name in ("s2", "s3"):
+        start_server(meta_url, tmp_path, name, servers, None, *slow)
+    wait_until(lambda: live_count(meta) == 3, "three servers live")
+    big_id = max(meta.list_servers(TIMEOUT_S), key=lambda s: s.drives[0].capacity_bytes).id
+    data = os.urandom(64 * MiB)
+    written = [0]
+    fs = shinglefs.connect(meta_url)
+    try:
+        with fs.open("/ckpt.bin", "wb") as f:
+            for at in range(0, len(data), MiB):
+                f.write(data[at:at + MiB])
+                written[0] = at + MiB
+                if written[0] == 24 * MiB:
+                    big.kill()  # mid-write: every slice had its first replica there
+    finally:
+        fs.close()
+    assert all(str(big_id) not in {r.server for r in rs}
+               for _, rs in replicas_of(meta, meta_url, "/ckpt.bin"))
+    wait_until(lambda: all(len(rs) == 2 for _, rs in replicas_of(meta, meta_url, "/ckpt.bin")),
+               "every slice back to two copies on the live servers", limit=60)
+    fs = shinglefs.connect(meta_url)
+    try:
+        assert fs.read_bytes("/ckpt.bin") == data
+    finally:
+        fs.close()

@@ -15,8 +15,10 @@ Who copies: the server of a slice's first healthy replica, else of its first
 draining one (replicas in the order meta lists them), so two servers never
 copy one slice. While the slice has fewer healthy replicas than its goal, it
 reads the slice from its own drive and writes it whole to the freest online
-drive of a present server that holds no healthy replica of it (another rack
-where servers carry ``rack`` labels), flushes it there, and records the
+drive of a server live now (heartbeat within the clients' timeout: a present
+server may have died minutes ago) that holds no healthy replica of it
+(another rack where servers carry ``rack`` labels), flushes it there, and
+records the
 slice's replicas as its present ones plus the new copy
 (``MetaStore.set_slice_replicas``): lost ones leave the record, so readers
 stop trying them. Then, once the slice has a healthy replica and either its
@@ -178,6 +180,8 @@ class Repairer:
         fails is logged and tried again at the next pass."""
         servers = _present(self.meta, self.repair_after_s)
         present = {str(s.id): s for s in servers}
+        # Copies go to servers live now: a present one may be dead for minutes yet.
+        live = [s for s in servers if s.id in {r.id for r in self.meta.list_servers() if r.live}]
         offline = _offline(self.meta)
         self._take_failing_offline(offline)
         default = replica_goal(len(present))
@@ -192,7 +196,8 @@ class Repairer:
                             len(standing.healthy) >= standing.goal and not standing.draining):
                         continue
                     try:
-                        made += self._repair(info, standing, servers, offline, remotes)
+                        made += self._repair(info, standing, servers, live, offline,
+                                             remotes)
                     except (ShingleError, OSError) as exc:
                         log.warning("re-replicating slice %#x failed: %s; trying again at the "
                                     "next pass", info.id, exc)
@@ -224,14 +229,15 @@ class Repairer:
         return remote
 
     def _repair(self, info: SliceInfo, standing: _Standing, servers: Sequence[ServerRecord],
-                offline: Collection[tuple[str, str]], remotes: dict[int, RemoteNode]) -> int:
+                live: Sequence[ServerRecord], offline: Collection[tuple[str, str]],
+                remotes: dict[int, RemoteNode]) -> int:
         """Copy ``info`` until its goal is met or no drive can take it, then drop
         its draining replicas when a healthy one holds it; returns the copies made."""
         healthy, draining = list(standing.healthy), standing.draining
         source = standing.sources[0]
         made = 0
         while len(healthy) < standing.goal:
-            target = _target(healthy, servers, offline)
+            target = _target(healthy, servers, live, offline)
             if target is None:
                 break
             healthy.append(self._copy(info, int(source.drive), target, remotes))
@@ -278,16 +284,18 @@ class Repairer:
 
 
 def _target(healthy: Sequence[Replica], servers: Sequence[ServerRecord],
-            offline: Collection[tuple[str, str]]) -> tuple[ServerRecord, int] | None:
-    """The freest online drive of a present server holding no healthy replica
-    (on another rack when one is left), or None."""
+            live: Sequence[ServerRecord], offline: Collection[tuple[str, str]]
+            ) -> tuple[ServerRecord, int] | None:
+    """The freest online drive of a ``live`` server holding no healthy replica
+    (on a rack the present ``servers`` holding one do not use, when one is
+    left), or None."""
     used = {r.server for r in healthy}
     racks = {s.labels.get("rack") for s in servers if str(s.id) in used} - {None}
 
     def drives(s: ServerRecord) -> list[ServerDrive]:
         return [d for d in s.drives if (str(s.id), str(d.drive_id)) not in offline]
 
-    others = [s for s in servers if str(s.id) not in used and drives(s)]
+    others = [s for s in live if str(s.id) not in used and drives(s)]
     elsewhere = [s for s in others if s.labels.get("rack") not in racks] or others
     best = max(((d.free_bytes, s.id, d.drive_id, s) for s in elsewhere for d in drives(s)),
                default=None, key=lambda t: (t[0], -t[1], -t[2]))
