@@ -28,7 +28,7 @@ until then.
 Back-pressure: a connection stops being read while it has
 ``Limits.max_in_flight`` requests or ``max_in_flight_bytes`` bytes (payloads
 in and out) outstanding, or before a PUT's payload while the server holds
-``held_bytes`` of PUTs not yet stored (``_HeldBytes``), so fast clients,
+``held_bytes`` of PUTs for its drive not yet stored (``HeldBytes``), so fast clients,
 however many, are slowed by TCP, not by memory.
 
 Failure isolation: whatever one connection does — a wrong secret, a
@@ -79,8 +79,8 @@ from shinglefs.server.wire import (
     recv_exactly,
     send_frame,
 )
+from shinglefs.server.writes import HeldBytes, drive_scheduler, flush_answered
 from shinglefs.store.errors import StoreFull
-from shinglefs.store.scheduler import WriteScheduler
 
 log = logging.getLogger(__name__)
 
@@ -134,27 +134,6 @@ def _flush_drives(payload: memoryview) -> list[int] | None:
             or not all(isinstance(i, int) and 0 <= i < 2**31 for i in ids)):
         raise FrameError("FLUSH names drives by a JSON list of small non-negative integers")
     return ids
-
-
-def drive_scheduler(node: ServedNode, drive_id: int) -> WriteScheduler | None:
-    """A drive's write scheduler (None: not a slice store of ours); ``UnknownDrive``."""
-    store_of = getattr(node, "store", None)
-    if store_of is None:
-        return None
-    scheduler = getattr(store_of(drive_id), "scheduler", None)
-    return scheduler if isinstance(scheduler, WriteScheduler) else None
-
-
-def flush_answered(node: ServedNode, drive_ids: list[int] | None) -> None:
-    """A FLUSH: the writes already answered made durable on those drives (None:
-    all) by ``WriteScheduler.flush_completed``, which leaves other clients'
-    queued pieces queued: one client's fsync cuts no group's zone run short."""
-    for drive_id in drive_ids if drive_ids is not None else node.drive_ids:
-        scheduler = drive_scheduler(node, drive_id)
-        if scheduler is None:
-            node.flush([drive_id])
-        else:
-            scheduler.flush_completed()
 
 
 def dispatch(node: ServedNode, header: Header, payload: memoryview) -> tuple[int, Any]:
@@ -303,39 +282,6 @@ class _Budget:
             self._cond.notify_all()
 
 
-class _HeldBytes:
-    """PUT payloads held (read, not yet stored) by every connection together:
-    a reader waits for room before a PUT's payload. A piece its drive's writer
-    waits for (``favoured``: the zone run's group) may go ``allowance`` over.
-    ``limit`` <= a drive's write queue: no worker waits in its back-pressure."""
-
-    POLL_S = 0.05  # a waiting reader re-asks whether its group became favoured
-
-    def __init__(self, limit: int, allowance: int) -> None:
-        self.limit = limit
-        self.allowance = allowance
-        self.held = 0
-        self.peak = 0
-        self._cond = threading.Condition()
-
-    def take(self, n: int, favoured: Callable[[], bool], closed: threading.Event) -> bool:
-        """Wait for room for ``n`` bytes (one piece always fits); False once ``closed``."""
-        with self._cond:
-            while self.held and self.held + n > self.limit and not (
-                    self.held + n <= self.limit + self.allowance and favoured()):
-                if closed.is_set():
-                    return False
-                self._cond.wait(self.POLL_S)
-            self.held += n
-            self.peak = max(self.peak, self.held)
-            return True
-
-    def give(self, n: int) -> None:
-        with self._cond:
-            self.held -= n
-            self._cond.notify_all()
-
-
 # (header to seal, body, budget bytes to give back); header None: body is the
 # rest of a frame already sealed and partly sent, to go out before anything else
 _Answer = tuple[Header | None, Any, int]
@@ -413,8 +359,8 @@ class _Connection:
             if not self._budget.take(cost):
                 return
             if header.kind == Kind.PUT and not self._server.held.take(
-                    header.payload_len, functools.partial(self._server.in_zone_run, header),
-                    self._closed):
+                    header.payload_len, header.drive,
+                    functools.partial(self._server.in_zone_run, header), self._closed):
                 return
             payload, pooled = self._server.buffers.take(header.payload_len)
             if header.payload_len:
@@ -436,7 +382,7 @@ class _Connection:
             self._server.buffers.give(pooled)
             self._budget.give(cost)
             if header.kind == Kind.PUT:
-                self._server.held.give(header.payload_len)
+                self._server.held.give(header.payload_len, header.drive)
             return
         if header.kind == Kind.PUT:
             self._submit(header, payload, pooled, cost)
@@ -463,7 +409,7 @@ class _Connection:
         def done(drive_id: int, future: Future[None]) -> None:
             exc = future.exception()
             self._let_go(payload, pooled)
-            self._server.held.give(header.payload_len)
+            self._server.held.give(header.payload_len, header.drive)
             if exc is None:
                 self._answer(header, header.kind | RESPONSE_BIT, drive_id, b"", cost)
                 return
@@ -480,7 +426,7 @@ class _Connection:
                 drive_id=_drive(node, header), durable=bool(header.flags & Flag.DURABLE))
         except Exception as exc:
             self._let_go(payload, pooled)
-            self._server.held.give(header.payload_len)
+            self._server.held.give(header.payload_len, header.drive)
             if not isinstance(exc, ShingleError):
                 log.exception("PUT from %s failed", self.peer)
             self._answer(header, Kind.ERROR | RESPONSE_BIT, 0, error_body(exc), cost)
@@ -579,10 +525,10 @@ class SliceServer:
     bound ``(host, port)`` (port 0 picks a free one). ``close()`` stops
     accepting, closes every connection and waits for the workers; it does not
     close the node (its owner does). ``pool_bytes``: idle payload buffers kept
-    for reuse (``BufferPool``). ``held_bytes``: PUT payloads held at once, all
-    connections together (``_HeldBytes``; at most a drive's write queue), of
-    which a piece of a drive's zone run may exceed by ``zone_run_bytes``
-    (``StoreConfig.switch_bytes``). ``ssl_context``: a server-side context to
+    for reuse (``BufferPool``). ``held_bytes``: PUT payloads held at once per drive,
+    all connections together (``HeldBytes``; at most the drive's write
+    queue), which a piece of the drive's zone run may exceed by
+    ``zone_run_bytes`` (``StoreConfig.switch_bytes``). ``ssl_context``: a server-side context to
     wrap every connection in TLS (the HMAC handshake runs inside it).
     """
 
@@ -602,7 +548,11 @@ class SliceServer:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="slice-worker")
         self.lanes = _SliceLanes(self._pool)
         self.buffers = BufferPool(pool_bytes)
-        self.held = _HeldBytes(held_bytes, zone_run_bytes)
+        self.held = HeldBytes(held_bytes, zone_run_bytes)
+        for drive_id in node.drive_ids:
+            scheduler = drive_scheduler(node, drive_id)
+            if scheduler is not None:
+                scheduler.zone_run.on_switch = self.held.wake
         self._lock = threading.Lock()
         self._connections: set[_Connection] = set()
         self._listener: socket.socket | None = None

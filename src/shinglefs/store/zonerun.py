@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ class ZoneRun:
         self.written = 0  # bytes of ``group`` taken in a row
         self.idle_since: float | None = None  # when nothing of ``group`` was left queued
         self.switches = 0
+        self.on_switch: Callable[[], None] | None = None  # called when ``group`` changes
 
     def allowance(self, group: int) -> int:
         """Bytes a piece of ``group`` may be queued over ``max_queue_bytes``."""
@@ -47,6 +49,8 @@ class ZoneRun:
         if group != self.group:
             self.group, self.written = group, 0
             self.switches += 1
+            if self.on_switch is not None:
+                self.on_switch()
         self.written += sum(p.data.nbytes for p in run)
         if self.written >= self.switch_bytes or any(p.durable for p in run):
             self.end()
