@@ -110,8 +110,10 @@ class DriveSync:
             covers = self._asked
         flushed = False
         try:
-            with self.log.io_lock:
-                self.log.flush_drive()
+            # Not under io_lock: a drive's flush is thread-safe and covers every
+            # write completed before it, so the writer goes on writing meanwhile
+            # (an fdatasync behind GBs of dirty pages takes seconds).
+            self.log.flush_drive()
             flushed = True
         finally:
             with self._cond:
