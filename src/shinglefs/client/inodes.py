@@ -25,16 +25,18 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from shinglefs.client.writer import FileWriter
 from shinglefs.meta.api import InodeAttr, ReadPiece
 
 __all__ = [
+    "DIR_ATTRS_TTL",
     "DIR_NAMES_TTL",
     "INODE_MEMO_ENTRIES",
     "NO_CAPS_TTL",
+    "DirAttrs",
     "DirNames",
     "InodeMemo",
     "InodeTable",
@@ -52,6 +54,10 @@ NO_CAPS_TTL = 1.0
 # A directory resolved by path (the Python API) is trusted this long: as long
 # as a mount's kernel trusts a name (fuse.operations.ENTRY_TIMEOUT).
 DIR_NAMES_TTL = 1.0
+# A directory's attributes read from meta are trusted this long for the
+# kernel's getattr (fuse.operations.ATTR_TIMEOUT: as long as the kernel itself
+# trusts attributes it was given).
+DIR_ATTRS_TTL = 1.0
 T = TypeVar("T")
 Stamp = tuple[int, int, int]  # (mtime_ns, ctime_ns, size)
 
@@ -118,6 +124,57 @@ class DirNames:
     def clear(self) -> None:
         with self._lock:
             self._names.clear()
+
+
+class DirAttrs:
+    """Attributes of directories read from meta within the last ``DIR_ATTRS_TTL``
+    seconds, kept current with the entries this client adds to them.
+
+    The kernel invalidates a directory's attributes after every entry made in
+    it and asks for them again at the next permission check: one getattr per
+    file created. ``touched`` applies what this client's own create did to
+    the directory (mtime = ctime = the new inode's ctime, both set in one
+    transaction; a subdirectory adds a link), so that question is answered
+    here; any other change this client makes through the VFS empties the memo
+    (``clear``). Another client's change shows at most ``DIR_ATTRS_TTL`` late,
+    as through the kernel's own attribute cache. Bounded by
+    ``INODE_MEMO_ENTRIES`` (emptied when full). Thread-safe."""
+
+    def __init__(self, ttl: float = DIR_ATTRS_TTL, capacity: int = INODE_MEMO_ENTRIES) -> None:
+        self.ttl = ttl
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._attrs: dict[int, tuple[InodeAttr, float]] = {}
+
+    def get(self, ino: int) -> InodeAttr | None:
+        with self._lock:
+            hit = self._attrs.get(ino)
+        if hit is None or hit[1] < time.monotonic():
+            return None
+        return hit[0]
+
+    def put(self, attr: InodeAttr) -> None:
+        """``attr`` was just read from meta (kept only for a directory)."""
+        if not attr.is_dir:
+            return
+        with self._lock:
+            if len(self._attrs) >= self.capacity:
+                self._attrs.clear()
+            self._attrs[attr.ino] = (attr, time.monotonic() + self.ttl)
+
+    def touched(self, parent: int, when_ns: int, links: int = 0) -> None:
+        """This client made an entry in ``parent`` at ``when_ns`` (``links``: 1
+        for a subdirectory); the remembered attributes follow, their expiry not."""
+        with self._lock:
+            hit = self._attrs.get(parent)
+            if hit is not None:
+                attr, until = hit
+                self._attrs[parent] = (replace(attr, mtime_ns=when_ns, ctime_ns=when_ns,
+                                               nlink=attr.nlink + links), until)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._attrs.clear()
 
 
 @dataclass(slots=True)
@@ -241,6 +298,7 @@ class InodeTable:
         self._parents: InodeMemo[int] = InodeMemo(capacity)  # ino -> dir it was seen in
         self._no_caps: InodeMemo[float] = InodeMemo(capacity)  # ino -> trusted until
         self.maps = MapCache(capacity)
+        self.dirs = DirAttrs(capacity=capacity)
 
     # ------------------------------------------------------------------ open inodes
     def get(self, ino: int) -> OpenInode | None:

@@ -87,6 +87,7 @@ class OpenFiles:
         self.inodes.note_parent(attr.ino, parent)
         if attr.ctime_ns >= started:  # made now (not an existing file opened): no xattrs
             self.inodes.note_no_caps(attr.ino, time.monotonic())
+            self.inodes.dirs.touched(parent, attr.ctime_ns)
         try:
             if flags & os.O_TRUNC:
                 attr = self._truncate_on_open(attr, ctx)

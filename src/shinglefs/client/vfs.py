@@ -220,10 +220,23 @@ class VFS:
         inodes on their last close (sessions). Drops this client's memos."""
         self.inodes.forget(ino)
 
-    def getattr(self, ino: int) -> InodeAttr:
-        """Attributes from meta; ``size`` includes this client's buffered writes."""
+    def getattr(self, ino: int, *, cached: bool = False, wait: bool = True) -> InodeAttr:
+        """Attributes from meta; ``size`` includes this client's buffered writes.
+
+        ``cached`` (the kernel's getattr): a directory's attributes may come
+        from ``InodeTable.dirs`` (at most ``DIR_ATTRS_TTL`` old, kept current
+        with this client's own entries). ``wait=False``: only that, else
+        ``Declined`` having done nothing."""
         self._check_open()
-        return self.writes.with_buffered_size(self.meta.getattr(ino))
+        if cached:
+            attr = self.inodes.dirs.get(ino)
+            if attr is not None:
+                return attr
+        if not wait:
+            raise Declined()
+        attr = self.meta.getattr(ino)
+        self.inodes.dirs.put(attr)
+        return self.writes.with_buffered_size(attr)
 
     def setattr(
         self, ino: int, changes: SetAttrChanges, fh: int | None = None, ctx: Ctx = ROOT_CTX,
@@ -240,6 +253,7 @@ class VFS:
         by_fd = handle is not None and handle.writable
 
         self.dir_names.clear()  # a directory's mode or owner may change
+        self.inodes.dirs.clear()
 
         def change() -> InodeAttr:
             return changes.apply(self.meta, ino, ctx, open_for_write=by_fd, checked=checked)
@@ -256,17 +270,20 @@ class VFS:
         self._check_open()
         attr = self.meta.mknod(parent, name, mode, rdev, ctx)
         self.inodes.note_parent(attr.ino, parent)
+        self.inodes.dirs.touched(parent, attr.ctime_ns)
         return attr
 
     def mkdir(self, parent: int, name: bytes, mode: int, ctx: Ctx = ROOT_CTX) -> InodeAttr:
         self._check_open()
         attr = self.meta.mkdir(parent, name, mode, ctx)
         self.inodes.note_parent(attr.ino, parent)
+        self.inodes.dirs.touched(parent, attr.ctime_ns, links=1)
         return attr
 
     def unlink(self, parent: int, name: bytes, ctx: Ctx = ROOT_CTX) -> None:
         """Remove a name. An inode still open anywhere stays usable until its last close."""
         self._check_open()
+        self.inodes.dirs.clear()
         result = self.meta.unlink(parent, name, ctx)
         if result.released:
             self.jobs.wake()
@@ -274,12 +291,14 @@ class VFS:
     def rmdir(self, parent: int, name: bytes, ctx: Ctx = ROOT_CTX) -> None:
         self._check_open()
         self.dir_names.clear()
+        self.inodes.dirs.clear()
         self.meta.rmdir(parent, name, ctx)
 
     def symlink(self, parent: int, name: bytes, target: bytes, ctx: Ctx = ROOT_CTX) -> InodeAttr:
         self._check_open()
         attr = self.meta.symlink(parent, name, target, ctx)
         self.inodes.note_parent(attr.ino, parent)
+        self.inodes.dirs.touched(parent, attr.ctime_ns)
         return attr
 
     def rename(
@@ -294,6 +313,7 @@ class VFS:
         """Atomic rename (replacing the target); see ``MetaStore.rename``."""
         self._check_open()
         self.dir_names.clear()
+        self.inodes.dirs.clear()
         result = self.meta.rename(parent_old, name_old, parent_new, name_new, flags, ctx)
         self.inodes.note_parent(result.ino, parent_new)
         if result.released:
@@ -301,6 +321,7 @@ class VFS:
 
     def link(self, ino: int, new_parent: int, new_name: bytes, ctx: Ctx = ROOT_CTX) -> InodeAttr:
         self._check_open()
+        self.inodes.dirs.clear()
         return self.writes.with_buffered_size(self.meta.link(ino, new_parent, new_name, ctx))
 
     # ================================================================== open / close
@@ -500,6 +521,7 @@ class VFS:
     def setxattr(self, ino: int, name: bytes, value: bytes, flags: int = 0, ctx: Ctx = ROOT_CTX) -> None:
         self._check_open()
         self.inodes.forget_no_caps(ino)
+        self.inodes.dirs.clear()  # a ctime change
         self.meta.setxattr(ino, name, value, flags, ctx)
 
     def listxattr(self, ino: int, ctx: Ctx = ROOT_CTX) -> list[bytes]:
@@ -509,6 +531,7 @@ class VFS:
     def removexattr(self, ino: int, name: bytes, ctx: Ctx = ROOT_CTX) -> None:
         self._check_open()
         self.inodes.forget_no_caps(ino)
+        self.inodes.dirs.clear()  # a ctime change
         self.meta.removexattr(ino, name, ctx)
 
     def access(self, ino: int, mode: int, ctx: Ctx = ROOT_CTX) -> None:

@@ -333,7 +333,12 @@ class ShingleOperations(pyfuse3.Operations):
                 log.exception("forget(inode=%s, nlookup=%s) failed", ino, nlookup)
 
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
-        return self.entry(await self._meta("getattr", self.vfs.getattr, inode, ino=inode))
+        # A directory's attributes the VFS remembers (the kernel asks after every
+        # entry made in it) are answered on the event loop, whatever the backend.
+        getattr_ = functools.partial(self.vfs.getattr, cached=True)
+        if self.offload_metadata:
+            return self.entry(await self._inline_or_thread("getattr", getattr_, inode))
+        return self.entry(await self._meta("getattr", getattr_, inode, ino=inode))
 
     async def setattr(
         self,
