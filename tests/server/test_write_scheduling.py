@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from shinglefs.server.auth import FrameSealer
 from shinglefs.server.node import StorageNode
 from shinglefs.server.remote import RemoteNode
 from shinglefs.server.service import SliceServer
+from shinglefs.server.wire import HEADER_SIZE, Header, Kind, Limits, read_frame
 from shinglefs.store.config import StoreConfig
 from shinglefs.store.scheduler import WriteScheduler
 
@@ -80,3 +82,23 @@ def test_the_put_payloads_a_server_holds_are_bounded(node: StorageNode) -> None:
         assert server.held.held == 0
         for i in range(pieces):
             assert client.read(0x3000 + i, 0, MiB) == bytes([i]) * MiB
+
+
+def test_a_put_cut_off_mid_payload_gives_its_held_bytes_back(node: StorageNode) -> None:
+    from tests.server.test_wire import raw_connect, raw_handshake
+
+    with SliceServer(node, SECRET, held_bytes=4 * MiB) as server:
+        with raw_connect(server) as sock:
+            keys = raw_handshake(sock)
+            read_frame(sock, bytearray(HEADER_SIZE), Limits())  # the handshake's answer
+            header = Header(Kind.PUT, request_id=1, slice_id=0x4000, arg=1, drive=0,
+                            payload_len=MiB)
+            sock.sendall(FrameSealer(keys["c2s"]).seal(header) + b"x" * 1000)
+        with RemoteNode(server.address, SECRET, connections=1, timeout=20) as client:
+            client.ping()  # a request after the cut: the server read the closed socket
+            deadline = time.monotonic() + 20
+            while server.held.held and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert server.held.held == 0
+            # the whole budget is there for the next client's pieces
+            assert client.write(0x4001, 0, b"y" * 4 * MiB, 2, drive_id=0, durable=True) == 0

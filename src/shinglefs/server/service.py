@@ -366,8 +366,12 @@ class _Connection:
             if header.payload_len:
                 try:
                     recv_exactly(self._sock, payload)
-                except PeerClosed:
-                    raise PeerClosed(truncated=True) from None
+                except BaseException as exc:  # the connection is closing: no PUT to hold
+                    if header.kind == Kind.PUT:
+                        self._server.held.give(header.payload_len, header.drive)
+                    if isinstance(exc, PeerClosed):
+                        raise PeerClosed(truncated=True) from None
+                    raise
             # one connection's requests for a slice keep their order; other
             # connections (readers of the same slice) are not held behind them
             lane = (id(self), header.slice_id) if header.kind in SLICE_KINDS else None

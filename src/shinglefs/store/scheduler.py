@@ -160,7 +160,8 @@ class WriteScheduler:
         with self._cond:
             if self._stopping:
                 raise StoreClosed("store is closing", drive=self.log.name)
-            if self._queued_bytes and self._queued_bytes + n > self.max_queue_bytes + self.zone_run.allowance(group):
+            bound = self.max_queue_bytes + self.zone_run.allowance(group)
+            if self._queued_bytes and self._queued_bytes + n > bound:
                 if not wait:
                     raise Declined(f"{self.log.name}: the write queue is full")
                 self._wait_for_room(n, group)
@@ -191,7 +192,8 @@ class WriteScheduler:
         self._room_wanted += n
         self._cond.notify_all()  # the writer may sleep out a linger: pressure changes that
         try:
-            while self._queued_bytes and self._queued_bytes + n > self.max_queue_bytes + self.zone_run.allowance(group):
+            while self._queued_bytes and self._queued_bytes + n > (
+                    self.max_queue_bytes + self.zone_run.allowance(group)):
                 self._cond.wait()
                 if self._stopping:
                     raise StoreClosed("store is closing", drive=self.log.name)
