@@ -48,6 +48,29 @@ def test_sqlite_normal_sync_fsyncs_the_wal_and_full_needs_none(
     full.close()
 
 
+def test_sqlite_normal_makes_an_id_batch_durable_before_handing_out_its_ids(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A power cut must not roll back an id batch whose ids already name slices
+    on a drive: the batch's autocommit write is followed by a WAL fsync."""
+    normal = open_meta(f"sqlite3://{tmp_path / 'n.db'}")
+    normal.format("t", str(uuid.uuid4()))
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def spy(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    first = normal.next_slice_id()  # the first id of a fresh batch
+    assert str(tmp_path / "n.db-wal") in synced
+    synced.clear()
+    assert normal.next_slice_id() == first + 1  # from the same batch: no write, no fsync
+    assert synced == []
+    normal.close()
+
+
 def test_drives_are_recorded_in_their_own_table(meta: SqlMetaStore) -> None:
     assert meta.drives() == []
     meta.set_drives(["emulated:/d/0.img:1G", "emulated:/d/1.img:1G"])

@@ -117,7 +117,13 @@ def _sqlite_busy(exc: BaseException) -> bool:
 
 
 class SqliteBackend:
-    """SQLite in WAL mode; one connection per thread; BEGIN IMMEDIATE writes."""
+    """SQLite in WAL mode; one connection per thread; BEGIN IMMEDIATE writes.
+
+    With ``synchronous=NORMAL`` a commit is written to the WAL, not flushed
+    (``sync()`` flushes it); writes in ``"autocommit"`` mode (id batches,
+    session heartbeats, server records: rare) are flushed before ``run``
+    returns, so an id range is durable before any of its ids names a slice
+    or an inode."""
 
     dialect = schema.SQLITE
 
@@ -221,7 +227,14 @@ class SqliteBackend:
             # overlapping a slice commit took 1.2 ms instead of 0.13 ms).
             with self._writer:
                 return self._run(fn, mode)
-        return self._run(fn, mode)
+        result = self._run(fn, mode)
+        if mode == "autocommit" and self.synchronous == "NORMAL":
+            # Rare writes (id batches, heartbeats, server records) are made
+            # durable before they are used, as on PostgreSQL: ids handed out
+            # before a power cut are never handed out again after it (a slice
+            # stored under an id whose batch was lost could share its id).
+            self.sync()
+        return result
 
     def _run(self, fn: Callable[[Tx], T], mode: Mode) -> T:
         conn = self._conn()
