@@ -308,3 +308,35 @@ def test_a_slice_short_of_its_goal_after_a_server_died_mid_write_is_copied_to_a_
         assert fs.read_bytes("/ckpt.bin") == data
     finally:
         fs.close()
+
+
+def test_a_lowered_goal_drops_the_copies_above_it(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+    three_servers(meta_url, meta, tmp_path, servers, *FAST_REPAIR)
+    data = os.urandom(40 * MiB + 1)
+    fs = shinglefs.connect(meta_url)
+    try:
+        fs.makedirs("/scratch")
+        set_goal(meta, fs, "/scratch", 3)
+        fs.write_bytes("/scratch/f.bin", data)
+        before = replicas_of(meta, meta_url, "/scratch/f.bin")
+        assert {len(rs) for _, rs in before} == {3}
+        set_goal(meta, fs, "/scratch", 1)
+    finally:
+        fs.close()
+    wait_until(lambda: set(copies(meta, meta_url, "/scratch/f.bin")) == {1},
+               "one copy of each slice left", limit=60)
+    after = dict(replicas_of(meta, meta_url, "/scratch/f.bin"))
+    by_id = {str(s.id): s for s in meta.list_servers(TIMEOUT_S)}
+    key = cluster_key(meta)
+    for slice_id, replicas in before:
+        for replica in set(replicas) - set(after[slice_id]):
+            with RemoteNode(by_id[replica.server].address, key, timeout=30) as remote:
+                wait_until(lambda r=remote, s=slice_id, d=int(replica.drive): gone(r, s, d),
+                           "the dropped copy deleted from its drive")
+    assert replication_health(meta, 1.5).under_replicated == 0
+    fs = shinglefs.connect(meta_url)
+    try:
+        assert fs.read_bytes("/scratch/f.bin") == data
+    finally:
+        fs.close()

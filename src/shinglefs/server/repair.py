@@ -28,6 +28,12 @@ no record names it any more (``ReplicationHealth.draining`` counts the slices
 still on offline drives). A draining replica that is a slice's only copy with
 nowhere to go stays.
 
+A slice with more healthy replicas than its goal (its directory's goal was
+lowered) loses the extra ones the same way — the record first, then the
+drives — keeping ``goal`` replicas on servers live now (the copier's own
+first), and only when that many are live: a copy is never dropped in favour
+of one on a server that may be dead.
+
 A drive its own server finds failing is taken offline by that server at the
 start of a pass, the same as an operator's ``shinglefs drive offline``:
 failing means zones a failed head leaves behind (``OFFLINE`` or
@@ -174,6 +180,7 @@ class Repairer:
         self.copied = 0  # slices copied (statistics)
         self.copied_bytes = 0
         self.drained = 0  # replicas dropped from offline drives
+        self.trimmed = 0  # copies dropped above a lowered goal
 
     def run_once(self) -> int:
         """One pass over every stored slice; returns the copies made. A copy that
@@ -193,7 +200,7 @@ class Repairer:
                 for info, standing in _standings(self.meta, page, present, offline, default):
                     sources = standing.sources
                     if not sources or sources[0].server != me or (
-                            len(standing.healthy) >= standing.goal and not standing.draining):
+                            len(standing.healthy) == standing.goal and not standing.draining):
                         continue
                     try:
                         made += self._repair(info, standing, servers, live, offline,
@@ -232,7 +239,8 @@ class Repairer:
                 live: Sequence[ServerRecord], offline: Collection[tuple[str, str]],
                 remotes: dict[int, RemoteNode]) -> int:
         """Copy ``info`` until its goal is met or no drive can take it, then drop
-        its draining replicas when a healthy one holds it; returns the copies made."""
+        its draining replicas when a healthy one holds it, or its copies above
+        its goal; returns the copies made."""
         healthy, draining = list(standing.healthy), standing.draining
         source = standing.sources[0]
         made = 0
@@ -245,21 +253,44 @@ class Repairer:
             made += 1
         if healthy and draining:
             self.meta.set_slice_replicas(info.id, healthy)
-            by_id = {str(s.id): s for s in servers}
-            for replica in draining:
-                server = by_id[replica.server]
-                try:
-                    if replica.server == str(self.server_id):
-                        self.node.delete(info.id, int(replica.drive))
-                    else:
-                        self._remote(server, remotes).delete(info.id, int(replica.drive))
-                except (ShingleError, OSError) as exc:  # unreferenced now: space, not data
-                    log.warning("deleting slice %#x from offline drive %s of server %s "
-                                "failed: %s", info.id, replica.drive, replica.server, exc)
-                self.drained += 1
-            log.info("slice %#x left offline drive(s) %s", info.id,
-                     ", ".join(f"{r.server}:{r.drive}" for r in draining))
+            self._drop(info.id, draining, servers, remotes, "offline drive")
+            self.drained += len(draining)
+        elif len(healthy) > standing.goal:
+            self._trim(info.id, healthy, standing.goal, source, servers, live, remotes)
         return made
+
+    def _trim(self, slice_id: int, healthy: Sequence[Replica], goal: int, source: Replica,
+              servers: Sequence[ServerRecord], live: Sequence[ServerRecord],
+              remotes: dict[int, RemoteNode]) -> None:
+        """Drop the copies of a slice above its goal (a lowered goal), keeping
+        ``goal`` replicas on servers live now (this server's first): none is
+        dropped unless that many are."""
+        live_ids = {str(s.id) for s in live}
+        ranked = sorted(healthy, key=lambda r: (r.server not in live_ids, r != source))
+        keep, extra = ranked[:goal], ranked[goal:]
+        if not all(r.server in live_ids for r in keep):
+            return
+        self.meta.set_slice_replicas(slice_id, keep)
+        self._drop(slice_id, extra, servers, remotes, "copy above its goal")
+        self.trimmed += len(extra)
+
+    def _drop(self, slice_id: int, replicas: Sequence[Replica], servers: Sequence[ServerRecord],
+              remotes: dict[int, RemoteNode], why: str) -> None:
+        """Delete ``replicas`` of a slice, which its record no longer names, from
+        their drives (a failure leaves unreferenced bytes: space, not data)."""
+        by_id = {str(s.id): s for s in servers}
+        for replica in replicas:
+            try:
+                if replica.server == str(self.server_id):
+                    self.node.delete(slice_id, int(replica.drive))
+                else:
+                    self._remote(by_id[replica.server], remotes).delete(slice_id,
+                                                                        int(replica.drive))
+            except (ShingleError, OSError) as exc:
+                log.warning("deleting slice %#x (%s) from drive %s of server %s failed: %s",
+                            slice_id, why, replica.drive, replica.server, exc)
+        log.info("slice %#x: %s dropped from %s", slice_id, why,
+                 ", ".join(f"{r.server}:{r.drive}" for r in replicas))
 
     def _copy(self, info: SliceInfo, source: int, target: tuple[ServerRecord, int],
               remotes: dict[int, RemoteNode]) -> Replica:
