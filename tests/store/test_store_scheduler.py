@@ -295,3 +295,18 @@ def test_flush_completed_makes_written_pieces_durable_and_leaves_queued_ones(dri
     assert queued.done() and queued.exception() is None
     assert store.read(2, 0, 64 * 1024) == payload(2, 64 * 1024)
     store.close()
+
+
+def test_a_durable_piece_of_another_group_ends_a_waiting_zone_run(drive_factory):
+    # The writer waits (up to switch_wait_s, here far longer than the test) for
+    # the next piece of the group it stays on; a piece another sender waits to
+    # see durable does not wait behind that (without the rule: 600 s).
+    drive = drive_factory(zone_size=4 * MiB, zone_count=16)
+    store = SliceStore.format(drive, switch_bytes=8 * MiB, switch_wait_s=600.0,
+                              gc_background=False)
+    store.submit(1, 0, payload(1, 256 * 1024), group=1).result()
+    assert store.scheduler.zone_run.group == 1  # it waits for more of group 1
+    small = store.submit(2, 0, payload(2, 4096), group=2, durable=True)
+    small.result(timeout=60)
+    assert store.read(2, 0, 4096) == payload(2, 4096)
+    store.close()

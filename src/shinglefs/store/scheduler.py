@@ -24,8 +24,9 @@ Rules:
   until it wrote ``switch_bytes`` of it in a row, a piece of it was durable,
   or none of it came for ``switch_wait_s`` (``ZoneRun``). So many clients'
   groups, each sent a few MiB at a time, reach the drive as runs of
-  ``switch_bytes`` per zone switch. The next group is the eligible one with
-  the most bytes queued, or one whose oldest piece waited too long.
+  ``switch_bytes`` per zone switch. A durable piece of another group (its
+  sender waits for it) ends a run that waits. The next group is the eligible
+  one with the most bytes queued, or one whose oldest piece waited too long.
 - Admission under pressure: while a submitter waits for room, the writer
   takes only what frees that room — the groups a caller waits for, then
   the oldest group (eligible or not: a waiting submitter never waits out a
@@ -383,8 +384,9 @@ class WriteScheduler:
         if run.group is not None and not forced:
             if self._groups.get(run.group):
                 return run.took_runs(self._take_groups([run.group]), self._groups, now)
-            until = run.waits_until()
-            if not self._room_wanted and until is not None and now < until:
+            until = run.waits_until()  # unless a submitter or a durable piece waits:
+            if until is not None and now < until and not (
+                    self._room_wanted or any(self._group_durable.values())):
                 return []  # the writer waits for the group's next piece
             run.end()
         groups = self._eligible(now)

@@ -28,8 +28,8 @@ class ZoneRun:
     ``switch_bytes`` 0: off (``group`` stays None). While on a group, a piece
     of it is queued up to ``switch_bytes`` over ``max_queue_bytes`` (its
     sender is the one the writer waits for). A flush barrier, an urgent
-    piece, closing, or queue pressure with nothing of it queued end the run
-    at once. ``switches``: zone runs begun."""
+    piece, closing, or, with nothing of it queued, queue pressure or a
+    durable piece of another group end the run at once. ``switches``: zone runs begun."""
 
     def __init__(self, switch_bytes: int, wait_s: float) -> None:
         self.switch_bytes = switch_bytes
