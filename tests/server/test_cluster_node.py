@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -238,6 +240,43 @@ def test_two_servers_hold_two_replicas_and_reads_survive_either_dying(
         assert fs.read_bytes("/two.bin") == data  # every read fails over to s2
     finally:
         fs.close()
+
+
+def test_a_read_passes_over_a_hung_server_in_bounded_time(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+    """A server alive to TCP but answering nothing (SIGSTOP: swapping, a stuck
+    disk) costs a read ``FAILOVER_AFTER_S`` once, not the 60 s request timeout:
+    the read goes to the other replica and the hung server is tried last after."""
+    by_port = {}
+    for name in ("s1", "s2"):
+        server, port = start_server(meta_url, tmp_path, name, servers)
+        by_port[port] = server
+    wait_until(lambda: live_count(meta) == 2, "two servers live")
+    data = os.urandom(20 * MiB + 11)
+    fs = shinglefs.connect(meta_url)
+    try:
+        fs.write_bytes("/hung.bin", data)
+        first = slices_of(meta, fs, "/hung.bin")[0]
+    finally:
+        fs.close()
+    # The server a reader tries first for the first slice: the one to hang.
+    server_id = split_drive_id(first[1])[0]
+    address = next(r.address for r in meta.list_servers(TIMEOUT_S) if r.id == server_id)
+    hung = by_port[int(address.rsplit(":", 1)[1])]
+    os.kill(hung.proc.pid, signal.SIGSTOP)
+    try:
+        fs = shinglefs.connect(meta_url)
+        try:
+            started = time.monotonic()
+            assert fs.read_bytes("/hung.bin") == data
+            took = time.monotonic() - started
+        finally:
+            fs.close()
+    finally:
+        os.kill(hung.proc.pid, signal.SIGCONT)
+    # Without failover every read of a slice whose first replica is on the hung
+    # server would wait the 60 s request timeout.
+    assert took < 30, took
 
 
 def test_a_server_dying_mid_write_leaves_the_write_complete_and_no_partial_replica(

@@ -102,6 +102,9 @@ SPREAD = 0.1
 """Drives within this fraction of the freest one's free bytes are equally good."""
 GOAL_ENTRIES = 4096
 """Lifetime groups whose replication goal a client remembers."""
+FAILOVER_AFTER_S = 2.0
+"""A read that has another replica to try waits this long for a server's answer
+(a hung server: alive to TCP, answering nothing) before trying the next one."""
 
 
 class NoServers(ShingleError):
@@ -117,8 +120,10 @@ class ClusterNode:
                  timeout: float = 60.0, membership_ttl_s: float = 2.0,
                  server_timeout_s: float | None = None, min_free_fraction: float = 0.02,
                  memo_entries: int = 1 << 16, replicas: int | None = None,
-                 local_server: int | None = None, goal_ttl_s: float = 10.0) -> None:
+                 local_server: int | None = None, goal_ttl_s: float = 10.0,
+                 failover_after_s: float = FAILOVER_AFTER_S) -> None:
         self._meta = meta
+        self._failover_after = failover_after_s
         self._secret = secret
         self._connections = connections
         self._timeout = timeout
@@ -555,15 +560,25 @@ class ClusterNode:
 
     def _read_from(self, drives: tuple[int, ...], slice_id: int, offset: int,
                    length: int) -> memoryview:
+        """Replica after replica, servers under suspicion last; each but the last
+        gets ``failover_after_s`` to answer (a hung server is passed over in
+        bounded time and left under suspicion), the last the full timeout."""
+        with self._lock:
+            suspects = set(self._suspects)
+        drives = tuple(sorted(drives, key=lambda d: split_drive_id(d)[0] in suspects))
         failure: BaseException | None = None
         for drive in drives:
             server, local = split_drive_id(drive)
+            last = drive == drives[-1]
             try:
-                data = self._remote(server).read(slice_id, offset, length, local)
+                data = self._remote(server).read(
+                    slice_id, offset, length, local,
+                    give_up_after=None if last else self._failover_after)
             except NodeError as exc:  # unreachable, broken, timed out, or no such slice
                 log.warning("reading slice %#x from server %d failed (%s)%s", slice_id,
-                            server, exc, "; trying another replica" if drive != drives[-1]
-                            else "")
+                            server, exc, "" if last else "; trying another replica")
+                if isinstance(exc, WireError):
+                    self._suspect(server, exc)
                 failure = exc
                 continue
             return memoryview(data).toreadonly()

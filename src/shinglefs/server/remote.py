@@ -295,14 +295,29 @@ class RemoteNode:
                         else memoryview(payload).nbytes)
         return channel, channel.call(header, payload, into)
 
-    def _answer(self, channel: _Channel, future: Future[Answer], kind: Kind) -> Answer:
-        """Wait for an answer (at most ``timeout``); raise the error it carries."""
+    def _answer(self, channel: _Channel, future: Future[Answer], kind: Kind,
+                give_up_after: float | None = None) -> Answer:
+        """Wait for an answer (at most ``timeout``); raise the error it carries.
+
+        ``give_up_after`` (shorter than ``timeout``): stop waiting then with
+        ``RequestTimeout`` but keep the connection and its other requests (a
+        server that is only slow answers them; this answer, if it comes, is
+        dropped)."""
+        if give_up_after is not None and give_up_after < self.timeout:
+            try:
+                header, body = future.result(give_up_after)
+            except concurrent.futures.TimeoutError:
+                raise RequestTimeout(self.label, kind.name, give_up_after) from None
+            return self._checked(channel, kind, header, body)
         try:
             header, body = future.result(self.timeout)
         except concurrent.futures.TimeoutError:
             error = RequestTimeout(self.label, kind.name, self.timeout)
             channel.fail(ConnectionLost(self.label, str(error)))
             raise error from None
+        return self._checked(channel, kind, header, body)
+
+    def _checked(self, channel: _Channel, kind: Kind, header: Header, body: Any) -> Answer:
         if header.kind == Kind.ERROR.response:
             raise remote_error(body)
         if header.kind != kind.response:
@@ -367,10 +382,13 @@ class RemoteNode:
         return header.arg
 
     def read(self, slice_id: int, offset: int, length: int,
-             drive_id: int | None = None) -> bytearray:
-        """Bytes ``[offset, offset+length)`` of a slice (short at its end)."""
-        body = self._call(Kind.READ, slice_id=slice_id, offset=offset, arg=length,
-                          drive_id=drive_id)[1]
+             drive_id: int | None = None, *, give_up_after: float | None = None) -> bytearray:
+        """Bytes ``[offset, offset+length)`` of a slice (short at its end).
+        ``give_up_after``: ``RequestTimeout`` after that long, the connection kept
+        (a caller with another replica to try; see ``_answer``)."""
+        channel, future = self._submit(Kind.READ, slice_id=slice_id, offset=offset, arg=length,
+                                       drive_id=drive_id)
+        body = self._answer(channel, future, Kind.READ, give_up_after)[1]
         assert isinstance(body, bytearray)
         return body
 
