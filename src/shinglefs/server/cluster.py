@@ -374,13 +374,14 @@ class ClusterNode:
                 self._since[d] = self._since.get(d, 0) + body.nbytes
         sends = []
         for d in drives:
+            # Every piece through its server's one sender thread, in submission
+            # order: a server that stalls holds up no other replica, and a slice
+            # that lost a replica mid-write (now one drive) still reaches the
+            # other in order behind its pieces already queued there.
             server, local = split_drive_id(d)
-            if len(drives) == 1:
-                sent = self._send(server, slice_id, offset, body, group, local, durable)
-            else:  # each replica's server in turn: one that stalls holds up no other
-                sent = Future()
-                self._sender(server).submit(self._send_into, sent, server, slice_id, offset,
-                                            body, group, local, durable)
+            sent: Future[int] = Future()
+            self._sender(server).submit(self._send_into, sent, server, slice_id, offset,
+                                        body, group, local, durable)
             sends.append((d, sent))
         return drive_id, self._all_replicas(slice_id, sends)
 
