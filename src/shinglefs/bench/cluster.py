@@ -22,7 +22,10 @@ starts; then, all at once:
   protocol): bytes per zone switch, where a switch is a change of lifetime
   group between consecutive runs of a drive, or ``zone_mib`` more bytes of
   one group (a full zone). ``mean_scheduler_run_mib``: per write-scheduler
-  run (one ``pwritev``), as ``bench smr`` reports it.
+  run (one ``pwritev``), as ``bench smr`` reports it. A file is a lifetime
+  group of its own, so the figure cannot pass ``file_mib``: with ``quick``'s
+  32 MiB files its ceiling is the target itself (32: every file's replica
+  written as one run); the 256 MiB files of a full run leave room.
 - ``read_mib_s_N`` (N = 1, 8, 16 readers): fresh client processes, each
   reading one of the 16-writer phase's files whole; the page cache is
   dropped before each phase when this process may (``cold_reads``).
