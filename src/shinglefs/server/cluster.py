@@ -380,8 +380,11 @@ class ClusterNode:
             # other in order behind its pieces already queued there.
             server, local = split_drive_id(d)
             sent: Future[int] = Future()
-            self._sender(server).submit(self._send_into, sent, server, slice_id, offset,
-                                        body, group, local, durable)
+            try:
+                self._sender(server).submit(self._send_into, sent, server, slice_id, offset,
+                                            body, group, local, durable)
+            except (FsError, RuntimeError) as exc:  # the node closed: a failed replica
+                sent.set_exception(exc)
             sends.append((d, sent))
         return drive_id, self._all_replicas(slice_id, sends)
 
