@@ -226,6 +226,25 @@ def write_placed(meta_url: str, meta: MetaStore, path: str, data: bytes) -> list
         fs.close()
 
 
+def test_a_client_of_servers_keeps_a_zone_run_per_file_in_flight(meta_url: str) -> None:
+    """64 MiB per file unless configured (a server's zone run is 32 MiB); a
+    client of its own drives keeps 16 MiB (client/config.py says why)."""
+    from shinglefs.client.config import CLUSTER_FILE_BUFFER, LOCAL_FILE_BUFFER
+    from shinglefs.client.filesystem import open_filesystem
+
+    assert 32 * MiB <= CLUSTER_FILE_BUFFER and ClientConfig().file_buffer_bytes == LOCAL_FILE_BUFFER
+    vfs = open_filesystem(meta_url)
+    try:
+        assert vfs.config.file_buffer_bytes == CLUSTER_FILE_BUFFER
+    finally:
+        vfs.shutdown()
+    vfs = open_filesystem(meta_url, config=ClientConfig(file_buffer_bytes=8 * MiB))
+    try:
+        assert vfs.config.file_buffer_bytes == 8 * MiB
+    finally:
+        vfs.shutdown()
+
+
 def test_two_servers_hold_two_replicas_and_reads_survive_either_dying(
         tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
     s1, _ = start_server(meta_url, tmp_path, "s1", servers)

@@ -16,6 +16,14 @@ from shinglefs.errors import UsageError
 MiB = 1024 * 1024
 READ_CACHE_ENV = "SHINGLEFS_READ_CACHE_MIB"
 DEFAULT_READ_CACHE_MIB = 256
+LOCAL_FILE_BUFFER = 16 * MiB
+"""A file's written-but-not-stored bound on its own drives (``file_buffer_bytes``)."""
+CLUSTER_FILE_BUFFER = 64 * MiB
+"""The same for a client of storage servers: at least a server's zone run
+(``StoreConfig.switch_bytes``, 32 MiB), since what a file has in flight bounds
+its runs there. Locally no more: bytes in flight are counted against the free
+space twice until stored (``StorageNode.reserve``), so a larger window made a
+full file system say ENOSPC up to that much early."""
 
 
 def read_cache_default() -> int:
@@ -44,9 +52,9 @@ class ClientConfig:
     """
 
     piece_size: int = 4 * MiB  # stream a slice to the store in pieces of at least this
-    # per open file: pending + in flight. At least a storage server's zone run
-    # (StoreConfig.switch_bytes): what a file has in flight bounds its runs there
-    file_buffer_bytes: int = 64 * MiB
+    # per open file: pending + in flight. A client of storage servers takes
+    # CLUSTER_FILE_BUFFER when this is left at its default (client/filesystem.py)
+    file_buffer_bytes: int = LOCAL_FILE_BUFFER
     total_buffer_bytes: int = 256 * MiB  # all files of this client
     small_file_bytes: int = 4 * MiB  # a file whose first slice ends below this is "small"
     # A whole file of at most this many bytes, written in one go (nothing of it

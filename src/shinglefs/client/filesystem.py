@@ -27,6 +27,7 @@ store (``DriveTooSmall``). So a refused format leaves no file behind.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import secrets
@@ -36,7 +37,7 @@ import uuid as _uuid
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from shinglefs.client.config import ClientConfig
+from shinglefs.client.config import CLUSTER_FILE_BUFFER, LOCAL_FILE_BUFFER, ClientConfig
 from shinglefs.client.errors import NotAFileSystem
 from shinglefs.client.groups import GroupPolicy
 from shinglefs.client.vfs import VFS
@@ -493,6 +494,9 @@ def _open_on_servers(meta: MetaStore, config: ClientConfig | None, mountpoint: s
     from shinglefs.server.process import cluster_key
 
     node = ClusterNode(meta, cluster_key(meta), local_server=local_server)
+    config = config or ClientConfig()
+    if config.file_buffer_bytes == LOCAL_FILE_BUFFER:  # the default: a server's zone run
+        config = dataclasses.replace(config, file_buffer_bytes=CLUSTER_FILE_BUFFER)
     try:
         return VFS(meta, node, config, mountpoint=mountpoint, groups=groups)
     except BaseException:
