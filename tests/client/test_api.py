@@ -249,7 +249,7 @@ def test_a_cached_fsspec_instance_reconnects_after_close(fs_factory: FsFactory) 
         fsspec_impl.close_connections()
 
 
-# ---- directories remembered by path resolution (VFS.lookup_dir) --------------------------
+# ---- directories remembered by path resolution (api._lookup_dir) -----------------------
 
 
 def test_renames_and_rmdirs_through_this_client_are_seen_at_once(pyfs: ShingleFS) -> None:

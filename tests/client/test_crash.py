@@ -89,7 +89,7 @@ def test_janitor_deletes_slices_a_crashed_client_left_writing(fs_factory: FsFact
     # A slice this client is writing right now is not touched.
     fh2, ino2 = create(janitor, b"in-progress")
     janitor.write(fh2, 0, pattern(71, 5 * MiB))
-    assert janitor.run_janitor(older_than_s=0.0) == 1
+    assert janitor.jobs.janitor.run(older_than_s=0.0) == 1
     janitor.run_deletions()
     with pytest.raises(SliceMissing):
         janitor.node.read(left[0], 0, 1)

@@ -37,7 +37,8 @@ from shinglefs.client.errors import TooManySymlinks
 from shinglefs.client.filesystem import open_filesystem
 from shinglefs.client.vfs import VFS, SetAttrChanges
 from shinglefs.errors import ShingleError, UsageError
-from shinglefs.meta.api import ROOT_CTX, Ctx, InodeAttr, StatFs
+from shinglefs.meta.api import ROOT_CTX, ROOT_INO, X_OK, Ctx, InodeAttr, StatFs
+from shinglefs.meta.records import permits
 
 MAX_SYMLINK_DEPTH = 40
 WRITE_BUFFER = 4 * 1024 * 1024
@@ -215,6 +216,27 @@ class ShingleRawFile(io.RawIOBase):
                 self._vfs.release(self.fh)
 
 
+def _lookup_dir(vfs: VFS, parent: InodeAttr | None, name: bytes, ctx: Ctx) -> InodeAttr:
+    """``vfs.lookup`` for resolving a path through ``parent`` (None: the root's
+    attributes): a directory resolved in the last ``DIR_NAMES_TTL`` seconds is
+    answered from ``vfs.dir_names`` when ``ctx`` may search ``parent`` by its
+    remembered mode (a mount's kernel trusts its names the same way); anything
+    else is a ``lookup``, whose directory is remembered."""
+    names = vfs.dir_names
+    if parent is None:
+        attr = names.get(0, b"/")
+        if attr is None:
+            attr = vfs.getattr(ROOT_INO)
+            names.put(0, b"/", attr)
+        return attr
+    attr = names.get(parent.ino, name)
+    if attr is not None and permits(parent.mode, parent.uid, parent.gid, ctx, X_OK):
+        return attr
+    attr = vfs.lookup(parent.ino, name, ctx)
+    names.put(parent.ino, name, attr)
+    return attr
+
+
 def _parse_mode(mode: str) -> tuple[int, bool]:
     """``open()`` mode string -> (os flags, binary)."""
     chars = set(mode)
@@ -259,17 +281,17 @@ class ShingleFS:
     def _walk(self, parts: list[str], follow_last: bool, depth: int = 0, *,
               fresh_last: bool = True) -> InodeAttr:
         """The inode ``parts`` names. Directories on the way come from the VFS's
-        name memo (``VFS.lookup_dir``: at most ``DIR_NAMES_TTL`` old, like a
+        name memo (``_lookup_dir``: at most ``DIR_NAMES_TTL`` old, like a
         mount's names); the last component, unless ``fresh_last`` is False, is
         looked up in meta (its attributes are fresh, as ``stat`` wants)."""
         vfs = self.vfs
-        attr = vfs.lookup_dir(None, b"/", self.ctx)
+        attr = _lookup_dir(vfs, None, b"/", self.ctx)
         stack = list(reversed(parts))
         while stack:
             name = stack.pop()
             parent = attr
             if stack or not fresh_last:
-                attr = vfs.lookup_dir(parent, name.encode(), self.ctx)
+                attr = _lookup_dir(vfs, parent, name.encode(), self.ctx)
             else:
                 attr = vfs.lookup(parent.ino, name.encode(), self.ctx)
             if attr.is_symlink and (stack or follow_last):
@@ -277,7 +299,7 @@ class ShingleFS:
                 if depth > MAX_SYMLINK_DEPTH:
                     raise TooManySymlinks(name)
                 target = vfs.readlink(attr.ino, self.ctx).decode()
-                attr = vfs.lookup_dir(None, b"/", self.ctx) if target.startswith("/") else parent
+                attr = _lookup_dir(vfs, None, b"/", self.ctx) if target.startswith("/") else parent
                 stack.extend(reversed(_split(target)))
         return attr
 

@@ -69,7 +69,6 @@ from shinglefs.meta.api import (
     StatFs,
 )
 from shinglefs.meta.errors import FsError
-from shinglefs.meta.records import ROOT_INO, X_OK, permits
 from shinglefs.server.errors import NodeFull
 from shinglefs.server.node import Declined, SliceNode
 
@@ -194,26 +193,6 @@ class VFS:
             self.inodes.note_parent(attr.ino, parent)
         return self.writes.with_buffered_size(attr)
 
-    def lookup_dir(self, parent: InodeAttr | None, name: bytes, ctx: Ctx = ROOT_CTX) -> InodeAttr:
-        """``lookup`` for resolving a path through ``parent`` (attributes from this
-        client, as fresh as ``DirNames`` keeps them): a directory resolved in the
-        last ``DIR_NAMES_TTL`` seconds is answered from memory when ``ctx`` may
-        search ``parent`` by its remembered mode (the kernel's dentry cache does
-        the same for a mount); anything else is a ``lookup``. The root's
-        attributes: ``parent`` None."""
-        if parent is None:
-            attr = self.dir_names.get(0, b"/")
-            if attr is None:
-                attr = self.getattr(ROOT_INO)
-                self.dir_names.put(0, b"/", attr)
-            return attr
-        attr = self.dir_names.get(parent.ino, name)
-        if attr is not None and permits(parent.mode, parent.uid, parent.gid, ctx, X_OK):
-            return attr
-        attr = self.lookup(parent.ino, name, ctx)
-        self.dir_names.put(parent.ino, name, attr)
-        return attr
-
     def forget(self, ino: int, nlookup: int) -> None:
         """The kernel dropped ``nlookup`` references (and with them its cached
         pages). Data is never freed here: the metadata engine frees unlinked
@@ -222,7 +201,6 @@ class VFS:
 
     def getattr(self, ino: int, *, cached: bool = False, wait: bool = True) -> InodeAttr:
         """Attributes from meta; ``size`` includes this client's buffered writes.
-
         ``cached`` (the kernel's getattr): a directory's attributes may come
         from ``InodeTable.dirs`` (at most ``DIR_ATTRS_TTL`` old, kept current
         with this client's own entries). ``wait=False``: only that, else
@@ -371,11 +349,6 @@ class VFS:
         """
         self._check_open()
         self.files.release(fh)
-
-    def drain_closes(self) -> int:
-        """Close in meta the handles ``release`` queued (``CloseQueue.drain``);
-        returns the number of inodes freed."""
-        return self.jobs.closes.drain()
 
     def fsync(self, fh: int, datasync: bool = False) -> None:
         """Make the file's data AND metadata durable before returning (both flavours)."""
@@ -545,8 +518,8 @@ class VFS:
             "drive_reads": self.cache.drive_reads,
             "drive_read_bytes": self.cache.drive_bytes,
             "cache_hits": self.cache.hits,
-            "deleted_slices": self.deleted_slices,
-            "compactions": self.compactions,
+            "deleted_slices": self.jobs.deletions.deleted_slices,
+            "compactions": self.jobs.compactor.compactions,
             "open_handles": len(self.handles),
             # Per-inode tables that outlive handles (bounded by inodes.INODE_MEMO_ENTRIES).
             "map_windows": self.inodes.maps.windows,
@@ -556,26 +529,10 @@ class VFS:
     # ================================================================== background work
     # The jobs live in ``client.background``; these are their entry points for
     # callers and tests (each runs in the caller's thread).
-    @property
-    def deleted_slices(self) -> int:
-        """Slices the deletion consumer deleted (and meta acknowledged)."""
-        return self.jobs.deletions.deleted_slices
-
-    @property
-    def compactions(self) -> int:
-        """Chunks this client compacted."""
-        return self.jobs.compactor.compactions
-
     def run_deletions(self) -> int:
         """Drain deferred closes, then delete every slice meta queued (durably,
         before acknowledging); returns the count (``DeletionConsumer.run``)."""
         return self.jobs.deletions.run()
-
-    def run_janitor(self, older_than_s: float | None = None, limit: int = 1000) -> int:
-        """Queue for deletion the WRITING slices left by crashed clients; returns
-        the count (``Janitor.run``)."""
-        self._check_open()
-        return self.jobs.janitor.run(older_than_s, limit)
 
     def compact_chunk(self, ino: int, chunk_index: int) -> bool:
         """Rewrite a fragmented chunk as one sequential slice (``Compactor.compact_chunk``)."""

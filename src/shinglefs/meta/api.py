@@ -87,7 +87,66 @@ from shinglefs.meta.records import (
 )
 
 
-class MetaStore(ABC):
+class ServerRegistry(ABC):
+    """The storage servers of a file system as its metadata records them:
+    membership (register, heartbeat, list, unregister), drive states and the
+    cluster secret. Part of every ``MetaStore``."""
+
+    @abstractmethod
+    def register_server(self, address: str, drives: Sequence[ServerDrive],
+                        labels: Mapping[str, str] | None = None) -> int:
+        """Register a starting storage server (``address`` = ``host:port`` clients
+        connect to) with its drives and labels; returns its server id, live from
+        now (heartbeat = now, not stopped).
+
+        A server that registered before rejoins under its old id, its row
+        updated (address, drives, labels, start time): the registration sharing
+        the most drive uuids with ``drives``, else (drives without uuid) the one
+        at the same address with the same drive specs. Otherwise a new id, never
+        one used before. EINVAL for an empty address, no drives, repeated drive
+        ids, a tier not in ``TIERS`` or labels that are not strings."""
+
+    @abstractmethod
+    def heartbeat_server(self, server_id: int, drives: Sequence[ServerDrive]) -> None:
+        """Mark the server alive now and record its drives as they are now (free
+        bytes). ESTALE when the server is stopped or removed: it must
+        ``register_server`` again."""
+
+    @abstractmethod
+    def list_servers(self, timeout_s: float = SERVER_TIMEOUT_S) -> list[ServerRecord]:
+        """Every registered server by id, stopped and stale ones included; ``live``
+        when it is not stopped and its last heartbeat is younger than
+        ``timeout_s`` (by this host's clock)."""
+
+    @abstractmethod
+    def unregister_server(self, server_id: int, *, forget: bool = False) -> None:
+        """A clean stop: the server is no longer live from now on. Its row (id,
+        drives) stays so that it rejoins under the same id; ``forget`` removes
+        the row for good (a server taken out of the cluster), its drive states
+        with it. Idempotent."""
+
+    @abstractmethod
+    def set_drive_state(self, server_id: int, drive_id: int, state: str | None) -> None:
+        """Record the state of drive ``drive_id`` of server ``server_id``:
+        ``"offline"`` (left out of placement from the clients' next membership
+        read, its slices copied to other drives by the servers: drained), or
+        None (online again). Durable on return. EINVAL for another state;
+        ENOENT when the server is not registered or has no such drive."""
+
+    @abstractmethod
+    def drive_states(self) -> dict[tuple[int, int], str]:
+        """``{(server id, drive id): state}`` of every drive not online."""
+
+    @abstractmethod
+    def cluster_secret(self) -> str:
+        """The cluster secret every storage server and client authenticates with
+        (``shinglefs format`` creates it). A file system formatted without one
+        gets a random one now, stored in one transaction that writes only an
+        empty secret: concurrent first callers all get the one that committed.
+        NotFormatted on an empty database."""
+
+
+class MetaStore(ServerRegistry):
     """The metadata engine: namespace, chunk -> slice map, slices, sessions.
 
     Thread-safe: each thread uses its own connection. Process-safe: several
@@ -424,61 +483,6 @@ class MetaStore(ABC):
         close their files (freeing unlinked inodes nobody else holds open).
         Returns the expired session ids."""
 
-    # ---- storage servers -------------------------------------------------------
-
-    @abstractmethod
-    def register_server(self, address: str, drives: Sequence[ServerDrive],
-                        labels: Mapping[str, str] | None = None) -> int:
-        """Register a starting storage server (``address`` = ``host:port`` clients
-        connect to) with its drives and labels; returns its server id, live from
-        now (heartbeat = now, not stopped).
-
-        A server that registered before rejoins under its old id, its row
-        updated (address, drives, labels, start time): the registration sharing
-        the most drive uuids with ``drives``, else (drives without uuid) the one
-        at the same address with the same drive specs. Otherwise a new id, never
-        one used before. EINVAL for an empty address, no drives, repeated drive
-        ids, a tier not in ``TIERS`` or labels that are not strings."""
-
-    @abstractmethod
-    def heartbeat_server(self, server_id: int, drives: Sequence[ServerDrive]) -> None:
-        """Mark the server alive now and record its drives as they are now (free
-        bytes). ESTALE when the server is stopped or removed: it must
-        ``register_server`` again."""
-
-    @abstractmethod
-    def list_servers(self, timeout_s: float = SERVER_TIMEOUT_S) -> list[ServerRecord]:
-        """Every registered server by id, stopped and stale ones included; ``live``
-        when it is not stopped and its last heartbeat is younger than
-        ``timeout_s`` (by this host's clock)."""
-
-    @abstractmethod
-    def unregister_server(self, server_id: int, *, forget: bool = False) -> None:
-        """A clean stop: the server is no longer live from now on. Its row (id,
-        drives) stays so that it rejoins under the same id; ``forget`` removes
-        the row for good (a server taken out of the cluster), its drive states
-        with it. Idempotent."""
-
-    @abstractmethod
-    def set_drive_state(self, server_id: int, drive_id: int, state: str | None) -> None:
-        """Record the state of drive ``drive_id`` of server ``server_id``:
-        ``"offline"`` (left out of placement from the clients' next membership
-        read, its slices copied to other drives by the servers: drained), or
-        None (online again). Durable on return. EINVAL for another state;
-        ENOENT when the server is not registered or has no such drive."""
-
-    @abstractmethod
-    def drive_states(self) -> dict[tuple[int, int], str]:
-        """``{(server id, drive id): state}`` of every drive not online."""
-
-    @abstractmethod
-    def cluster_secret(self) -> str:
-        """The cluster secret every storage server and client authenticates with
-        (``shinglefs format`` creates it). A file system formatted without one
-        gets a random one now, stored in one transaction that writes only an
-        empty secret: concurrent first callers all get the one that committed.
-        NotFormatted on an empty database."""
-
     # ---- ids ---------------------------------------------------------------------
 
     @abstractmethod
@@ -651,6 +655,7 @@ __all__ = [
     "Replica",
     "ServerDrive",
     "ServerRecord",
+    "ServerRegistry",
     "Session",
     "SessionInfo",
     "SliceCommit",

@@ -83,7 +83,7 @@ import random
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from shinglefs.client.commit import cluster_drive_id, drive_for, split_drive_id
@@ -300,7 +300,7 @@ class ClusterNode:
                     < self._min_free_fraction * self._live[chosen][0]):
                 chosen = None
             if chosen is None:
-                chosen = self._freest(list(self._live))
+                chosen = _freest(self._free, list(self._live))
             self._affinity[group] = chosen
             drives = [chosen]
             servers = {split_drive_id(d)[0] for d in self._live}
@@ -321,15 +321,7 @@ class ClusterNode:
         others = [d for d in self._live if split_drive_id(d)[0] not in used]
         elsewhere = [d for d in others if self._rack(split_drive_id(d)[0]) not in racks]
         pool = elsewhere or others
-        return self._freest(pool) if pool else None
-
-    def _freest(self, drives: list[int]) -> int:
-        """One of the drives with the most free bytes: a random one among those
-        within ``SPREAD`` of the freest, so that clients placing at once (each
-        seeing the same heartbeats) do not all pick the same drive."""
-        top = max(self._free(d) for d in drives)
-        near = [d for d in drives if self._free(d) >= top * (1 - SPREAD)]
-        return random.choice(near)
+        return _freest(self._free, pool) if pool else None
 
     def _rack(self, server_id: int) -> str | None:
         record = self._servers.get(server_id)
@@ -601,20 +593,7 @@ class ClusterNode:
         reported them (no round trip)."""
         with self._lock:
             self._refresh()
-            drives = []
-            for drive_id, (capacity, free) in sorted(self._live.items()):
-                server, local = split_drive_id(drive_id)
-                record = self._servers[server]
-                spec = next((d.spec for d in record.drives if d.drive_id == local), "")
-                store = StoreStats(0, 0, 1.0, 0, 0, 0, 0, capacity - free, 0,
-                                   capacity_bytes=capacity, writable_bytes=free)
-                drives.append(DriveStats(drive_id, f"{record.address}:{spec}", capacity,
-                                         max(0, free), store))
-        return NodeStats(
-            capacity_bytes=sum(d.capacity_bytes for d in drives),
-            free_bytes=sum(d.free_bytes for d in drives),
-            live_bytes=sum(d.store.live_bytes for d in drives),
-            user_bytes_written=0, device_bytes_written=0, drives=drives)
+            return _reported_stats(self._live, self._servers)
 
     def close(self) -> None:
         """Close every connection (writes answered are on the servers; nothing to flush
@@ -655,3 +634,32 @@ def _piece_future(sent: Future[int]) -> PieceFuture:
 
     sent.add_done_callback(_done)
     return out
+
+
+def _reported_stats(live: dict[int, tuple[int, int]],
+                    servers: dict[int, ServerRecord]) -> NodeStats:
+    """``NodeStats`` of the live drives ``{cluster drive id: (capacity, free)}``
+    from what their servers last reported."""
+    drives = []
+    for drive_id, (capacity, free) in sorted(live.items()):
+        server, local = split_drive_id(drive_id)
+        record = servers[server]
+        spec = next((d.spec for d in record.drives if d.drive_id == local), "")
+        store = StoreStats(0, 0, 1.0, 0, 0, 0, 0, capacity - free, 0,
+                           capacity_bytes=capacity, writable_bytes=free)
+        drives.append(DriveStats(drive_id, f"{record.address}:{spec}", capacity,
+                                 max(0, free), store))
+    return NodeStats(
+        capacity_bytes=sum(d.capacity_bytes for d in drives),
+        free_bytes=sum(d.free_bytes for d in drives),
+        live_bytes=sum(d.store.live_bytes for d in drives),
+        user_bytes_written=0, device_bytes_written=0, drives=drives)
+
+
+def _freest(free: Callable[[int], int], drives: list[int]) -> int:
+    """One of the drives with the most ``free`` bytes: a random one among those
+    within ``SPREAD`` of the freest, so that clients placing at once (each
+    seeing the same heartbeats) do not all pick the same drive."""
+    top = max(free(d) for d in drives)
+    near = [d for d in drives if free(d) >= top * (1 - SPREAD)]
+    return random.choice(near)
