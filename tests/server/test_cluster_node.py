@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,6 @@ from shinglefs.client.config import ClientConfig
 from shinglefs.client.filesystem import format_filesystem
 from shinglefs.errors import UsageError
 from shinglefs.fuse.harness import MountedFileSystem
-from shinglefs.meta import open_meta
 from shinglefs.meta.api import ROOT_CTX, MetaStore
 from shinglefs.server.errors import SliceMissing
 from shinglefs.server.process import cluster_key
@@ -36,20 +34,6 @@ from shinglefs.server.remote import RemoteNode
 from shinglefs.server.repair import replication_health
 
 MiB = 1024 * 1024
-
-
-@pytest.fixture
-def meta_url(tmp_path: Path) -> str:
-    url = f"sqlite3://{tmp_path / 'meta.db'}"
-    format_filesystem(url, [], servers=True, chunk_size=16 * MiB)
-    return url
-
-
-@pytest.fixture
-def meta(meta_url: str) -> Iterator[MetaStore]:
-    store = open_meta(meta_url)
-    yield store
-    store.close()
 
 
 def start_server(meta_url: str, tmp_path: Path, name: str, servers: list[Server],

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,8 +21,6 @@ from tests.server.test_server_process import TIMEOUT_S, Server, cli, free_port
 from tests.support.polling import wait_until
 
 import shinglefs
-from shinglefs.client.filesystem import format_filesystem
-from shinglefs.meta import open_meta
 from shinglefs.meta.api import DirPolicy, MetaStore, Replica
 from shinglefs.server.errors import SliceMissing
 from shinglefs.server.process import ServerConfig, StorageServer, cluster_key
@@ -34,20 +31,6 @@ from shinglefs.zoned.model import ZoneCondition
 MiB = 1024 * 1024
 FAST_REPAIR = ("--repair-after", "1.5", "--repair-interval", "0.3")
 NO_REPAIR = ("--repair-interval", "0")
-
-
-@pytest.fixture
-def meta_url(tmp_path: Path) -> str:
-    url = f"sqlite3://{tmp_path / 'meta.db'}"
-    format_filesystem(url, [], servers=True, chunk_size=16 * MiB)
-    return url
-
-
-@pytest.fixture
-def meta(meta_url: str) -> Iterator[MetaStore]:
-    store = open_meta(meta_url)
-    yield store
-    store.close()
 
 
 def three_servers(meta_url: str, meta: MetaStore, tmp_path: Path, servers: list[Server],
