@@ -10,7 +10,10 @@ Concurrency rules (see docs/slice-log.md):
 - ``io_lock`` (reentrant) serialises every change of the drive: appends,
   flushes, resets and checkpoints. The write scheduler, deletes and the GC take
   it for one batch (or one GC chunk) at a time, so they interleave but never
-  write at once; sequence numbers are assigned under it.
+  write at once; sequence numbers are assigned under it. One exception: the
+  scheduler's ``flush_completed`` (a storage server's FLUSH, store/zonerun.py)
+  flushes the drive beside the writer, outside ``io_lock``: a drive's flush is
+  thread-safe and covers every write that completed before it.
 - ``_cv`` (a condition on a plain lock) guards the index, the per-zone reader
   counts and the header cache. Readers take only ``_cv``, and only to look up
   extents and register on their zones; the I/O itself runs unlocked.
