@@ -26,7 +26,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from shinglefs.client.writer import FileWriter
 from shinglefs.meta.api import InodeAttr, ReadPiece
@@ -91,42 +91,60 @@ class InodeMemo(OrderedDict[int, T]):
                 self.popitem(last=False)
 
 
-class DirNames:
+K = TypeVar("K")
+
+
+class _DirMemo(Generic[K]):
+    """Directories' attributes by key, each trusted ``ttl`` seconds from when it
+    was read from meta; bounded by ``capacity`` (emptied when full); only
+    directories are kept. Thread-safe."""
+
+    def __init__(self, ttl: float, capacity: int) -> None:
+        self.ttl = ttl
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._entries: dict[K, tuple[InodeAttr, float]] = {}
+
+    def _get(self, key: K) -> InodeAttr | None:
+        with self._lock:
+            hit = self._entries.get(key)
+        if hit is None or hit[1] < time.monotonic():
+            return None
+        return hit[0]
+
+    def _put(self, key: K, attr: InodeAttr) -> None:
+        if not attr.is_dir:
+            return
+        with self._lock:
+            if len(self._entries) >= self.capacity:
+                self._entries.clear()
+            self._entries[key] = (attr, time.monotonic() + self.ttl)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+class DirNames(_DirMemo[tuple[int, bytes]]):
     """Directories resolved by name within the last ``DIR_NAMES_TTL`` seconds:
-    ``(parent, name) -> attributes`` (directories only; the root under
-    ``(0, b"/")``), bounded by ``INODE_MEMO_ENTRIES`` (emptied when full).
+    ``(parent, name) -> attributes`` (the root under ``(0, b"/")``), bounded by
+    ``INODE_MEMO_ENTRIES``.
 
     A memo for path resolution, like a mount's dentry cache: what another
     client renames or removes shows here at most ``DIR_NAMES_TTL`` late; what
     this client changes is forgotten at once (``clear``)."""
 
     def __init__(self, ttl: float = DIR_NAMES_TTL, capacity: int = INODE_MEMO_ENTRIES) -> None:
-        self.ttl = ttl
-        self.capacity = capacity
-        self._lock = threading.Lock()
-        self._names: dict[tuple[int, bytes], tuple[InodeAttr, float]] = {}
+        super().__init__(ttl, capacity)
 
     def get(self, parent: int, name: bytes) -> InodeAttr | None:
-        with self._lock:
-            hit = self._names.get((parent, name))
-        if hit is None or hit[1] < time.monotonic():
-            return None
-        return hit[0]
+        return self._get((parent, name))
 
     def put(self, parent: int, name: bytes, attr: InodeAttr) -> None:
-        if not attr.is_dir:
-            return
-        with self._lock:
-            if len(self._names) >= self.capacity:
-                self._names.clear()
-            self._names[(parent, name)] = (attr, time.monotonic() + self.ttl)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._names.clear()
+        self._put((parent, name), attr)
 
 
-class DirAttrs:
+class DirAttrs(_DirMemo[int]):
     """Attributes of directories read from meta within the last ``DIR_ATTRS_TTL``
     seconds, kept current with the entries this client adds to them.
 
@@ -138,43 +156,27 @@ class DirAttrs:
     here; any other change this client makes through the VFS empties the memo
     (``clear``). Another client's change shows at most ``DIR_ATTRS_TTL`` late,
     as through the kernel's own attribute cache. Bounded by
-    ``INODE_MEMO_ENTRIES`` (emptied when full). Thread-safe."""
+    ``INODE_MEMO_ENTRIES``."""
 
     def __init__(self, ttl: float = DIR_ATTRS_TTL, capacity: int = INODE_MEMO_ENTRIES) -> None:
-        self.ttl = ttl
-        self.capacity = capacity
-        self._lock = threading.Lock()
-        self._attrs: dict[int, tuple[InodeAttr, float]] = {}
+        super().__init__(ttl, capacity)
 
     def get(self, ino: int) -> InodeAttr | None:
-        with self._lock:
-            hit = self._attrs.get(ino)
-        if hit is None or hit[1] < time.monotonic():
-            return None
-        return hit[0]
+        return self._get(ino)
 
     def put(self, attr: InodeAttr) -> None:
         """``attr`` was just read from meta (kept only for a directory)."""
-        if not attr.is_dir:
-            return
-        with self._lock:
-            if len(self._attrs) >= self.capacity:
-                self._attrs.clear()
-            self._attrs[attr.ino] = (attr, time.monotonic() + self.ttl)
+        self._put(attr.ino, attr)
 
     def touched(self, parent: int, when_ns: int, links: int = 0) -> None:
         """This client made an entry in ``parent`` at ``when_ns`` (``links``: 1
         for a subdirectory); the remembered attributes follow, their expiry not."""
         with self._lock:
-            hit = self._attrs.get(parent)
+            hit = self._entries.get(parent)
             if hit is not None:
                 attr, until = hit
-                self._attrs[parent] = (replace(attr, mtime_ns=when_ns, ctime_ns=when_ns,
-                                               nlink=attr.nlink + links), until)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._attrs.clear()
+                self._entries[parent] = (replace(attr, mtime_ns=when_ns, ctime_ns=when_ns,
+                                                 nlink=attr.nlink + links), until)
 
 
 @dataclass(slots=True)
