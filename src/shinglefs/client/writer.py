@@ -418,9 +418,9 @@ class FileWriter:
             s.group = self._decide_group(s, ending)
         data = s.pending.take()
         first = s.drive_id is None
-        drive_id, future = self._node.submit(
-            s.slice_id, s.submitted, data, s.group, drive_id=s.drive_id, durable=durable
-        )
+        drive_id, future = self._node.submit(  # reserved: released in _done
+            s.slice_id, s.submitted, data, s.group, drive_id=s.drive_id, durable=durable,
+            reserved=True)
         release = self._release
 
         def _done(f: Future[None], n: int = n) -> None:

@@ -349,12 +349,13 @@ class ClusterNode:
     # ------------------------------------------------------------------ writes
     def submit(self, slice_id: int, offset: int, data: PieceBytes, group: int, *,
                drive_id: int | None = None, durable: bool = False, urgent: bool = False,
-               wait: bool = True) -> tuple[int, PieceFuture]:
+               wait: bool = True, reserved: bool = False) -> tuple[int, PieceFuture]:
         """Send a piece of ``slice_id`` at ``offset`` to each of its replicas; returns
         ``(first drive, future)``, the future done once every replica stored it
         (durable on its drive with ``durable``) or failed, failing only when all
         failed (module docstring). ``wait=False``: ``Declined`` (a send may block
-        on the network), nothing sent."""
+        on the network), nothing sent. ``reserved`` (``StorageNode.submit``) is
+        not used: the piece counts as sent since the last re-read as well."""
         if not wait:
             raise Declined()
         body = Payload(data)  # sent view by view, never joined

@@ -24,6 +24,7 @@ open the same drives; the lock names the holder's pid.
 from __future__ import annotations
 
 import fcntl
+import functools
 import logging
 import mmap
 import os
@@ -44,6 +45,7 @@ from shinglefs.server.errors import (
     SliceMissing,
     UnknownDrive,
 )
+from shinglefs.server.space import SpaceLedger
 from shinglefs.store import SliceStore, StoreConfig
 from shinglefs.store.api import MAX_SLICE_SIZE, PieceBytes, SliceStoreAPI, StoreSpace, StoreStats
 from shinglefs.store.api import Declined as Declined  # re-exported: the node's contract
@@ -161,7 +163,7 @@ class SliceNode(Protocol):
 
     def submit(self, slice_id: int, offset: int, data: PieceBytes, group: int, *,
                drive_id: int | None = None, durable: bool = False, urgent: bool = False,
-               wait: bool = True) -> tuple[int, PieceFuture]: ...
+               wait: bool = True, reserved: bool = False) -> tuple[int, PieceFuture]: ...
 
     def write(self, slice_id: int, offset: int, data: PieceBytes, group: int, *,
               drive_id: int | None = None, durable: bool = False) -> int: ...
@@ -211,15 +213,15 @@ class StorageNode:
         self._specs = dict(specs or {i: f"drive{i}" for i in stores})
         self._locks = list(locks)
         self._min_free_fraction = min_free_fraction
-        self._stats_ttl = stats_ttl
         self._lock = threading.Lock()
         self._affinity: OrderedDict[int, int] = OrderedDict()  # group -> drive
         self._affinity_capacity = affinity_capacity
         self._placed: dict[int, int] = {}  # slice -> drive, for slices written by this node
-        self._stats_cache: dict[int, tuple[float, StoreSpace]] = {}
-        self._pending_bytes: dict[int, int] = dict.fromkeys(stores, 0)  # submitted, not written
-        self._since_stats: dict[int, int] = dict.fromkeys(stores, 0)  # submitted since refresh
-        self._reserved = 0  # accepted by writers, not yet stored (``reserve``)
+        self._space = SpaceLedger(self._stores, stats_ttl=stats_ttl)
+        for drive_id, store in self._stores.items():
+            queue = store.scheduler if store.abilities.scheduler else None
+            if isinstance(queue, WriteScheduler):  # tells when a run is in the drive's figure
+                queue.on_written = functools.partial(self._space.written, drive_id)
         self._claims: dict[int, int] = {}  # slice -> bytes it claims on its drive (``place``)
         self._claimed: dict[int, int] = dict.fromkeys(stores, 0)  # drive -> claimed bytes
         self.server_id: int | None = None  # set while shared as a server (server.share)
@@ -292,34 +294,23 @@ class StorageNode:
     def _store_stats(self, drive_id: int) -> StoreSpace:
         """A drive's space figures, cached for ``stats_ttl`` (``SliceStore.space``:
         cheap, but reserve and placement ask on every write)."""
-        now = time.monotonic()
-        cached = self._stats_cache.get(drive_id)
-        if cached is not None and now - cached[0] < self._stats_ttl:
-            return cached[1]
-        stats = self._stores[drive_id].space()
-        self._stats_cache[drive_id] = (now, stats)
-        self._since_stats[drive_id] = 0
-        return stats
+        return self._space.figure(drive_id)
 
     def pending_bytes(self, drive_id: int) -> int:
         """Bytes submitted to ``drive_id`` whose futures have not completed yet."""
-        with self._lock:
-            return self._pending_bytes[drive_id]
+        return self._space.pending(drive_id)
 
     def estimated_free_bytes(self, drive_id: int) -> int:
         """What placement believes ``drive_id`` can still take: its (cached) writable
-        bytes less what was submitted since they were read."""
+        bytes less what was stored since they were read and what is in flight."""
         return self._estimated_free(drive_id)[0]
 
     def refresh_stats(self) -> None:
         """Forget the cached per-drive stats: the next placement reads fresh figures."""
-        self._stats_cache.clear()
+        self._space.forget_figures()
 
     def _estimated_free(self, drive_id: int) -> tuple[int, StoreSpace]:
-        """Free bytes of a drive: its (cached) stats minus what was submitted since."""
-        stats = self._store_stats(drive_id)
-        unseen = max(self._pending_bytes[drive_id], self._since_stats[drive_id])
-        return self._free_bytes(stats) - unseen, stats
+        return self._space.estimated_free(drive_id)
 
     @staticmethod
     def _free_bytes(stats: StoreSpace | StoreStats) -> int:
@@ -338,47 +329,40 @@ class StorageNode:
         taken: what lets ``write(2)`` itself report a full file system instead
         of the ``close`` that would store the bytes. ``unreserve`` gives it back
         once the bytes are stored (then the drives' own counters hold them) or
-        dropped. Near the limit the drives' statistics are read afresh, and while
-        a drive's GC is collecting a zone (its room is not lent meanwhile) the
-        call waits for it, up to ``RESERVE_WAIT_S``, before saying ENOSPC."""
+        dropped; a piece of them submitted with ``reserved=True`` is counted in
+        the reservation alone until then.
+
+        Admits ``nbytes`` iff ``nbytes + RESERVE_SLACK`` fit the room of
+        server/space.py's invariant (each byte not in the drives' figures
+        counted once); a refusal is decided on figures read afresh, so it comes
+        early by at most one write batch per drive. While a drive's GC is
+        collecting a zone (its room is not lent meanwhile) the call waits for
+        it, up to ``RESERVE_WAIT_S``, before saying ENOSPC."""
         need = nbytes + self.RESERVE_SLACK
         deadline = time.monotonic() + self.RESERVE_WAIT_S
         while True:
-            with self._lock:
-                room, collecting = self._room_for_reservations(fresh=False), 0
-                if room < need:
-                    room, collecting = self._fresh_room_for_reservations()
-                if room >= need:
-                    self._reserved += nbytes
-                    return
-                if not collecting or time.monotonic() >= deadline:
-                    raise NodeFull(0, None, f"{nbytes} bytes do not fit: {max(0, room)} "
-                                            "bytes are writable")
+            if self._closed:
+                raise NodeClosed("the storage node is closed")
+            taken, room, collecting = self._space.take(nbytes, need, self.drive_ids)
+            if taken:
+                return
+            if not collecting or time.monotonic() >= deadline:
+                raise NodeFull(0, None, f"{nbytes} bytes do not fit: {max(0, room)} "
+                                        "bytes are writable")
             time.sleep(0.02)
 
     def unreserve(self, nbytes: int) -> None:
         """Give back what ``reserve`` took (the bytes were stored or dropped)."""
-        with self._lock:
-            self._reserved -= nbytes
+        self._space.give_back(nbytes)
 
     @property
     def reserved_bytes(self) -> int:
-        return self._reserved
+        return self._space.reserved
 
-    def _room_for_reservations(self, *, fresh: bool) -> int:
-        if fresh:
-            self._stats_cache.clear()
-        total = 0
-        for drive_id in self.drive_ids:
-            stats = self._store_stats(drive_id)
-            total += self._free_bytes(stats) - self._since_stats[drive_id]
-        return total - self._reserved
-
-    def _fresh_room_for_reservations(self) -> tuple[int, int]:
-        """The room from fresh statistics, and how many zones GC is collecting."""
-        room = self._room_for_reservations(fresh=True)
-        collecting = sum(self._store_stats(d).zones_collecting for d in self.drive_ids)
-        return room, collecting
+    def reservable_bytes(self, *, fresh: bool = False) -> int:
+        """What ``reserve`` would admit now, plus its ``RESERVE_SLACK`` (as of the
+        cached figures; ``fresh``: read now)."""
+        return self._space.room(self.drive_ids, fresh=fresh)[0]
 
     def place(self, slice_id: int, group: int, size_hint: int = 0) -> int:
         """Choose the drive of a new slice (see the module docstring); remembers it.
@@ -460,6 +444,7 @@ class StorageNode:
         durable: bool = False,
         urgent: bool = False,
         wait: bool = True,
+        reserved: bool = False,
     ) -> tuple[int, PieceFuture]:
         """Hand a piece of ``slice_id`` at ``offset`` to its drive's store; returns
         ``(drive_id, future)``. ``SliceStoreAPI.submit`` is the contract (the flags
@@ -469,34 +454,25 @@ class StorageNode:
         The first piece of a slice places it (unless ``drive_id`` is given);
         later pieces go to the same drive. Store errors surface through the
         future (``StoreFull`` becomes ``NodeFull`` in :meth:`write`).
+
+        ``reserved``: the caller's ``reserve`` holds the piece's bytes until its
+        future completes (a writer gives them back in a done callback): the
+        node then counts them there alone, not again as in flight.
         """
         payload = Payload(data)
         size = payload.nbytes
         if drive_id is None:
             drive_id = self.place(slice_id, group, size)
-        self._count_pending(drive_id, size)
+        store = self._store(drive_id)
+        piece = self._space.submitted(drive_id, slice_id, offset, size, reserved=reserved)
         try:
-            future = self._store(drive_id).submit(slice_id, offset, payload, group,
-                                                  durable=durable, urgent=urgent, wait=wait)
+            future = store.submit(slice_id, offset, payload, group,
+                                  durable=durable, urgent=urgent, wait=wait)
         except BaseException:
-            self._count_pending(drive_id, -size)
+            self._space.withdrawn(piece)
             raise
-        self._settle_pending_when_done(future, drive_id, size)
+        self._space.settle_when_done(future, piece)
         return drive_id, future
-
-    def _count_pending(self, drive_id: int, size: int) -> None:
-        with self._lock:
-            self._pending_bytes[drive_id] += size
-            self._since_stats[drive_id] += size
-
-    def _settle_pending_when_done(self, future: Future[None], drive_id: int, size: int) -> None:
-        def _done(_f: Future[None]) -> None:
-            # Between stats refreshes (stats_ttl) free space is estimated from
-            # the bytes submitted since; the cached stats are not dropped here.
-            with self._lock:
-                self._pending_bytes[drive_id] -= size
-
-        future.add_done_callback(_done)
 
     def write(
         self,

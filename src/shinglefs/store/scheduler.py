@@ -134,6 +134,9 @@ class WriteScheduler:
         self.batches = 0
         self.runs_written: list[tuple[int, int]] = []  # (group, bytes) of the last 4096 runs
         self.queued_bytes_peak = 0  # the most bytes ever queued at once (back pressure bounds it)
+        # Called (io_lock held) with the (slice, offset) of the pieces of a run just
+        # published, before their futures complete (a node's space ledger).
+        self.on_written: Callable[[list[tuple[int, int]]], None] | None = None
         self._thread = threading.Thread(target=self._run, name=f"writer-{slice_log.name}",
                                         daemon=True)
         self._thread.start()
@@ -537,6 +540,7 @@ class WriteScheduler:
                     extents = self.log.append(
                         ("g", group), [(p.slice_id, p.offset, p.data, group) for p in live])
                     self.log.publish(extents)
+                    self._tell_written(live)
                     outcome.append((live, None))
                     durable = durable or any(p.durable for p in live)
                     self.runs_written.append((group, sum(p.data.nbytes for p in live)))
@@ -573,6 +577,16 @@ class WriteScheduler:
         for pieces, err in outcome:
             for piece in pieces:
                 _resolve(piece.future, err)
+
+    def _tell_written(self, pieces: list[PendingWrite]) -> None:
+        """``on_written`` for a run just published (never raises into the write:
+        the run is written whatever the hook does)."""
+        if self.on_written is None:
+            return
+        try:
+            self.on_written([(p.slice_id, p.offset) for p in pieces])
+        except Exception:  # pragma: no cover - a hook's bug must not fail a written run
+            log.exception("on_written hook of %s failed", self.log.name)
 
     def _settle(self, piece: PendingWrite, err: BaseException | None) -> None:
         """Book-keeping for a finished piece (``_cond`` held)."""
