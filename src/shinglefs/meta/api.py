@@ -86,11 +86,15 @@ from shinglefs.meta.records import (
     is_inline_slice,
 )
 
+SLICE_RECORDS_BATCH = 500
+"""The most slice ids one ``slice_records`` or ``claim_orphans`` call takes."""
+
 
 class ServerRegistry(ABC):
     """The storage servers of a file system as its metadata records them:
-    membership (register, heartbeat, list, unregister), drive states and the
-    cluster secret. Part of every ``MetaStore``."""
+    membership (register, heartbeat, list, unregister), drive states, the
+    cluster secret, and what a server's orphan sweep asks of the slice records
+    (server/sweep.py). Part of every ``MetaStore``."""
 
     @abstractmethod
     def register_server(self, address: str, drives: Sequence[ServerDrive],
@@ -136,6 +140,27 @@ class ServerRegistry(ABC):
     @abstractmethod
     def drive_states(self) -> dict[tuple[int, int], str]:
         """``{(server id, drive id): state}`` of every drive not online."""
+
+    @abstractmethod
+    def slice_records(self, slice_ids: Sequence[int]) -> dict[int, SliceInfo]:
+        """The records (any state, with their replicas) of those of ``slice_ids``
+        that have one, in one read; at most ``SLICE_RECORDS_BATCH`` ids.
+        EINVAL for more. Read-only (a storage server's orphan sweep)."""
+
+    @abstractmethod
+    def claim_orphans(self, server_id: int, drive_id: int, lengths: Mapping[int, int],
+                      hold_s: float) -> list[int]:
+        """Record as deleted, in one transaction, the slices of ``lengths`` (id:
+        stored length) that drive ``drive_id`` of server ``server_id`` holds and
+        that have no record and an id below the next one meta hands out: each
+        becomes a TO_DELETE record naming that drive as its only replica, queued
+        for deletion with a lease of ``hold_s`` (no consumer pops it before).
+        Returns the ids claimed; their bytes may be deleted once it returns
+        (durable as the backend's commits are: ``sync`` for more). From then
+        on registering one fails (EEXIST) and committing a reference to one
+        fails (SliceStateError, ESTALE). An id that got a record meanwhile,
+        or was never handed out (meta restored from an older backup), is
+        left alone. At most ``SLICE_RECORDS_BATCH`` ids; EINVAL for more."""
 
     @abstractmethod
     def cluster_secret(self) -> str:
@@ -630,6 +655,7 @@ __all__ = [
     "R_OK",
     "SERVER_HEARTBEAT_S",
     "SERVER_TIMEOUT_S",
+    "SLICE_RECORDS_BATCH",
     "SYMLINK_MAX",
     "TIERS",
     "UTIME_NOW",

@@ -31,6 +31,11 @@ step fails:
    cannot reach meta logs a warning and tries at the next beat (clients then
    see the server stale, and it keeps serving those that already use it).
 
+Once registered, it runs re-replication passes (server/repair.py) every
+``repair_interval_s`` and orphan sweep passes (server/sweep.py: copies no
+record names, deleted after ``orphan_grace_s``) every ``sweep_interval_s``,
+each in a thread of its own; 0 turns either off.
+
 Drive ids: a drive keeps the id meta recorded for its uuid in an earlier
 registration, so reordering ``--drive`` flags does not renumber drives; a
 new drive takes the next id free on this server.
@@ -66,6 +71,7 @@ from shinglefs.server.membership import Membership, server_drives
 from shinglefs.server.node import DriveLock, StorageNode
 from shinglefs.server.repair import Repairer
 from shinglefs.server.service import SliceServer
+from shinglefs.server.sweep import ORPHAN_GRACE_S, SWEEP_INTERVAL_S, Sweeper
 from shinglefs.store.config import SERVER_SWITCH_BYTES, StoreConfig
 from shinglefs.store.log import check_drive_size
 from shinglefs.zoned.drivespec import (
@@ -149,6 +155,8 @@ class ServerConfig:
     store_config: StoreConfig | None = None
     repair_after_s: float = REPAIR_AFTER_S  # server/repair.py
     repair_interval_s: float = 30.0  # between re-replication passes; 0: none
+    orphan_grace_s: float = ORPHAN_GRACE_S  # server/sweep.py
+    sweep_interval_s: float = SWEEP_INTERVAL_S  # between orphan sweep passes; 0: none
 
 
 # ---- drives ---------------------------------------------------------------------------
@@ -296,8 +304,9 @@ class StorageServer:
         self._slices: SliceServer | None = None
         self._stop = threading.Event()
         self._membership: Membership | None = None
-        self._repair: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self.repairer: Repairer | None = None
+        self.sweeper: Sweeper | None = None
 
     def start(self) -> StorageServer:
         self._meta = open_meta(self.config.meta_url)
@@ -326,28 +335,42 @@ class StorageServer:
             self._close_all()
             raise
         self._membership.start()
+        assert self._node is not None and self.server_id is not None
         if self.config.repair_interval_s > 0:
-            assert self._node is not None and self.server_id is not None
             self.repairer = Repairer(self._meta, self._node, self.server_id, key,
                                      repair_after_s=self.config.repair_after_s)
-            self._repair = threading.Thread(target=self._repair_loop, name="server-repair",
-                                            daemon=True)
-            self._repair.start()
+            self._every("repair", "re-replication", self.config.repair_interval_s,
+                        self._repair_pass)
+        if self.config.sweep_interval_s > 0:
+            self.sweeper = Sweeper(self._meta, self._node, self.server_id,
+                                   grace_s=self.config.orphan_grace_s)
+            self._every("sweep", "orphan sweep", self.config.sweep_interval_s,
+                        self.sweeper.run_once)
         return self
 
-    def _repair_loop(self) -> None:
-        """Re-replication passes (server/repair.py) until ``stop``; a failed pass
-        is logged and the next one tries again."""
+    def _every(self, name: str, what: str, interval_s: float,
+               one_pass: Callable[[], object]) -> None:
+        """Run ``one_pass`` every ``interval_s`` in a thread of its own until
+        ``stop``; a failed pass is logged and the next one tries again."""
+
+        def loop() -> None:
+            while not self._stop.wait(interval_s):
+                try:
+                    one_pass()
+                except ShingleError as exc:
+                    log.warning("%s pass of server %s failed: %s", what, self.server_id, exc)
+                except Exception:
+                    log.exception("%s pass of server %s failed", what, self.server_id)
+
+        thread = threading.Thread(target=loop, name=f"server-{name}", daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _repair_pass(self) -> None:
         assert self.repairer is not None
-        while not self._stop.wait(self.config.repair_interval_s):
-            try:
-                made = self.repairer.run_once()
-                if made:
-                    log.info("re-replication pass: %d slice(s) copied", made)
-            except ShingleError as exc:
-                log.warning("re-replication pass of server %s failed: %s", self.server_id, exc)
-            except Exception:
-                log.exception("re-replication pass of server %s failed", self.server_id)
+        made = self.repairer.run_once()
+        if made:
+            log.info("re-replication pass: %d slice(s) copied", made)
 
     def _advertised(self) -> str:
         if self.config.advertise:
@@ -358,6 +381,12 @@ class StorageServer:
             host = socket.getfqdn()
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
+    @property
+    def node(self) -> StorageNode:
+        """The server's drives, while it runs (AssertionError otherwise)."""
+        assert self._node is not None, "the server is not running"
+        return self._node
+
     def drive_records(self) -> list[ServerDrive]:
         """The server's drives as meta records them, with free bytes as of now."""
         assert self._node is not None
@@ -366,9 +395,9 @@ class StorageServer:
     def stop(self) -> None:
         """Unregister, stop serving, close the drives and the metadata. Idempotent."""
         self._stop.set()
-        if self._repair is not None:
-            self._repair.join()
-            self._repair = None
+        for thread in self._threads:
+            thread.join()
+        self._threads.clear()
         if self._membership is not None:
             self._membership.stop()
             self._membership = None

@@ -40,11 +40,12 @@ failing means zones a failed head leaves behind (``OFFLINE`` or
 ``READ_ONLY`` in its store's zone report, ``failing_drives``). While it
 keeps them, a pass takes it offline again after ``drive online``.
 
-What is not handled yet: a copy left on a server that comes back after its
-replica was dropped from the record stays on its drive unreferenced (no
-server-side orphan sweep yet); a slice deleted while it is being copied
-leaves the new copy unreferenced the same way; a slice with no present
-replica is lost (counted in ``ReplicationHealth.lost``), nothing to copy from.
+A copy left on a server that comes back after its replica was dropped from
+the record, and the new copy of a slice deleted while it was being copied,
+are named by no record: that server's orphan sweep deletes them after its
+grace period (server/sweep.py). What is not handled: a slice with no
+present replica is lost (counted in ``ReplicationHealth.lost``), nothing to
+copy from.
 
 Thread safety: one ``Repairer`` runs in one thread (``StorageServer``'s
 repair thread); ``replication_health`` may run anywhere.

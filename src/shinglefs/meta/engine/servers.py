@@ -24,6 +24,17 @@ formatted before secrets were created at format time holds an empty one;
 the first caller of ``cluster_secret`` stores a random one in a transaction
 that writes only while it is still empty, so of two first callers at once
 both get the one that committed first.
+
+A storage server's orphan sweep (server/sweep.py) asks what records a batch
+of the slices its drives hold (``slice_records``: one read joining
+``slices`` and ``slice_replicas``), and claims those with no record
+(``claim_orphans``): in one transaction, each id without a row and below the
+``slice`` id counter gets a ``to_delete`` row naming the server's drive as its
+replica and a deletion-queue entry leased for ``hold_s``. The row is inserted
+with ``ON CONFLICT DO NOTHING``, so of a claim and a commit of the same id
+(whose upsert refuses a ``to_delete`` row) exactly one wins, on SQLite and on
+PostgreSQL alike. The statements are this module's (``schema`` holds the
+others').
 """
 
 from __future__ import annotations
@@ -32,23 +43,56 @@ import errno as E
 import json
 import secrets
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from shinglefs.meta import schema as S
+from shinglefs.meta.api import SLICE_RECORDS_BATCH
 from shinglefs.meta.backend import Tx
 from shinglefs.meta.engine.core import SqlCore, now_ns
 from shinglefs.meta.errors import FsError, NotFormatted
 from shinglefs.meta.records import (
     SERVER_TIMEOUT_S,
     TIERS,
+    Replica,
     ServerDrive,
     ServerRecord,
+    SliceInfo,
+    SliceState,
 )
 
 DRIVE_STATES = ("offline",)
 """The states a drive may be put in (``set_drive_state``); no state: online."""
 SECRET_BYTES = 32
 """Random bytes of a generated cluster secret (stored as 64 hex characters)."""
+
+
+def _sel_slice_records(count: int) -> str:
+    """The records of ``count`` slice ids (``?`` each) with every replica row."""
+    marks = ", ".join("?" * count)
+    return ("SELECT s.id, s.length, s.grp, s.state, s.refcount, r.server, r.drive "
+            "FROM slices s LEFT JOIN slice_replicas r ON r.slice_id = s.id "
+            f"WHERE s.id IN ({marks}) ORDER BY s.id, r.server, r.drive")
+
+
+SEL_NEXT_SLICE_ID = "SELECT next_id FROM ids WHERE name = 'slice'"
+INS_ORPHAN = (
+    "INSERT INTO slices (id, length, grp, state, refcount, created_ns) "
+    "VALUES (?, ?, 0, 'to_delete', 0, ?) ON CONFLICT (id) DO NOTHING"
+)
+INS_ORPHAN_REPLICA = (
+    "INSERT INTO slice_replicas (slice_id, server, drive) VALUES (?, ?, ?) "
+    "ON CONFLICT (slice_id, server, drive) DO NOTHING"
+)
+QUEUE_ORPHAN = (
+    "INSERT INTO deletions (slice_id, queued_ns, lease_ns) VALUES (?, ?, ?) "
+    "ON CONFLICT (slice_id) DO NOTHING"
+)
+
+
+def _check_batch(count: int) -> None:
+    if count > SLICE_RECORDS_BATCH:
+        raise FsError(E.EINVAL, f"{count} slice ids in one call; at most {SLICE_RECORDS_BATCH}")
 
 
 def _drives_json(drives: Sequence[ServerDrive]) -> str:
@@ -99,7 +143,8 @@ def _same_server(rows: Sequence[Any], address: str,
 
 class ServerOps(SqlCore):
     """register_server, heartbeat_server, list_servers, unregister_server, drive
-    states (set_drive_state, drive_states), and cluster_secret."""
+    states (set_drive_state, drive_states), cluster_secret, and the orphan
+    sweep's slice_records and claim_orphans."""
 
     def register_server(self, address: str, drives: Sequence[ServerDrive],
                         labels: Mapping[str, str] | None = None) -> int:
@@ -175,6 +220,42 @@ class ServerOps(SqlCore):
     def drive_states(self) -> dict[tuple[int, int], str]:
         rows = self._run(lambda tx: tx.all(S.SEL_DRIVE_STATES), "read")
         return {(int(r[0]), int(r[1])): str(r[2]) for r in rows}
+
+    def slice_records(self, slice_ids: Sequence[int]) -> dict[int, SliceInfo]:
+        ids = sorted(set(slice_ids))
+        _check_batch(len(ids))
+        if not ids:
+            return {}
+        rows = self._run(lambda tx: tx.all(_sel_slice_records(len(ids)), ids), "read")
+        out: dict[int, SliceInfo] = {}
+        for sid, length, grp, state, refcount, server, drive in rows:
+            info = out.get(sid)
+            if info is None:
+                info = out[sid] = SliceInfo(sid, length, grp, SliceState(state), refcount, ())
+            if server is not None:
+                out[sid] = replace(info, replicas=(*info.replicas, Replica(server, drive)))
+        return out
+
+    def claim_orphans(self, server_id: int, drive_id: int, lengths: Mapping[int, int],
+                      hold_s: float) -> list[int]:
+        _check_batch(len(lengths))
+        if not lengths:
+            return []
+
+        def txn(tx: Tx) -> list[int]:
+            now = now_ns()
+            row = tx.one(SEL_NEXT_SLICE_ID)
+            ceiling = int(row[0]) if row is not None else 0
+            claimed = []
+            for sid in sorted(lengths):
+                if sid >= ceiling or not tx.run(INS_ORPHAN, (sid, lengths[sid], now)):
+                    continue
+                tx.run(INS_ORPHAN_REPLICA, (sid, str(server_id), str(drive_id)))
+                tx.run(QUEUE_ORPHAN, (sid, now, now + int(hold_s * 1e9)))
+                claimed.append(sid)
+            return claimed
+
+        return self._run(txn)
 
     def cluster_secret(self) -> str:
         secret = self.format_info().secret
