@@ -7,7 +7,8 @@ killed after sending a slice leaves a copy that is deleted once its grace is
 over (its space is back, and a late commit of it fails cleanly); committed
 slices are never swept; a replica dropped from its record while its server
 was down is deleted when the server returns; a commit that lands while a
-copy waits keeps it. The meta side (``slice_records``, ``claim_orphans``) is
+copy waits keeps it; ``shinglefs server`` sweeps by itself (its flags) and
+logs what it deleted. The meta side (``slice_records``, ``claim_orphans``) is
 checked on SQLite and PostgreSQL.
 """
 
@@ -22,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.server.test_server_process import Server, cli, free_port
 from tests.support.pgcluster import PgCluster, private_cluster
 from tests.support.polling import wait_until
 
@@ -38,6 +40,7 @@ from shinglefs.meta.api import (
     SliceState,
 )
 from shinglefs.meta.errors import FsError, SliceStateError
+from shinglefs.server.errors import SliceMissing
 from shinglefs.server.process import ServerConfig, StorageServer, cluster_key
 from shinglefs.server.remote import RemoteNode
 from shinglefs.server.repair import Repairer
@@ -258,6 +261,43 @@ def test_a_commit_that_lands_while_the_copy_waits_keeps_it(
             assert fs.stat("/stalled.bin").st_size == 0  # made, never given the bytes
     finally:
         server.stop()
+
+
+def test_shinglefs_server_sweeps_by_itself_and_logs_what_it_deleted(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SHINGLEFS_LOG", "INFO")
+    port = free_port()
+    server = Server(meta_url, [f"emulated:{tmp_path / 's1.img'}:{512 * MiB}"], port,
+                    "--repair-interval", "0", "--orphan-grace", "0", "--sweep-interval", "0.2")
+    servers.append(server)
+    server.ready()
+    slice_id = meta.next_slice_id()
+    with RemoteNode(f"127.0.0.1:{port}", cluster_key(meta)) as remote:
+        remote.write(slice_id, 0, os.urandom(MiB), 7, drive_id=0)
+        remote.flush([0])
+
+        def gone() -> bool:
+            try:
+                remote.length(slice_id, 0)
+            except SliceMissing:
+                return True
+            return False
+
+        wait_until(gone, "the server swept the unrecorded copy")
+    assert meta.get_slice(slice_id).state == SliceState.TO_DELETE
+    server.proc.send_signal(signal.SIGTERM)
+    assert f"orphan copy of slice {slice_id:#x} ({MiB} bytes, unrecorded) deleted" \
+        in server.stop_output()
+
+
+@pytest.mark.parametrize("flag", ["--orphan-grace", "--sweep-interval"])
+def test_a_negative_sweep_flag_is_exit_2(tmp_path: Path, meta_url: str, flag: str,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli("server", meta_url, "--listen", "127.0.0.1:0", "--drive",
+               f"emulated:{tmp_path / 's1.img'}:{512 * MiB}", flag, "-1") == 2
+    assert "must not be negative" in capsys.readouterr().err
+    assert not (tmp_path / "s1.img").exists()
 
 
 def test_a_claim_and_a_commit_of_one_slice_exclude_each_other(any_meta_url: str) -> None:
