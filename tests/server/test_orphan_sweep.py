@@ -291,6 +291,22 @@ def test_shinglefs_server_sweeps_by_itself_and_logs_what_it_deleted(
         in server.stop_output()
 
 
+def test_a_pass_checks_at_most_its_share_and_the_next_pass_goes_on(
+        tmp_path: Path, meta_url: str, meta: MetaStore) -> None:
+    server = start(meta_url, tmp_path, "s1")
+    try:
+        orphans = [send_unrecorded(meta, server, os.urandom(4096)) for _ in range(5)]
+        assert server.server_id is not None
+        sweep = Sweeper(meta, server.node, server.server_id, grace_s=0, checks_per_pass=2)
+        assert [(c.checked, c.swept) for c in (sweep.run_once() for _ in range(3))] == [
+            (2, 2), (2, 2), (1, 1)]
+        assert not any(server.node.contains(s, 0) for s in orphans)
+        assert sweep.run_once().checked == 0
+        assert (sweep.passes, sweep.totals.swept) == (4, 5)
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize("flag", ["--orphan-grace", "--sweep-interval"])
 def test_a_negative_sweep_flag_is_exit_2(tmp_path: Path, meta_url: str, flag: str,
                                          capsys: pytest.CaptureFixture[str]) -> None:

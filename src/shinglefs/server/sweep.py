@@ -86,6 +86,7 @@ sweep thread).
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -199,7 +200,7 @@ class Sweeper:
         after the cursor, which starts over at the drive's end."""
         ids = held_slice_ids(self.node, drive)
         after = self._cursor.get(drive, -1)
-        start = next((i for i, sid in enumerate(ids) if sid > after), len(ids))
+        start = bisect.bisect_right(ids, after)
         window = ids[start:start + self.checks_per_pass]
         self._cursor[drive] = window[-1] if start + len(window) < len(ids) else -1
         waiting = self._waiting.setdefault(drive, {})
