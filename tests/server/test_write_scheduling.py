@@ -102,3 +102,61 @@ def test_a_put_cut_off_mid_payload_gives_its_held_bytes_back(node: StorageNode) 
             assert server.held.held == 0
             # the whole budget is there for the next client's pieces
             assert client.write(0x4001, 0, b"y" * 4 * MiB, 2, drive_id=0, durable=True) == 0
+
+
+def test_a_drives_write_figures_match_its_io_trace(node: StorageNode) -> None:
+    """Two clients, each writing its own group through one server: the figures the
+    server reports (over STATS too) are what its drive's I/O trace shows."""
+    drive = node.store(0).drive
+    conventional = drive.conventional_zones  # type: ignore[attr-defined]
+    before = node.stats().drives[0].writes
+    assert (before.runs, before.bytes_written, before.zone_switches) == (0, 0, 0)
+    drive.start_trace()  # type: ignore[attr-defined]
+    with SliceServer(node, SECRET, held_bytes=8 * MiB) as server, \
+            RemoteNode(server.address, SECRET, connections=2, timeout=30) as a, \
+            RemoteNode(server.address, SECRET, connections=2, timeout=30) as b:
+        sent: list[Future[int]] = []
+
+        def send(client: RemoteNode, group: int, mib: int) -> None:
+            for i in range(mib):  # one slice a group, 1 MiB pieces
+                sent.append(client.submit_write(group << 8, i * MiB, bytes([group]) * MiB,
+                                                group, drive_id=0))
+
+        senders = [threading.Thread(target=send, args=(a, 1, 20)),
+                   threading.Thread(target=send, args=(b, 2, 12))]
+        for t in senders:
+            t.start()
+        while any(t.is_alive() for t in senders) or not all(f.done() for f in sent):
+            node.flush()  # the held bytes bound what is queued: write it, take more
+            time.sleep(0.01)
+        for t in senders:
+            t.join()
+        assert [f.result() for f in sent] == [0] * 32
+        figures = node.stats().drives[0].writes
+        assert a.stats().drives[0].writes == figures  # the same over the wire
+    trace = [t for t in drive.stop_trace()  # type: ignore[attr-defined]
+             if t.op == "write" and t.zone >= conventional]
+    runs = scheduler(node).runs_written
+    assert figures.bytes_written == sum(n for _, n in runs) == 32 * MiB
+    assert figures.runs == len(runs) >= 2
+    assert figures.mean_run_bytes == 32 * MiB // len(runs)
+    assert figures.group_switches == 1 + sum(
+        1 for i in range(1, len(runs)) if runs[i][0] != runs[i - 1][0])
+    zones = [t.zone for t in trace]
+    assert figures.zone_switches == 1 + sum(
+        1 for i in range(1, len(zones)) if zones[i] != zones[i - 1])
+    assert figures.zone_switches >= 3  # 20 MiB of group 1 fill more than a 16 MiB zone
+    on_drive = sum(t.length for t in trace)  # the records' headers and alignment too
+    assert figures.bytes_written < on_drive < figures.bytes_written + 32 * 8192
+    assert (figures.queued_pieces, figures.queued_bytes) == (0, 0)
+
+
+def test_a_drives_queue_depth_is_what_waits_in_its_scheduler(node: StorageNode) -> None:
+    futures = [node.submit(0x500 + g, 0, b"q" * (g * 4096), group=g)[1] for g in (1, 2, 3)]
+    writes = node.stats().drives[0].writes
+    assert (writes.queued_pieces, writes.queued_bytes, writes.runs) == (3, 6 * 4096, 0)
+    node.flush()
+    assert all(f.result() is None for f in futures)
+    writes = node.stats().drives[0].writes
+    assert (writes.queued_pieces, writes.queued_bytes) == (0, 0)
+    assert (writes.runs, writes.bytes_written, writes.group_switches) == (3, 6 * 4096, 3)

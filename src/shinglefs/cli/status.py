@@ -2,7 +2,10 @@
 amplification, of a running mount (asked through its virtual status xattr) or
 of an unmounted file system (opened by its metadata URL), and the storage
 servers registered in its metadata (up, down or stopped; last heartbeat;
-address, labels, free and capacity bytes).
+address, labels, free and capacity bytes) with, for the live ones, each
+drive's write-scheduler figures asked of the server itself (``drive_writes``:
+bytes written, runs and mean run length, group and zone switches, queue
+depth: meta's server record has only capacity and free bytes).
 
 ``collect_status`` is also what a mount serves in that xattr (``cli.filesystem``
 passes it to the mount). ``status`` acts only on ShingleFS mounts (exit 17 for
@@ -26,6 +29,39 @@ from shinglefs.fuse.mount import FSTYPE, mount_entry, mounts_of_type
 if TYPE_CHECKING:
     from shinglefs.client.vfs import VFS
     from shinglefs.meta.api import MetaStore
+    from shinglefs.server.node import DriveStats
+
+WRITES_TIMEOUT_S = 5.0  # a live server that does not answer STATS within this is skipped
+
+
+def drive_writes(drive: DriveStats) -> dict[str, int]:
+    """A drive's write-scheduler figures (``WriteFigures``) as status shows them."""
+    w = drive.writes
+    return {"drive": drive.drive_id, "bytes_written": w.bytes_written, "runs": w.runs,
+            "mean_run_bytes": w.mean_run_bytes, "group_switches": w.group_switches,
+            "zone_switches": w.zone_switches, "bytes_per_zone_switch": w.bytes_per_zone_switch,
+            "queued_pieces": w.queued_pieces, "queued_bytes": w.queued_bytes}
+
+
+def add_server_writes(meta: MetaStore, servers: list[dict[str, Any]]) -> None:
+    """Ask each live server in ``servers`` (``server_status``'s) for its drives'
+    write figures: ``drive_writes`` (a list, ``drive_writes``'s dicts), or
+    ``drive_writes_error`` when it did not answer within ``WRITES_TIMEOUT_S``."""
+    from shinglefs.errors import ShingleError
+    from shinglefs.server.process import cluster_key
+    from shinglefs.server.remote import RemoteNode
+
+    live = [s for s in servers if s["state"] == "up"]
+    if not live:
+        return
+    key = cluster_key(meta)
+    for server in live:
+        try:
+            with RemoteNode(server["address"], key, connections=1, timeout=WRITES_TIMEOUT_S,
+                            connect_timeout=WRITES_TIMEOUT_S) as remote:
+                server["drive_writes"] = [drive_writes(d) for d in remote.stats().drives]
+        except (ShingleError, OSError) as exc:
+            server["drive_writes_error"] = str(exc)
 
 
 def server_status(meta: MetaStore, timeout_s: float | None = None) -> list[dict[str, Any]]:
@@ -82,6 +118,7 @@ def collect_status(vfs: VFS, *, meta_url: str | None = None,
             "gc_bytes_copied": store.gc_bytes_copied,
             "zone_resets": store.zone_resets,
             "zones": dict(store.zones_by_condition),
+            "writes": drive_writes(drive),
         })
     zones: dict[str, int] = {}
     for one in node.drives:
@@ -149,6 +186,7 @@ def _show_servers_of_url(meta_url: str, timeout_s: float | None, as_json: bool) 
     try:
         meta.format_info()  # NotFormatted on an empty database
         servers = server_status(meta, timeout_s)
+        add_server_writes(meta, servers)
         health = None
         if servers:
             from shinglefs.server.repair import replication_health
@@ -200,14 +238,17 @@ def _print_status(status: dict[str, Any], title: str) -> None:
     summary.add_row("zones", ", ".join(f"{k} {v}" for k, v in sorted(status["zones"].items())))
     console.print(summary)
     drives = Table(title="drives")
-    for column in ("id", "spec", "capacity", "free", "live", "WA", "zones by condition"):
+    for column in ("id", "spec", "capacity", "free", "live", "WA", "zones by condition",
+                   "writes"):
         drives.add_column(column)
     for drive in status["drives"]:
+        writes = drive.get("writes")
         drives.add_row(
             str(drive["id"]), drive["spec"], human(drive["capacity_bytes"]),
             human(drive["free_bytes"]), human(drive["live_bytes"]),
             f"{drive['write_amplification']:.3f}",
             ", ".join(f"{k} {v}" for k, v in sorted(drive["zones"].items())),
+            _writes_line(writes) if writes and writes["runs"] else "",
         )
     console.print(drives)
     if status.get("servers"):
@@ -224,6 +265,7 @@ def _print_servers(servers: list[dict[str, Any]], console: Any) -> None:
     table.add_column("heartbeat")
     table.add_column("labels", min_width=10, overflow="fold")
     table.add_column("free / capacity")
+    table.add_column("writes per drive", overflow="fold")
     for server in servers:
         space = [f"{tier} {human(t['free_bytes'])} / {human(t['capacity_bytes'])}"
                  for tier, t in sorted(server["tiers"].items())]
@@ -234,8 +276,17 @@ def _print_servers(servers: list[dict[str, Any]], console: Any) -> None:
             f"{server['heartbeat_age_s']:.0f} s",
             " ".join(f"{k}={v}" for k, v in sorted(server["labels"].items())),
             "\n".join(space),
+            "\n".join(f"{w['drive']}: {_writes_line(w)}" for w in server.get("drive_writes", ()))
+            or server.get("drive_writes_error", ""),
         )
     console.print(table)
+
+
+def _writes_line(w: dict[str, int]) -> str:
+    """A drive's ``drive_writes`` in one line."""
+    return (f"{human(w['bytes_written'])} in {w['runs']} runs of {human(w['mean_run_bytes'])}, "
+            f"{w['zone_switches']} zone / {w['group_switches']} group switches, "
+            f"queue {w['queued_pieces']} ({human(w['queued_bytes'])})")
 
 
 def _is_url(target: str) -> bool:

@@ -52,6 +52,7 @@ from shinglefs.store.api import Declined as Declined  # re-exported: the node's 
 from shinglefs.store.api import PieceFuture as PieceFuture  # re-exported: the node's contract
 from shinglefs.store.errors import SliceNotFound, StoreFull
 from shinglefs.store.scheduler import WriteScheduler
+from shinglefs.store.zonerun import WriteFigures
 from shinglefs.zoned import create_drive, open_drive
 from shinglefs.zoned.fileio import Payload
 
@@ -72,7 +73,10 @@ class DriveStats:
     """One drive of the node: its id, spec and store counters. ``runs``: the
     ``(group, bytes)`` of the drive's last write-scheduler runs, oldest first
     (up to 4096; empty for a store without a scheduler) — each one append of
-    one group, so ``bench cluster`` measures the drive's sequential runs."""
+    one group, so ``bench cluster`` measures the drive's sequential runs.
+    ``writes``: its write scheduler's figures since the store opened and its
+    queue now (``WriteFigures``; all 0 without a scheduler); a ``dict`` when
+    it came over the wire (``RemoteNode.stats``) as asdict made it."""
 
     drive_id: int
     spec: str
@@ -80,6 +84,11 @@ class DriveStats:
     free_bytes: int
     store: StoreStats
     runs: list[tuple[int, int]] = field(default_factory=list)
+    writes: WriteFigures = field(default_factory=WriteFigures)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.writes, dict):  # from a STATS answer (asdict of this class)
+            object.__setattr__(self, "writes", WriteFigures(**self.writes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -591,6 +600,8 @@ class StorageNode:
                     free_bytes=self._free_bytes(stats),
                     store=stats,
                     runs=list(queue.runs_written) if isinstance(queue, WriteScheduler) else [],
+                    writes=(queue.figures() if isinstance(queue, WriteScheduler)
+                            else WriteFigures()),
                 )
             )
         return NodeStats(

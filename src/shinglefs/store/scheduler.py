@@ -72,7 +72,7 @@ from typing import TYPE_CHECKING
 
 from shinglefs.store.api import MAX_SLICE_SIZE, Declined, PieceFuture
 from shinglefs.store.errors import SliceOrderError, StoreClosed, StoreError
-from shinglefs.store.zonerun import DriveSync, ZoneRun
+from shinglefs.store.zonerun import DriveSync, WriteFigures, WriteTally, ZoneRun
 from shinglefs.zoned.fileio import Payload
 
 if TYPE_CHECKING:
@@ -134,6 +134,7 @@ class WriteScheduler:
         self.batches = 0
         self.runs_written: list[tuple[int, int]] = []  # (group, bytes) of the last 4096 runs
         self.queued_bytes_peak = 0  # the most bytes ever queued at once (back pressure bounds it)
+        self.tally = WriteTally(slice_log.zs)  # what ``figures`` reports
         # Called (io_lock held) with the (slice, offset) of the pieces of a run just
         # published, before their futures complete (a node's space ledger).
         self.on_written: Callable[[list[tuple[int, int]]], None] | None = None
@@ -358,6 +359,15 @@ class WriteScheduler:
     def queued_bytes(self) -> int:
         return self._queued_bytes
 
+    def figures(self) -> WriteFigures:
+        """What the writer wrote since the store opened, and the queue now."""
+        with self._cond:
+            pieces = sum(len(q) for q in self._groups.values())
+            queued = self._queued_bytes
+        t = self.tally
+        return WriteFigures(t.bytes_written, t.runs, t.group_switches, t.zone_switches,
+                            pieces, queued)
+
     def close(self) -> None:
         """Write everything queued, then stop the thread."""
         with self._cond:
@@ -543,7 +553,9 @@ class WriteScheduler:
                     self._tell_written(live)
                     outcome.append((live, None))
                     durable = durable or any(p.durable for p in live)
-                    self.runs_written.append((group, sum(p.data.nbytes for p in live)))
+                    size = sum(p.data.nbytes for p in live)
+                    self.runs_written.append((group, size))
+                    self.tally.wrote(group, size, (e.dev for e in extents))
                 except StoreError as exc:
                     outcome.append((live, exc))
                 except Exception as exc:

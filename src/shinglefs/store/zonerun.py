@@ -5,14 +5,16 @@ store/scheduler.py's module docstring, "Zone runs"). ``DriveSync``: drive
 flushes of completed writes, shared by the callers that wait meanwhile
 (``WriteScheduler.flush_completed``, a storage server's FLUSH). Both are used
 under the scheduler's own locking: ``ZoneRun`` under its condition,
-``DriveSync`` from any thread.
+``DriveSync`` from any thread. ``WriteTally``: what the writer wrote (bytes,
+runs, group and zone switches), reported as ``WriteFigures`` with the queue.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -20,6 +22,62 @@ if TYPE_CHECKING:
     from shinglefs.store.scheduler import PendingWrite
 
 STARVE_WAITS = 8  # a group waits at most this many switch_wait_s before it is next
+
+
+@dataclass(frozen=True, slots=True)
+class WriteFigures:
+    """What a drive's write scheduler wrote since its store opened, and its queue now
+    (``WriteScheduler.figures``). ``bytes_written``: payload bytes of its runs;
+    ``runs``: its runs (one append of one group each); ``group_switches``: runs
+    of another group than the run before; ``zone_switches``: writes to another
+    zone than its write before (a group's next zone counts too; GC and index
+    writes between them do not); ``queued_pieces``/``queued_bytes``: pieces
+    waiting in its queue now."""
+
+    bytes_written: int = 0
+    runs: int = 0
+    group_switches: int = 0
+    zone_switches: int = 0
+    queued_pieces: int = 0
+    queued_bytes: int = 0
+
+    @property
+    def mean_run_bytes(self) -> int:
+        """Bytes per run."""
+        return self.bytes_written // self.runs if self.runs else 0
+
+    @property
+    def bytes_per_zone_switch(self) -> int:
+        """Bytes written per zone switch: the drive's sequential stretches."""
+        return self.bytes_written // self.zone_switches if self.zone_switches else 0
+
+
+class WriteTally:
+    """The counters behind ``WriteFigures``, kept by whoever writes a run (one
+    thread at a time: the scheduler's ``_busy`` token); read from any thread
+    (each counter an int, so a read sees each one whole)."""
+
+    def __init__(self, zone_size: int) -> None:
+        self.zone_size = zone_size
+        self.bytes_written = 0
+        self.runs = 0
+        self.group_switches = 0
+        self.zone_switches = 0
+        self._group: int | None = None
+        self._zone: int | None = None
+
+    def wrote(self, group: int, nbytes: int, devs: Iterable[int]) -> None:
+        """A run of ``group``: ``nbytes`` of payload in records at device offsets ``devs``."""
+        self.bytes_written += nbytes
+        self.runs += 1
+        if group != self._group:
+            self.group_switches += 1
+            self._group = group
+        for dev in devs:
+            zone = dev // self.zone_size
+            if zone != self._zone:
+                self.zone_switches += 1
+                self._zone = zone
 
 
 class ZoneRun:
