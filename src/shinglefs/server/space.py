@@ -36,6 +36,15 @@ headers and block alignment are not counted per piece: each ``reserve`` asks
 ``RESERVE_SLACK`` beyond its bytes, and the figure keeps back a margin of
 zone granularity.
 
+What it does not see: the room is a sum over drives, and a byte goes to the
+drive its slice was placed on. A drive whose queued bytes pass its figure
+(a continuing slice may take the drive's reserve zones; the figure is not
+linear in what is written, at zone granularity) makes the sum refuse while
+another drive has room. Measured filling one file through 2 SMR drives +
+1 conventional of 1.5 GiB with 64 MiB per file in flight: refused with
+figures 36/65/103 MB and 63/96/67 MB queued on them; after close 40 MB were
+left on the third (the client's local ``file_buffer_bytes`` stays 16 MiB).
+
 What this replaces: ``since`` (bytes submitted since the read) less the
 reservation counted a reserved piece in flight twice (ENOSPC came early by
 the bytes written and not yet completed, and by all in flight between
