@@ -9,11 +9,13 @@ worker sends a small answer itself when the socket takes it at once; other
 answers go out through the connection's writer thread, in the order they
 are ready.
 
-Ordering: requests of one connection naming the same slice (PUT, READ,
-LENGTH, DELETE) run one after another in the order they arrived (a slice's
-pieces must be appended in order); other requests, and requests of other
-connections, run as workers are free, and answers may come back
-out of order (the client matches them by ``request_id``). A FLUSH covers the
+Ordering: requests of one connection naming the same slice (PUT, LENGTH,
+DELETE, and READs of no named drive) run one after another in the order they
+arrived (a slice's pieces must be appended in order); other requests, and
+requests of other connections, run as workers are free, and answers may come
+back out of order (the client matches them by ``request_id``). A READ naming
+a drive goes to that drive's read scheduler (server/reads.py: each stream
+served in long runs, adjacent READs merged), not to the slice's lane. A FLUSH covers the
 writes that were answered before it was sent, not those still in flight,
 and forces no other client's queued piece out (``flush_answered``).
 
@@ -64,6 +66,7 @@ from shinglefs.server.errors import (
     UnknownDrive,
 )
 from shinglefs.server.node import NodeStats, PieceFuture
+from shinglefs.server.reads import RUN_BYTES, DriveReads, ReadRequest, ReadStats, SchedulerClosed
 from shinglefs.server.wire import (
     HEADER_SIZE,
     NO_DRIVE,
@@ -372,11 +375,38 @@ class _Connection:
                     if isinstance(exc, PeerClosed):
                         raise PeerClosed(truncated=True) from None
                     raise
+            reads = self._server.drive_reads.get(header.drive)
+            if header.kind == Kind.READ and reads is not None:
+                self._queue_read(reads, header, cost)
+                continue
             # one connection's requests for a slice keep their order; other
             # connections (readers of the same slice) are not held behind them
             lane = (id(self), header.slice_id) if header.kind in SLICE_KINDS else None
             self._server.lanes.run(
                 lane, functools.partial(self._serve, header, payload, pooled, cost))
+
+    def _queue_read(self, reads: DriveReads, header: Header, cost: int) -> None:
+        """A READ of a drive: to its read scheduler (server/reads.py), not a lane,
+        so a stream's READs wait together and are served in runs (clients READ
+        only what was answered: readable)."""
+        request = ReadRequest(header.offset, header.arg, header.slice_id,
+                              functools.partial(self._read_done, header, cost),
+                              self._closed.is_set)
+        try:
+            reads.submit(request)
+        except SchedulerClosed as exc:
+            self._read_done(header, cost, None, exc)
+
+    def _read_done(self, header: Header, cost: int, data: memoryview | None,
+                   exc: BaseException | None) -> None:
+        """A scheduled READ's answer: its bytes, or the node's error."""
+        if exc is None:
+            assert data is not None
+            self._answer(header, Kind.READ | RESPONSE_BIT, data.nbytes, data, cost)
+            return
+        if not isinstance(exc, ShingleError | SchedulerClosed):
+            log.error("READ from %s failed: %s: %s", self.peer, type(exc).__name__, exc)
+        self._answer(header, Kind.ERROR | RESPONSE_BIT, 0, error_body(exc), cost)
 
     def _serve(self, header: Header, payload: memoryview, pooled: bytearray | None,
                cost: int) -> None:
@@ -533,7 +563,9 @@ class SliceServer:
     all connections together (``HeldBytes``; at most the drive's write
     queue), which a piece of the drive's zone run may exceed by
     ``zone_run_bytes`` (``StoreConfig.switch_bytes``). ``ssl_context``: a server-side context to
-    wrap every connection in TLS (the HMAC handshake runs inside it).
+    wrap every connection in TLS (the HMAC handshake runs inside it). ``read_threads``
+    per drive serve its READs in runs of ``read_run_bytes`` per stream (server/reads.py;
+    0: READs go to the workers as they come).
     """
 
     def __init__(self, node: ServedNode, secret: bytes, *, host: str = "127.0.0.1",
@@ -541,7 +573,8 @@ class SliceServer:
                  max_connections: int = 1024, handshake_timeout: float = 5.0,
                  ssl_context: ssl.SSLContext | None = None,
                  pool_bytes: int = 128 * 1024 * 1024,
-                 held_bytes: int = 256 * 1024 * 1024, zone_run_bytes: int = 0) -> None:
+                 held_bytes: int = 256 * 1024 * 1024, zone_run_bytes: int = 0,
+                 read_threads: int = 1, read_run_bytes: int = RUN_BYTES) -> None:
         self.node = node
         self.secret = check_secret(secret)
         self.limits = limits or Limits()
@@ -557,6 +590,11 @@ class SliceServer:
             scheduler = drive_scheduler(node, drive_id)
             if scheduler is not None:
                 scheduler.zone_run.on_switch = self.held.wake
+        # READs of a drive served in runs per stream (server/reads.py); 0 threads: none
+        self.drive_reads: dict[int, DriveReads] = {} if read_threads < 1 else {
+            d: DriveReads(functools.partial(node.read, drive_id=d), name=str(d),
+                          threads=read_threads, run_bytes=read_run_bytes)
+            for d in node.drive_ids}
         self._lock = threading.Lock()
         self._connections: set[_Connection] = set()
         self._listener: socket.socket | None = None
@@ -646,6 +684,12 @@ class SliceServer:
         for conn in conns:
             conn.thread.join()
         self._pool.shutdown(wait=True)
+        for reads in self.drive_reads.values():
+            reads.close()
+
+    def read_stats(self) -> dict[int, ReadStats]:
+        """Each drive's read scheduler counters (``ReadStats``)."""
+        return {d: reads.stats() for d, reads in self.drive_reads.items()}
 
     def __enter__(self) -> SliceServer:
         return self.start() if self._listener is None else self
