@@ -62,7 +62,10 @@ read tries them in turn: a replica whose server is unreachable, whose
 connection breaks or times out, or that lacks the slice is skipped for the
 next; when every remembered one failed, the replicas meta records now are
 tried (a slice moves when its drive is drained or a replica is re-copied). A dead server costs a refused connection; a
-hung one the connection's ``timeout``.
+hung one the connection's ``timeout``. Read-ahead across the network: the
+client's read cache hints each run it reads ahead (``prefetch``), whose
+READs go to the server at once and land in a bounded buffer that
+``read_view`` takes them from (server/cluster_reads.py).
 
 Space: ``reserve`` takes bytes against the live drives' free bytes as their
 servers last reported them (``NodeFull``, ENOSPC, when they do not fit).
@@ -90,6 +93,7 @@ from shinglefs.client.commit import cluster_drive_id, drive_for, split_drive_id
 from shinglefs.errors import ShingleError
 from shinglefs.meta.api import LOCAL_SERVER, MetaStore, Replica, ServerRecord
 from shinglefs.meta.errors import FsError
+from shinglefs.server.cluster_reads import READAHEAD_BYTES, NetworkReadAhead
 from shinglefs.server.errors import NodeError, NodeFull, PartialFlush, SliceMissing, WireError
 from shinglefs.server.node import DriveStats, NodeStats
 from shinglefs.server.remote import RemoteNode
@@ -121,8 +125,10 @@ class ClusterNode:
                  server_timeout_s: float | None = None, min_free_fraction: float = 0.02,
                  memo_entries: int = 1 << 16, replicas: int | None = None,
                  local_server: int | None = None, goal_ttl_s: float = 10.0,
-                 failover_after_s: float = FAILOVER_AFTER_S) -> None:
+                 failover_after_s: float = FAILOVER_AFTER_S,
+                 readahead_bytes: int = READAHEAD_BYTES) -> None:
         self._meta = meta
+        self._ahead = NetworkReadAhead(capacity=readahead_bytes)  # server/cluster_reads.py
         self._failover_after = failover_after_s
         self._secret = secret
         self._connections = connections
@@ -485,6 +491,7 @@ class ClusterNode:
         with self._lock:
             placed = list(self._placed.pop(slice_id, None) or ())
             self._located.pop(slice_id, None)
+        self._ahead.drop_slice(slice_id)
         if placed:
             targets = placed
         elif drive_id is not None:
@@ -543,6 +550,11 @@ class ClusterNode:
         drives = (drive_id,) if drive_id is not None else self._drives_of(slice_id)
         if not drives:
             raise SliceMissing(slice_id, None)
+        if drive_id is None:  # read ahead (prefetch)? Not landed in time: read as usual
+            wait = self._failover_after if len(drives) > 1 else self._timeout
+            ahead = self._ahead.take(slice_id, offset, length, wait)
+            if ahead is not None:
+                return ahead
         try:
             return self._read_from(drives, slice_id, offset, length)
         except NodeError:
@@ -560,9 +572,7 @@ class ClusterNode:
         """Replica after replica, servers under suspicion last; each but the last
         gets ``failover_after_s`` to answer (a hung server is passed over in
         bounded time and left under suspicion), the last the full timeout."""
-        with self._lock:
-            suspects = set(self._suspects)
-        drives = tuple(sorted(drives, key=lambda d: split_drive_id(d)[0] in suspects))
+        drives = self._read_order(drives)
         failure: BaseException | None = None
         for drive in drives:
             server, local = split_drive_id(drive)
@@ -582,11 +592,38 @@ class ClusterNode:
         assert failure is not None
         raise failure
 
+    def _read_order(self, drives: tuple[int, ...]) -> tuple[int, ...]:
+        """``drives`` in the order a read tries them: servers under suspicion last."""
+        with self._lock:
+            suspects = set(self._suspects)
+        return tuple(sorted(drives, key=lambda d: split_drive_id(d)[0] in suspects))
+
     def read(self, slice_id: int, offset: int, length: int, drive_id: int | None = None) -> bytes:
         return bytes(self.read_view(slice_id, offset, length, drive_id))
 
     def prefetch(self, slice_id: int, offset: int, length: int) -> None:
-        """A read-ahead hint: the servers read ahead on their own; nothing to do."""
+        """Read ahead across the network: send the READs of the range to the replica
+        a read tries first, now (``NetworkReadAhead``, server/cluster_reads.py);
+        ``read_view`` takes them. Best effort: never raises; a slice this client
+        is still writing is not read ahead (its length still grows)."""
+        with self._lock:
+            if slice_id in self._placed or self._closed:
+                return
+        drives = self._read_order(self._drives_of(slice_id))
+        if not drives:
+            return
+        server, local = split_drive_id(drives[0])
+        try:
+            remote = self._remote(server)
+            self._ahead.prefetch(slice_id, offset, length, lambda sid, off, buf:
+                                 remote.submit_readinto(sid, off, buf, local))
+        except (NodeError, FsError) as exc:  # read on demand instead
+            log.debug("no read-ahead of slice %#x from server %d: %s", slice_id, server, exc)
+
+    @property
+    def readahead_bytes(self) -> int:
+        """Memory held now by reads started ahead and not taken (``NetworkReadAhead``)."""
+        return self._ahead.held_bytes
 
     # ------------------------------------------------------------------ stats and closing
     def stats(self) -> NodeStats:
@@ -603,6 +640,7 @@ class ClusterNode:
             self._closed = True
             remotes, self._remotes = list(self._remotes.values()), {}
             senders, self._senders = list(self._senders.values()), {}
+        self._ahead.clear()
         for sender in senders:  # pieces still waiting fail: the node is closed
             sender.shutdown(wait=False)
         for remote in remotes:
@@ -620,21 +658,6 @@ def _settle_into(out: Future[int], sent: Future[int]) -> None:
         out.set_exception(exc)
     else:
         out.set_result(sent.result())
-
-
-def _piece_future(sent: Future[int]) -> PieceFuture:
-    """A ``PieceFuture`` done when the server answered ``sent``."""
-    out = PieceFuture()
-
-    def _done(f: Future[int]) -> None:
-        exc = f.exception()
-        if exc is not None:
-            out.set_exception(exc)
-        else:
-            out.set_result(None)
-
-    sent.add_done_callback(_done)
-    return out
 
 
 def _reported_stats(live: dict[int, tuple[int, int]],

@@ -1,0 +1,159 @@
+"""Read-ahead across the network for a client of storage servers (``ClusterNode``).
+
+The client's read cache (client/reader.py) reads ahead in *runs* of
+consecutive extents, one pool thread per run, and first hints the node of the
+whole run (``node.prefetch``). On its own drives that hint starts the drive
+reading; for a client of storage servers, :class:`NetworkReadAhead` sends the
+run's READs to the server at once (pipelined on the ``RemoteNode``
+connections, each received straight into its own buffer), so the server holds
+the whole run and its read scheduler (server/reads.py) serves it as one
+sequential run, while the client's thread takes the extents one after another
+as they land (``take``), instead of asking for each only once the previous
+one came back.
+
+Reads started ahead are kept by ``(slice id, offset)`` in pieces of
+``piece`` bytes (aligned to ``piece`` within the slice: the client's read
+extent) until a read of the node takes them; a read that finds none reads
+as before.
+
+Memory: every buffer of a read started ahead, in flight or landed and not
+taken yet, counts its full length against ``capacity``; a prefetch that
+does not fit first drops landed reads no one took (oldest first), then
+starts only what fits (the rest is read on demand). A taken read's buffer
+belongs to its taker (the client's read cache counts it from then on).
+``held_bytes`` is what is counted now.
+
+Validity: slices are immutable once committed, and a read started ahead is
+only ever served for the same slice, offset and at most its length; a
+deleted slice's reads are dropped (``drop_slice``); a client never reads
+ahead a slice it is still writing (its caller's rule: ``ClusterNode``).
+
+Failures: a read started ahead that failed, or that does not answer within
+the wait its taker allows, is not served: the taker reads the range as any
+read does (replica after replica), so a dying server costs a read ahead
+nothing but the wait.
+
+Thread safety: every method may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+__all__ = ["PIECE", "READAHEAD_BYTES", "NetworkReadAhead"]
+
+PIECE = 4 * 1024 * 1024
+"""A read started ahead: ``ClientConfig.read_extent``'s default, so a hinted run
+splits into the very reads the client's cache then makes."""
+READAHEAD_BYTES = 64 * 1024 * 1024
+"""Buffers of reads started ahead and not taken, at most (``ClusterNode``)."""
+
+StartRead = Callable[[int, int, bytearray], Future[int]]
+"""``start(slice_id, offset, buffer)``: a READ of ``len(buffer)`` bytes sent now,
+received straight into ``buffer``; its future gives how many came."""
+
+
+@dataclass(slots=True)
+class _Ahead:
+    buffer: bytearray
+    future: Future[int]
+
+
+class NetworkReadAhead:
+    """Reads of slices started ahead of their readers (module docstring)."""
+
+    def __init__(self, *, capacity: int = READAHEAD_BYTES, piece: int = PIECE) -> None:
+        if piece < 1 or capacity < 0:
+            raise ValueError("read-ahead needs piece >= 1 and capacity >= 0")
+        self.capacity = capacity
+        self.piece = piece
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[tuple[int, int], _Ahead] = OrderedDict()
+        self._bytes = 0
+        self.started = 0  # reads started ahead
+        self.taken = 0  # of them served to a reader
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the buffers of reads started ahead and not taken."""
+        with self._lock:
+            return self._bytes
+
+    def prefetch(self, slice_id: int, offset: int, length: int, start: StartRead) -> int:
+        """Start reads of ``slice_id``'s ``[offset, offset + length)`` in pieces of
+        ``piece`` (whole pieces; one already started is not started again),
+        as many as fit ``capacity``; returns how many were started. ``start``'s
+        errors propagate (nothing is kept of the piece it failed for)."""
+        first = offset // self.piece
+        last = (offset + max(length, 1) - 1) // self.piece
+        started = 0
+        for index in range(first, last + 1):
+            key = (slice_id, index * self.piece)
+            buffer: bytearray | None = None
+            with self._lock:
+                if key in self._entries or not self._room_locked(self.piece):
+                    continue
+                buffer = bytearray(self.piece)
+                self._bytes += self.piece
+            try:
+                future = start(slice_id, key[1], buffer)
+            except BaseException:
+                with self._lock:
+                    self._bytes -= self.piece
+                raise
+            with self._lock:
+                self._entries[key] = _Ahead(buffer, future)
+                self.started += 1
+            started += 1
+        return started
+
+    def _room_locked(self, nbytes: int) -> bool:
+        """Is there room for ``nbytes`` more, after dropping landed reads no one took?"""
+        if self._bytes + nbytes <= self.capacity:
+            return True
+        for key in [k for k, e in self._entries.items() if e.future.done()]:
+            self._bytes -= len(self._entries.pop(key).buffer)
+            if self._bytes + nbytes <= self.capacity:
+                return True
+        return False
+
+    def take(self, slice_id: int, offset: int, length: int,
+             wait: float | None) -> memoryview | None:
+        """The bytes of ``[offset, offset + length)`` of a slice from a read started
+        ahead at exactly ``offset`` (at most ``length`` of them: short only where
+        the slice ends), waiting at most ``wait`` seconds for it to land (None:
+        as long as it takes); None when there is none, it failed, or it did not
+        land in time (the caller then reads as usual). The entry is gone either
+        way: its buffer belongs to the caller."""
+        with self._lock:
+            entry = self._entries.pop((slice_id, offset), None)
+            if entry is None:
+                return None
+            self._bytes -= len(entry.buffer)
+        if length > len(entry.buffer):
+            return None
+        try:
+            n = entry.future.result(wait)
+        except (concurrent.futures.TimeoutError, Exception):
+            return None
+        with self._lock:
+            self.taken += 1
+        return memoryview(entry.buffer)[: min(n, length)].toreadonly()
+
+    def drop_slice(self, slice_id: int) -> None:
+        """Forget the reads started ahead of a slice (deleted). Reads in flight
+        finish into buffers no one keeps."""
+        with self._lock:
+            for key in [k for k in self._entries if k[0] == slice_id]:
+                self._bytes -= len(self._entries.pop(key).buffer)
+
+    def clear(self) -> None:
+        """Forget every read started ahead (the node closes)."""
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
