@@ -37,6 +37,7 @@ import random
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
@@ -58,11 +59,34 @@ _BACKOFF_MAX = 0.05
 
 
 class Tx(Protocol):
-    """What an operation sees of its transaction: statements written with ``?``."""
+    """What an operation sees of its transaction: statements written with ``?``.
+
+    ``one``/``all`` return rows and ``run`` the number of rows a write
+    touched: each waits for the database's answer. ``put`` is a write whose
+    answer the operation does not look at: on PostgreSQL it is sent without
+    waiting (pipelined with the statements around it), so its error (a
+    constraint, a serialization failure) is raised by the next statement
+    that waits, at the latest by the commit — the transaction fails as a
+    whole either way. On SQLite ``put`` is ``run``.
+
+    ``need`` is a ``put`` that must touch a row: when it touches none, the
+    exception ``fail()`` returns is raised — at once on SQLite, on
+    PostgreSQL at the next statement that waits, and before COMMIT is sent in
+    any case (``fail`` may itself ask the database).
+
+    ``insert`` is a ``put`` whose constraint violation (a unique key, NOT
+    NULL) means the exception ``violated()`` returns: raised at once on
+    SQLite; on PostgreSQL at the next statement that waits, or by the commit
+    (which the violation turned into a rollback). It costs no round trip of
+    its own even before COMMIT, unlike ``need``."""
 
     def one(self, sql: str, params: Sequence[Any] = ()) -> Any: ...
     def all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]: ...
     def run(self, sql: str, params: Sequence[Any] = ()) -> int: ...
+    def put(self, sql: str, params: Sequence[Any] = ()) -> None: ...
+    def need(self, sql: str, params: Sequence[Any], fail: Callable[[], BaseException]) -> None: ...
+    def insert(self, sql: str, params: Sequence[Any],
+               violated: Callable[[], BaseException]) -> None: ...
 
 
 class Backend(Protocol):
@@ -107,6 +131,20 @@ class _SqliteTx:
 
     def run(self, sql: str, params: Sequence[Any] = ()) -> int:
         return self.conn.execute(self.rendered[sql], params).rowcount
+
+    def put(self, sql: str, params: Sequence[Any] = ()) -> None:
+        self.conn.execute(self.rendered[sql], params).fetchall()  # RETURNING: run to the end
+
+    def need(self, sql: str, params: Sequence[Any], fail: Callable[[], BaseException]) -> None:
+        if not self.conn.execute(self.rendered[sql], params).rowcount:
+            raise fail()
+
+    def insert(self, sql: str, params: Sequence[Any],
+               violated: Callable[[], BaseException]) -> None:
+        try:
+            self.conn.execute(self.rendered[sql], params)
+        except sqlite3.IntegrityError:
+            raise violated() from None
 
 
 def _sqlite_busy(exc: BaseException) -> bool:
@@ -354,26 +392,6 @@ class SqliteBackend:
 # ---- PostgreSQL ----------------------------------------------------------------------
 
 
-class _PgTx:
-    """One transaction's statements on one pooled connection, through one
-    cursor (a cursor per statement cost ~30 us more client CPU each)."""
-
-    __slots__ = ("cur", "rendered")
-
-    def __init__(self, conn: Any, rendered: Rendered) -> None:
-        self.cur = conn.cursor()
-        self.rendered = rendered
-
-    def one(self, sql: str, params: Sequence[Any] = ()) -> Any:
-        return self.cur.execute(self.rendered[sql], params).fetchone()
-
-    def all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-        return self.cur.execute(self.rendered[sql], params).fetchall()
-
-    def run(self, sql: str, params: Sequence[Any] = ()) -> int:
-        return self.cur.execute(self.rendered[sql], params).rowcount
-
-
 def _connection_lost(exc: BaseException) -> bool:
     """The connection broke (as opposed to e.g. a statement timeout)."""
     import psycopg
@@ -499,6 +517,7 @@ class PostgresBackend:
             timeout=30.0,
             name="shinglefs-meta",
         )
+        self._prepared: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._retryable = (
             psycopg.errors.SerializationFailure,
             psycopg.errors.DeadlockDetected,
@@ -514,6 +533,8 @@ class PostgresBackend:
         return result
 
     def _run(self, fn: Callable[[Tx], T], mode: Mode) -> T:
+        from shinglefs.meta.pgwire import PipelinedTx, Prepared
+
         psycopg = self._psycopg
         if os.getpid() != self._pid:
             raise MetaUnavailable(
@@ -529,18 +550,18 @@ class PostgresBackend:
             committing = mode == "autocommit"
             try:
                 with self.pool.connection() as conn:
-                    tx = _PgTx(conn, self.dialect.rendered)
-                    if mode in ("single", "autocommit"):
-                        return fn(tx)
-                    tx.cur.execute(begin)
+                    prepared = self._prepared.get(conn)
+                    if prepared is None:
+                        prepared = self._prepared[conn] = Prepared(self.dialect.rendered)
+                    tx = PipelinedTx(conn, prepared, None if mode in ("single", "autocommit")
+                                     else begin)
                     try:
                         result = fn(tx)
-                        committing = True
-                        tx.cur.execute("COMMIT")
+                        committing = mode in ("write", "autocommit")
+                        tx.finish(commit=mode in ("write", "read"))
                         return result
                     except BaseException:
-                        if not conn.closed and conn.info.transaction_status != 0:
-                            conn.execute("ROLLBACK")
+                        tx.abandon(conn)
                         raise
             except self._retryable:
                 _backoff(attempt)

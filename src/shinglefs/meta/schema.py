@@ -363,6 +363,8 @@ INS_DENTRY = (
     "INSERT INTO dentries (parent, name, ino, cookie) VALUES (?, ?, ?, ?) "
     "ON CONFLICT (parent, name) DO NOTHING"
 )
+# A new name: an existing one fails the statement (primary key).
+INS_NEW_DENTRY = "INSERT INTO dentries (parent, name, ino, cookie) VALUES (?, ?, ?, ?)"
 LOOKUP = (
     "SELECT p.mode, p.uid, p.gid, p.parent, d.ino FROM inodes p "
     "LEFT JOIN dentries d ON d.parent = p.ino AND d.name = ? WHERE p.ino = ?"
@@ -396,6 +398,16 @@ DEL_XATTR = "DELETE FROM xattrs WHERE ino = ? AND name = ?"
 
 # ---- content map ---------------------------------------------------------------------
 GROW_FILE = "UPDATE inodes SET size = {greatest}(size, ?), mtime_ns = ?, ctime_ns = ? WHERE ino = ?"
+GROW_FILE_ATTR = (
+    "UPDATE inodes SET size = {greatest}(size, ?), mtime_ns = ?, ctime_ns = ? WHERE ino = ? "
+    f"RETURNING {INODE_COLS}"
+)
+# The statfs counters grow by what a file grows by, read from the inode row
+# before GROW_FILE_ATTR changes it (no inode: no change; the operation fails).
+COUNT_GROWTH = (
+    "UPDATE counters SET used_bytes = used_bytes + "
+    "{greatest}(0, ? - COALESCE((SELECT size FROM inodes WHERE ino = ?), ?)) WHERE shard = ?"
+)
 BUMP_CHUNK = (
     "INSERT INTO chunks (ino, chunk_index, version, nrefs) VALUES (?, ?, 1, 1) "
     "ON CONFLICT (ino, chunk_index) DO UPDATE SET version = chunks.version + 1, "
@@ -409,6 +421,12 @@ DEL_CHUNKS_OF = "DELETE FROM chunks WHERE ino = ?"
 INS_REF = (
     "INSERT INTO chunk_refs (ino, chunk_index, seq, slice_id, chunk_offset, length, "
     "slice_offset) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+# A reference whose seq is the chunk's version (just bumped by BUMP_CHUNK).
+INS_REF_AT_VERSION = (
+    "INSERT INTO chunk_refs (ino, chunk_index, seq, slice_id, chunk_offset, length, "
+    "slice_offset) SELECT ino, chunk_index, version, ?, ?, ?, ? FROM chunks "
+    "WHERE ino = ? AND chunk_index = ?"
 )
 SEL_REFS = (
     "SELECT chunk_index, seq, slice_id, chunk_offset, length, slice_offset FROM chunk_refs "
@@ -439,7 +457,7 @@ REF_SLICE = (
     "INSERT INTO slices (id, length, grp, state, refcount, created_ns) "
     "VALUES (?, ?, ?, 'committed', ?, ?) "
     "ON CONFLICT (id) DO UPDATE SET refcount = slices.refcount + ?, state = 'committed', "
-    "length = {greatest}(slices.length, ?) WHERE slices.state <> 'to_delete' RETURNING refcount"
+    "length = {greatest}(slices.length, ?) WHERE slices.state <> 'to_delete'"
 )
 DEREF_SLICE = "UPDATE slices SET refcount = refcount - ? WHERE id = ? RETURNING refcount"
 DOOM_SLICE = "UPDATE slices SET state = 'to_delete' WHERE id = ?"
@@ -499,6 +517,19 @@ OPEN_FILE = (
 )
 CLOSE_FILE = "UPDATE open_files SET opens = opens - 1 WHERE session = ? AND ino = ? RETURNING opens"
 DEL_OPEN = "DELETE FROM open_files WHERE session = ? AND ino = ?"
+# Open ``ino`` in a session that exists (no such session: the NOT NULL
+# constraint on open_files.session fails the statement).
+OPEN_IN_SESSION = (
+    "INSERT INTO open_files (session, ino, opens) "
+    "VALUES ((SELECT id FROM sessions WHERE id = ?), ?, 1) "
+    "ON CONFLICT (session, ino) DO UPDATE SET opens = open_files.opens + 1"
+)
+# The last close of a file that still has a link: nothing else to do (a row
+# deleted). Otherwise (other opens, or no link left) CLOSE_FILE's way.
+CLOSE_LINKED = (
+    "DELETE FROM open_files WHERE session = ? AND ino = ? AND opens <= 1 "
+    "AND EXISTS (SELECT 1 FROM inodes WHERE ino = ? AND nlink > 0)"
+)
 SEL_OPEN_OF_SESSION = "SELECT ino FROM open_files WHERE session = ? ORDER BY ino"
 DEL_OPEN_OF_SESSION = "DELETE FROM open_files WHERE session = ?"
 IS_OPEN = "SELECT 1 FROM open_files WHERE ino = ? LIMIT 1"

@@ -22,6 +22,7 @@ import itertools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from shinglefs.meta import schema as S
 from shinglefs.meta.backend import Tx
@@ -53,7 +54,11 @@ def slice_info(tx: Tx, slice_id: int) -> SliceInfo | None:
 
 def file_attr(tx: Tx, ino: int) -> InodeAttr:
     """The attributes of regular file ``ino``: ENOENT, EISDIR, EINVAL (other types)."""
-    row = tx.one(S.SEL_INODE, (ino,))
+    return _file_row(tx.one(S.SEL_INODE, (ino,)), ino)
+
+
+def _file_row(row: Any, ino: int) -> InodeAttr:
+    """``row`` (SEL_INODE's columns, None for no inode) as a regular file's attributes."""
     if row is None:
         raise enoent(ino)
     a = attr_of(row)
@@ -105,10 +110,12 @@ class ChunkOps(SqlCore):
         """Take one reference on ``piece``'s slice (registering it COMMITTED if
         new); ESTALE (SliceStateError) if it is already queued for deletion."""
         length = slice_length if slice_length is not None else piece.slice_offset + piece.length
-        row = tx.one(S.REF_SLICE, (piece.slice_id, length, group, 1, now_ns(), 1, length))
-        if row is None:
+
+        def refused() -> SliceStateError:
             state = tx.one(S.SEL_SLICE_STATE, (piece.slice_id,))
-            raise SliceStateError(piece.slice_id, state[0] if state else "gone", "reference it")
+            return SliceStateError(piece.slice_id, state[0] if state else "gone", "reference it")
+
+        tx.need(S.REF_SLICE, (piece.slice_id, length, group, 1, now_ns(), 1, length), refused)
 
     # ---- commits -----------------------------------------------------------------------
 
@@ -170,23 +177,21 @@ class ChunkOps(SqlCore):
         """One slice reference into the chunk map, inside ``tx``."""
         now = now_ns()
         mtime = now if c.mtime_ns is None else c.mtime_ns
-        a = file_attr(tx, c.ino)
-        tx.run(S.GROW_FILE, (c.new_size, mtime, now, c.ino))
-        version = tx.one(S.BUMP_CHUNK, (c.ino, c.chunk_index))[0]
         p = c.piece
-        tx.run(S.INS_REF, (c.ino, c.chunk_index, version, p.slice_id, p.chunk_offset, p.length,
-                           p.slice_offset))
+        tx.put(S.COUNT_GROWTH, (c.new_size, c.ino, c.new_size, self._shard))
+        tx.put(S.BUMP_CHUNK, (c.ino, c.chunk_index))
+        tx.put(S.INS_REF_AT_VERSION, (p.slice_id, p.chunk_offset, p.length, p.slice_offset,
+                                      c.ino, c.chunk_index))
         if c.inline is not None:  # a second reference to it keeps the bytes it has
-            tx.run(S.INS_INLINE, (p.slice_id, c.inline))
+            tx.put(S.INS_INLINE, (p.slice_id, c.inline))
         self._ref_slice(tx, p, c.group, c.slice_length)
         if c.replicas:
-            tx.run(S.DEL_REPLICAS, (p.slice_id,))
+            tx.put(S.DEL_REPLICAS, (p.slice_id,))
         for rep in c.replicas:
-            tx.run(S.INS_REPLICA, (p.slice_id, rep.server, rep.drive))
-        size = max(a.size, c.new_size)
-        if size != a.size:
-            self._counters(tx, size - a.size, 0)
-        return replace(a, size=size, mtime_ns=mtime, ctime_ns=now)
+            tx.put(S.INS_REPLICA, (p.slice_id, rep.server, rep.drive))
+        # Last, so that one round trip carries the whole commit; no inode, a
+        # directory or a special file fails the transaction here.
+        return _file_row(tx.one(S.GROW_FILE_ATTR, (c.new_size, mtime, now, c.ino)), c.ino)
 
     # ---- size changes ------------------------------------------------------------------
 

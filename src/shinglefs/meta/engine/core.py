@@ -156,7 +156,7 @@ class SqlCore(MetaStore):
 
     def _counters(self, tx: Tx, used_delta: int, inode_delta: int) -> None:
         """Add to this process's shard of the statfs counters (no hot row)."""
-        tx.run(S.ADD_COUNTERS, (used_delta, inode_delta, self._shard))
+        tx.put(S.ADD_COUNTERS, (used_delta, inode_delta, self._shard))
 
     def _deref(self, tx: Tx, counts: Counter[int], now: int) -> None:
         deref_slices(tx, counts, now)

@@ -68,9 +68,8 @@ def open_in_session(tx: Tx, session: int | None, ino: int) -> None:
     for an unknown session."""
     if session is None:
         return
-    if tx.one(S.SEL_SESSION, (session,)) is None:
-        raise FsError(E.ESTALE, f"unknown session {session}")
-    tx.run(S.OPEN_FILE, (session, ino))
+    tx.insert(S.OPEN_IN_SESSION, (session, ino),
+              lambda: FsError(E.ESTALE, f"unknown session {session}"))
 
 
 class NamespaceOps(SqlCore):
@@ -122,9 +121,17 @@ class NamespaceOps(SqlCore):
         row = tx.one(S.TOUCH_PARENT_FOR_INSERT, (now, now, 1 if is_dir else 0, parent))
         check_parent(row, parent, ctx)
         pmode, puid, pgid, pnlink, cookie, tier, retention = row
-        if not tx.run(S.INS_DENTRY, (parent, name, ino, cookie)):
-            raise FsError(E.EEXIST, f"{name!r} exists in directory {parent}", ino=parent, name=name)
-        check_may_write_dir(pmode, puid, pgid, ctx, parent)
+
+        def exists() -> FsError:
+            return FsError(E.EEXIST, f"{name!r} exists in directory {parent}", ino=parent, name=name)
+
+        try:
+            check_may_write_dir(pmode, puid, pgid, ctx, parent)
+        except FsError:
+            if tx.one(S.SEL_DENTRY, (parent, name)) is not None:
+                raise exists() from None  # EEXIST comes first, as on Linux
+            raise
+        tx.insert(S.INS_NEW_DENTRY, (parent, name, ino, cookie), exists)
         if is_dir and pnlink > LINK_MAX:
             raise FsError(E.EMLINK, f"directory {parent} has {LINK_MAX} subdirectories")
         gid = ctx.gid
@@ -137,7 +144,7 @@ class NamespaceOps(SqlCore):
         attr = InodeAttr(
             ino, mode, ctx.uid, gid, 2 if is_dir else 1, size, now, now, now, rdev, 1, 0
         )
-        tx.run(
+        tx.put(
             S.INS_INODE,
             (
                 ino, mode, ctx.uid, gid, attr.nlink, size, now, now, now, rdev, 1, 0,

@@ -95,12 +95,14 @@ class SessionOps(SqlCore):
 
     def close_file(self, session: int, ino: int) -> bool:
         def txn(tx: Tx) -> bool:
+            if tx.run(S.CLOSE_LINKED, (session, ino, ino)):
+                return False
             row = tx.one(S.CLOSE_FILE, (session, ino))
             if row is None:
                 return False
             if row[0] > 0:
                 return False
-            tx.run(S.DEL_OPEN, (session, ino))
+            tx.put(S.DEL_OPEN, (session, ino))
             return self._free_if_orphan(tx, ino, now_ns())
 
         return self._run(txn)
@@ -110,10 +112,12 @@ class SessionOps(SqlCore):
             now = now_ns()
             freed = []
             for ino in inos:
+                if tx.run(S.CLOSE_LINKED, (session, ino, ino)):
+                    continue
                 row = tx.one(S.CLOSE_FILE, (session, ino))
                 if row is None or row[0] > 0:
                     continue
-                tx.run(S.DEL_OPEN, (session, ino))
+                tx.put(S.DEL_OPEN, (session, ino))
                 if self._free_if_orphan(tx, ino, now):
                     freed.append(ino)
             return freed
