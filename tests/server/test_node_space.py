@@ -157,3 +157,17 @@ def test_many_files_fill_the_drives_to_their_real_room_and_every_admitted_byte_i
     assert 0 <= left < PIECE + SLACK
     with pytest.raises(NodeFull):
         node.reserve(PIECE)
+
+
+def test_placement_counts_a_slice_s_submitted_bytes_once_not_also_in_its_claim(
+        node: StorageNode) -> None:
+    # Slice 1 claims its drive (a 64 MiB drive: 4 MiB a slice) and has all of
+    # it queued; 6 MiB queued on the other drive belong to no placed slice.
+    first, _ = node.submit(1, 0, b"a" * (4 * MiB), group=1)
+    other = 1 - first
+    node.submit(2, 0, b"b" * (6 * MiB), group=2, drive_id=other)
+    assert node.estimated_free_bytes(first) - node.estimated_free_bytes(other) == 2 * MiB
+    # 4 MiB taken on the first drive (queued, the claim used up), 6 on the other:
+    # a new slice goes to the first (counting slice 1 twice sent it to the other).
+    assert node.place(3, group=3) == first
+    node.flush()

@@ -377,10 +377,11 @@ class StorageNode:
         """Choose the drive of a new slice (see the module docstring); remembers it.
 
         A slice stays whole on its drive and may grow to ``MAX_SLICE_SIZE``: each
-        placed slice *claims* that much of its drive until ``forget``, and a
-        drive's free bytes count less the claims of the slices being written
-        there, so that slices written at once are not all placed on a drive
-        that can hold only one of them."""
+        placed slice *claims* that much of its drive until ``forget``, less
+        what was submitted of it (counted as queued or written from then on),
+        and a drive's free bytes count less the claims of the slices being
+        written there, so that slices written at once are not all placed on a
+        drive that can hold only one of them."""
         with self._lock:
             if slice_id in self._placed:
                 return self._placed[slice_id]
@@ -481,7 +482,18 @@ class StorageNode:
             self._space.withdrawn(piece)
             raise
         self._space.settle_when_done(future, piece)
+        self._use_claim(slice_id, drive_id, size)
         return drive_id, future
+
+    def _use_claim(self, slice_id: int, drive_id: int, size: int) -> None:
+        """``size`` bytes of a placed slice were submitted: the space ledger counts
+        them now, so its claim shrinks by as much (placement counts them once)."""
+        with self._lock:
+            claim = self._claims.get(slice_id, 0)
+            if claim and self._placed.get(slice_id) == drive_id:
+                used = min(claim, size)
+                self._claims[slice_id] = claim - used
+                self._claimed[drive_id] -= used
 
     def write(
         self,
