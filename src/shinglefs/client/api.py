@@ -354,6 +354,17 @@ class ShingleFS:
 
     def open_raw(self, path: str, flags: int, perm: int = 0o644) -> ShingleRawFile:
         """Open with ``os.open``-style flags; returns the unbuffered raw file."""
+        if flags & os.O_CREAT and not flags & os.O_EXCL:
+            # Create or open in one transaction; a symbolic link there (EEXIST)
+            # is followed below.
+            parent, name = self._parent(path)
+            try:
+                with _as_oserror(path):
+                    fh, attr = self.vfs.create(parent, name, _stat.S_IFREG | (perm & 0o7777),
+                                               flags, self.ctx)
+                return ShingleRawFile(self, fh, attr.ino, path, flags)
+            except FileExistsError:
+                pass
         if flags & os.O_CREAT:
             # The name was absent when looked up: create it exclusively (no second
             # lookup inside the transaction); if another client made it meanwhile,

@@ -79,16 +79,21 @@ class OpenFiles:
     def create(
         self, parent: int, name: bytes, mode: int, flags: int, ctx: Ctx
     ) -> tuple[int, InodeAttr]:
-        """Create (O_EXCL: exclusively) and open a regular file in one transaction."""
+        """Create (O_EXCL: exclusively) and open a regular file in one transaction.
+        Without O_EXCL an existing regular file is opened instead (``ctx`` must
+        be allowed ``flags``' access to it); an existing symbolic link: EEXIST."""
         started = time.time_ns()
         attr = self.meta.create(
             parent, name, mode, ctx, exclusive=bool(flags & os.O_EXCL), session=self._session()
         )
         self.inodes.note_parent(attr.ino, parent)
-        if attr.ctime_ns >= started:  # made now (not an existing file opened): no xattrs
+        made = attr.ctime_ns >= started  # else an existing file was opened
+        if made:  # no xattrs
             self.inodes.note_no_caps(attr.ino, time.monotonic())
             self.inodes.dirs.touched(parent, attr.ctime_ns)
         try:
+            if not made:
+                self._access_for_flags(attr.ino, flags, ctx)
             if flags & os.O_TRUNC:
                 attr = self._truncate_on_open(attr, ctx)
             fh = self._attach(attr.ino, flags, attr)

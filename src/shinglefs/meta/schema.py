@@ -328,6 +328,23 @@ TOUCH_PARENT_FOR_INSERT = (
     "RETURNING mode, uid, gid, nlink, next_cookie - 1, tier, retention"
 )
 TOUCH_DIR = "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE ino = ?"
+# A new entry's directory (what the checks and inheritance need) and what the
+# name holds now (the child's INODE_COLS from column 6; NULLs for none).
+PARENT_AND_CHILD = (
+    f"SELECT p.mode, p.uid, p.gid, p.nlink, p.tier, p.retention, {INODE_COLS_I} FROM inodes p "
+    "LEFT JOIN dentries d ON d.parent = p.ino AND d.name = ? "
+    "LEFT JOIN inodes i ON i.ino = d.ino WHERE p.ino = ?"
+)
+TOUCH_PARENT_TAKE_COOKIE = (
+    "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, next_cookie = next_cookie + 1, "
+    "nlink = nlink + ? WHERE ino = ?"
+)
+# The new name, with the cookie TOUCH_PARENT_TAKE_COOKIE just took; a name
+# that exists fails the statement (primary key).
+INS_NEW_DENTRY = (
+    "INSERT INTO dentries (parent, name, ino, cookie) "
+    "SELECT ?, ?, ?, next_cookie - 1 FROM inodes WHERE ino = ?"
+)
 TAKE_COOKIE = (
     "UPDATE inodes SET next_cookie = next_cookie + 1 WHERE ino = ? RETURNING next_cookie - 1"
 )
@@ -363,8 +380,6 @@ INS_DENTRY = (
     "INSERT INTO dentries (parent, name, ino, cookie) VALUES (?, ?, ?, ?) "
     "ON CONFLICT (parent, name) DO NOTHING"
 )
-# A new name: an existing one fails the statement (primary key).
-INS_NEW_DENTRY = "INSERT INTO dentries (parent, name, ino, cookie) VALUES (?, ?, ?, ?)"
 LOOKUP = (
     "SELECT p.mode, p.uid, p.gid, p.parent, d.ino FROM inodes p "
     "LEFT JOIN dentries d ON d.parent = p.ino AND d.name = ? WHERE p.ino = ?"

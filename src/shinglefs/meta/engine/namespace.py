@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno as E
 import stat
 from dataclasses import replace
+from typing import Any
 
 from shinglefs.meta import schema as S
 from shinglefs.meta.backend import Tx
@@ -115,24 +116,26 @@ class NamespaceOps(SqlCore):
         rdev: int = 0,
         size: int = 0,
         target: bytes | None = None,
+        row: Any = None,
     ) -> InodeAttr:
-        """Insert entry + inode under ``parent`` (checks, cookie, parent touch, counters)."""
+        """Insert entry + inode under ``parent`` (checks, cookie, parent touch,
+        counters). ``row``: PARENT_AND_CHILD's row, when the caller read it.
+        One round trip to PostgreSQL: the rest is sent with the COMMIT."""
         is_dir = stat.S_ISDIR(mode)
-        row = tx.one(S.TOUCH_PARENT_FOR_INSERT, (now, now, 1 if is_dir else 0, parent))
+        if row is None:
+            row = tx.one(S.PARENT_AND_CHILD, (name, parent))
         check_parent(row, parent, ctx)
-        pmode, puid, pgid, pnlink, cookie, tier, retention = row
+        pmode, puid, pgid, pnlink, tier, retention = row[:6]
 
         def exists() -> FsError:
             return FsError(E.EEXIST, f"{name!r} exists in directory {parent}", ino=parent, name=name)
 
-        try:
-            check_may_write_dir(pmode, puid, pgid, ctx, parent)
-        except FsError:
-            if tx.one(S.SEL_DENTRY, (parent, name)) is not None:
-                raise exists() from None  # EEXIST comes first, as on Linux
-            raise
-        tx.insert(S.INS_NEW_DENTRY, (parent, name, ino, cookie), exists)
-        if is_dir and pnlink > LINK_MAX:
+        if row[6] is not None:
+            raise exists()  # before EACCES, as on Linux
+        check_may_write_dir(pmode, puid, pgid, ctx, parent)
+        tx.put(S.TOUCH_PARENT_TAKE_COOKIE, (now, now, 1 if is_dir else 0, parent))
+        tx.insert(S.INS_NEW_DENTRY, (parent, name, ino, parent), exists)  # a racing create
+        if is_dir and pnlink + 1 > LINK_MAX:  # pnlink: before this entry
             raise FsError(E.EMLINK, f"directory {parent} has {LINK_MAX} subdirectories")
         gid = ctx.gid
         if pmode & stat.S_ISGID:
@@ -196,16 +199,18 @@ class NamespaceOps(SqlCore):
         ino = self._alloc("inode")
 
         def txn(tx: Tx) -> InodeAttr:
-            if not exclusive:
-                row = tx.one(S.LOOKUP_ATTR, (name, parent))
+            row = tx.one(S.PARENT_AND_CHILD, (name, parent))
+            if not exclusive and row is not None and row[6] is not None:
                 check_parent(row, parent, ctx)
-                if row[4] is not None:
-                    attr = attr_of(row, 4)
-                    if attr.is_dir:
-                        raise FsError(E.EISDIR, f"{name!r} is a directory", ino=attr.ino, name=name)
-                    open_in_session(tx, session, attr.ino)
-                    return attr
-            attr = self._new_inode(tx, parent, name, ino, full, ctx, now_ns())
+                attr = attr_of(row, 6)
+                if attr.is_dir:
+                    raise FsError(E.EISDIR, f"{name!r} is a directory", ino=attr.ino, name=name)
+                if attr.is_symlink:  # the caller follows it (the kernel does, before create)
+                    raise FsError(E.EEXIST, f"{name!r} is a symbolic link", ino=attr.ino,
+                                  name=name)
+                open_in_session(tx, session, attr.ino)
+                return attr
+            attr = self._new_inode(tx, parent, name, ino, full, ctx, now_ns(), row=row)
             open_in_session(tx, session, ino)
             return attr
 
