@@ -37,13 +37,15 @@ headers and block alignment are not counted per piece: each ``reserve`` asks
 zone granularity.
 
 What it does not see: the room is a sum over drives, and a byte goes to the
-drive its slice was placed on. A drive whose queued bytes pass its figure
-(a continuing slice may take the drive's reserve zones; the figure is not
-linear in what is written, at zone granularity) makes the sum refuse while
-another drive has room. Measured filling one file through 2 SMR drives +
-1 conventional of 1.5 GiB with 64 MiB per file in flight: refused with
-figures 36/65/103 MB and 63/96/67 MB queued on them; after close 40 MB were
-left on the third (the client's local ``file_buffer_bytes`` stays 16 MiB).
+drive its slice was placed on. A drive whose slices continue past its
+figure (a continuing slice may take the drive's reserve zones) makes the
+sum refuse while another drive has room. Placement keeps that rare: it
+weighs each drive's figure less what is queued or written since and the
+unused claims of its open slices (``StorageNode.place``). When it counted a
+slice's queued bytes in its claim too, filling one file through 2 SMR
+drives + 1 conventional of 1.5 GiB with 64 MiB per file in flight was
+refused with figures 36/65/103 MB against 63/96/67 MB queued, and 40 MB
+were left on the third drive after close.
 
 What this replaces: ``since`` (bytes submitted since the read) less the
 reservation counted a reserved piece in flight twice (ENOSPC came early by
