@@ -24,8 +24,10 @@ trips) and ``"autocommit"`` (one writing statement in autocommit).
 
 A PostgreSQL connection lost before COMMIT was sent (a server restart, a
 killed backend, a stale pooled connection) is harmless: the transaction died
-with it, so the operation is retried on a fresh connection. A connection lost
-during COMMIT or during an autocommit write leaves the outcome unknown and
+with it, so the operation is retried on a fresh connection; so is one whose
+server answered a statement before COMMIT with an error (the pipeline then
+skipped the COMMIT). A connection lost with COMMIT in flight and no such
+answer, or during an autocommit write, leaves the outcome unknown and
 raises ``MetaUnavailable``.
 """
 
@@ -557,10 +559,10 @@ class PostgresBackend:
                                      else begin)
                     try:
                         result = fn(tx)
-                        committing = mode in ("write", "autocommit")
                         tx.finish(commit=mode in ("write", "read"))
                         return result
                     except BaseException:
+                        committing = committing or (mode == "write" and tx.commit_in_doubt)
                         tx.abandon(conn)
                         raise
             except self._retryable:

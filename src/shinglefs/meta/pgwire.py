@@ -132,7 +132,8 @@ class PipelinedTx:
     or, when ``begin`` is None, statements each in its own implicit
     transaction (autocommit: each waiting statement ends with a sync point)."""
 
-    __slots__ = ("_autocommit", "_fd", "_pending", "_pg", "_prepared", "_rows", "_unsynced")
+    __slots__ = ("_answered_error", "_autocommit", "_commit_sent", "_fd", "_pending", "_pg",
+                 "_prepared", "_rows", "_unsynced")
 
     def __init__(self, conn: psycopg.Connection[Any], prepared: Prepared,
                  begin: str | None) -> None:
@@ -143,6 +144,8 @@ class PipelinedTx:
         self._pending: deque[tuple[int, Any]] = deque()  # (kind, prepared key or need's error)
         self._autocommit = begin is None
         self._unsynced = False  # sent something since the last sync point
+        self._commit_sent = False
+        self._answered_error = False  # the server answered a statement with an error
         self._pg.enter_pipeline_mode()
         if begin is not None:
             self._pg.send_query_params(begin.encode(), None)
@@ -189,11 +192,20 @@ class PipelinedTx:
             pg.send_query_params(b"COMMIT", None)
             self._pending.append((_IGNORE, None))
             self._unsynced = True
+            self._commit_sent = True
         if self._unsynced:
             self._sync()
             self._flush()
             self._drain()
         pg.exit_pipeline_mode()
+
+    @property
+    def commit_in_doubt(self) -> bool:
+        """COMMIT was sent and no answer says the transaction failed: after a
+        lost connection it may or may not have committed. (An error answer
+        to any statement means it did not: the pipeline skips what follows
+        an error up to the sync point, COMMIT included.)"""
+        return self._commit_sent and not self._answered_error
 
     def abandon(self, conn: psycopg.Connection[Any]) -> None:
         """After an exception: roll back, read what is left, leave pipeline
@@ -271,6 +283,7 @@ class PipelinedTx:
             if kind == _SYNC:
                 continue
             if kind == _INSERT and res is not None and _violation(res):
+                self._answered_error = True
                 self._drain_quietly()
                 raise extra()
             self._check(res)
@@ -338,6 +351,7 @@ class PipelinedTx:
             return
         if status == pq.ExecStatus.PIPELINE_ABORTED:
             return  # an earlier statement's error was raised already
+        self._answered_error = True
         sqlstate = res.error_field(pq.DiagnosticField.SQLSTATE)
         message = (res.error_message or b"").decode(errors="replace").strip()
         if sqlstate is None:
