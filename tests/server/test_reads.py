@@ -11,6 +11,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
+from tests.support.polling import wait_until
 
 from shinglefs.server.errors import SliceMissing
 from shinglefs.server.node import StorageNode
@@ -54,17 +55,29 @@ def slices(node: StorageNode) -> dict[int, bytes]:
 class GatedReads:
     """The node's reads of drive 0, in the order the scheduler makes them; the
     first waits for ``gate`` (so the test queues every request before any
-    choice is made)."""
+    choice is made). ``reading``: the reads started and not ended."""
 
     def __init__(self, node: StorageNode) -> None:
         self.node = node
         self.gate = threading.Event()
         self.order: list[tuple[int, int, int]] = []
+        self.reading: list[tuple[int, int]] = []
+        self.streams_at_once = 0
+        self._lock = threading.Lock()
 
     def __call__(self, slice_id: int, offset: int, length: int) -> bytes:
+        with self._lock:
+            self.reading.append((slice_id, offset))
+            self.streams_at_once = max(self.streams_at_once,
+                                       len({s for s, _ in self.reading}))
         self.gate.wait(30)
-        self.order.append((slice_id, offset, length))
-        return self.node.read(slice_id, offset, length, 0)
+        with self._lock:
+            self.order.append((slice_id, offset, length))
+        try:
+            return self.node.read(slice_id, offset, length, 0)
+        finally:
+            with self._lock:
+                self.reading.remove((slice_id, offset))
 
 
 def queue_all(reads: DriveReads, requests: list[tuple[int, int, int]]
@@ -156,6 +169,27 @@ def test_a_stream_that_keeps_asking_does_not_starve_another(
         reads.close()
     # stream 0's run ends after 2 MiB (4 READs): stream 1 is next
     assert gated.order.index((sid(1), 0, MiB)) == 4
+
+
+def test_threads_deepen_one_streams_run_never_serve_a_second_beside_it(
+        node: StorageNode, slices: dict[int, bytes]) -> None:
+    gated = GatedReads(node)
+    reads = DriveReads(gated, threads=2, run_bytes=8 * MiB, merge_bytes=MiB)
+    try:
+        futures = queue_all(reads, [(sid(0), 0, MiB)])
+        wait_until(lambda: len(gated.reading) == 1, "stream 0's first read started")
+        # stream 0 has nothing queued but a read going on: stream 1 waits ...
+        futures += queue_all(reads, [(sid(1), 0, MiB)])
+        # ... and stream 0's next READ goes beside its first
+        futures += queue_all(reads, [(sid(0), MiB, MiB)])
+        wait_until(lambda: len(gated.reading) == 2, "two reads started")
+        assert sorted(gated.reading) == [(sid(0), 0), (sid(0), MiB)]
+        gated.gate.set()
+        results = [f.result(30) for f in futures]
+    finally:
+        reads.close()
+    assert results == [slices[sid(0)][:MiB], slices[sid(1)][:MiB], slices[sid(0)][MiB:2 * MiB]]
+    assert gated.streams_at_once == 1
 
 
 def test_errors_reach_each_request_and_closing_answers_what_waits(

@@ -574,7 +574,7 @@ class SliceServer:
                  ssl_context: ssl.SSLContext | None = None,
                  pool_bytes: int = 128 * 1024 * 1024,
                  held_bytes: int = 256 * 1024 * 1024, zone_run_bytes: int = 0,
-                 read_threads: int = 1, read_run_bytes: int = RUN_BYTES) -> None:
+                 read_threads: int = 4, read_run_bytes: int = RUN_BYTES) -> None:
         self.node = node
         self.secret = check_secret(secret)
         self.limits = limits or Limits()
