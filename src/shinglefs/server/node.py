@@ -230,7 +230,7 @@ class StorageNode:
         for drive_id, store in self._stores.items():
             queue = store.scheduler if store.abilities.scheduler else None
             if isinstance(queue, WriteScheduler):  # tells when a run is in the drive's figure
-                queue.on_written = functools.partial(self._space.written, drive_id)
+                queue.tally.on_written = functools.partial(self._space.written, drive_id)
         self._claims: dict[int, int] = {}  # slice -> bytes it claims on its drive (``place``)
         self._claimed: dict[int, int] = dict.fromkeys(stores, 0)  # drive -> claimed bytes
         self.server_id: int | None = None  # set while shared as a server (server.share)

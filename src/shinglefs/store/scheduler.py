@@ -132,12 +132,10 @@ class WriteScheduler:
         self._stopping = False
         self._stopped = False
         self.batches = 0
-        self.runs_written: list[tuple[int, int]] = []  # (group, bytes) of the last 4096 runs
         self.queued_bytes_peak = 0  # the most bytes ever queued at once (back pressure bounds it)
-        self.tally = WriteTally(slice_log.zs)  # what ``figures`` reports
-        # Called (io_lock held) with the (slice, offset) of the pieces of a run just
-        # published, before their futures complete (a node's space ledger).
-        self.on_written: Callable[[list[tuple[int, int]]], None] | None = None
+        # What ``figures`` reports, the last runs, and the hook told of each run
+        self.tally = WriteTally(slice_log.zs, slice_log.name)
+        self.runs_written = self.tally.recent  # (group, bytes) of the last runs
         self._thread = threading.Thread(target=self._run, name=f"writer-{slice_log.name}",
                                         daemon=True)
         self._thread.start()
@@ -330,13 +328,11 @@ class WriteScheduler:
     def wait_slice(self, slice_id: int) -> None:
         """Wait until no piece of ``slice_id`` is queued or being written."""
         with self._cond:
-            while self._slice_pending.get(slice_id):
-                self._cond.wait()
+            self._cond.wait_for(lambda: not self._slice_pending.get(slice_id))
 
     def wait_group(self, group: int) -> None:
         with self._cond:
-            while self._group_pending.get(group):
-                self._cond.wait()
+            self._cond.wait_for(lambda: not self._group_pending.get(group))
 
     def pending_length(self, slice_id: int) -> int | None:
         """The slice's length counting queued pieces, or None when none is queued."""
@@ -345,8 +341,7 @@ class WriteScheduler:
 
     @property
     def flush_waiting(self) -> bool:
-        """A ``flush`` is waiting for the writes queued before it (an urgent
-        ``submit(wait=False)`` declines meanwhile)."""
+        """A ``flush`` waits for the writes queued before it (urgent submits decline)."""
         with self._cond:
             return bool(self._barriers)
 
@@ -362,11 +357,8 @@ class WriteScheduler:
     def figures(self) -> WriteFigures:
         """What the writer wrote since the store opened, and the queue now."""
         with self._cond:
-            pieces = sum(len(q) for q in self._groups.values())
-            queued = self._queued_bytes
-        t = self.tally
-        return WriteFigures(t.bytes_written, t.runs, t.group_switches, t.zone_switches,
-                            pieces, queued)
+            return self.tally.figures(sum(len(q) for q in self._groups.values()),
+                                      self._queued_bytes)
 
     def close(self) -> None:
         """Write everything queued, then stop the thread."""
@@ -521,15 +513,14 @@ class WriteScheduler:
                 return
 
     def _complete_barriers(self, barriers: list[tuple[int, Future[None]]]) -> None:
+        err: BaseException | None = None
         try:
             with self.log.io_lock:
                 self.log.flush_drive()
         except BaseException as exc:
-            for _, fut in barriers:
-                _resolve(fut, exc)
-            return
+            err = exc
         for _, fut in barriers:
-            _resolve(fut, None)
+            _resolve(fut, err)
 
     def _write(self, runs: list[tuple[int, list[PendingWrite]]], *,
                checkpoint: bool = True) -> None:
@@ -550,12 +541,9 @@ class WriteScheduler:
                     extents = self.log.append(
                         ("g", group), [(p.slice_id, p.offset, p.data, group) for p in live])
                     self.log.publish(extents)
-                    self._tell_written(live)
+                    self.tally.published(group, live, (e.dev for e in extents))
                     outcome.append((live, None))
                     durable = durable or any(p.durable for p in live)
-                    size = sum(p.data.nbytes for p in live)
-                    self.runs_written.append((group, size))
-                    self.tally.wrote(group, size, (e.dev for e in extents))
                 except StoreError as exc:
                     outcome.append((live, exc))
                 except Exception as exc:
@@ -573,8 +561,6 @@ class WriteScheduler:
                     self.log.maybe_checkpoint()
             except Exception as exc:  # the writer must survive; the next interval retries
                 log.warning("checkpoint of %s failed: %s", self.log.name, exc)
-        if len(self.runs_written) > 4096:
-            del self.runs_written[:-4096]
         self.batches += 1
         now = time.monotonic()
         if self.log.collector is not None and now - self._collector_woken >= COLLECTOR_WAKE_S:
@@ -589,16 +575,6 @@ class WriteScheduler:
         for pieces, err in outcome:
             for piece in pieces:
                 _resolve(piece.future, err)
-
-    def _tell_written(self, pieces: list[PendingWrite]) -> None:
-        """``on_written`` for a run just published (never raises into the write:
-        the run is written whatever the hook does)."""
-        if self.on_written is None:
-            return
-        try:
-            self.on_written([(p.slice_id, p.offset) for p in pieces])
-        except Exception:  # pragma: no cover - a hook's bug must not fail a written run
-            log.exception("on_written hook of %s failed", self.log.name)
 
     def _settle(self, piece: PendingWrite, err: BaseException | None) -> None:
         """Book-keeping for a finished piece (``_cond`` held)."""

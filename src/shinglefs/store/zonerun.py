@@ -11,6 +11,7 @@ runs, group and zone switches), reported as ``WriteFigures`` with the queue.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -20,6 +21,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from shinglefs.store.log import SliceLog
     from shinglefs.store.scheduler import PendingWrite
+
+log = logging.getLogger("shinglefs.store")
 
 STARVE_WAITS = 8  # a group waits at most this many switch_wait_s before it is next
 
@@ -52,19 +55,48 @@ class WriteFigures:
         return self.bytes_written // self.zone_switches if self.zone_switches else 0
 
 
-class WriteTally:
-    """The counters behind ``WriteFigures``, kept by whoever writes a run (one
-    thread at a time: the scheduler's ``_busy`` token); read from any thread
-    (each counter an int, so a read sees each one whole)."""
+RECENT_RUNS = 4096
+"""``WriteTally.recent`` keeps the (group, bytes) of this many runs, the last ones."""
 
-    def __init__(self, zone_size: int) -> None:
+
+class WriteTally:
+    """The counters behind ``WriteFigures`` and the runs just written, kept by
+    whoever writes a run (one thread at a time: the scheduler's ``_busy``
+    token); read from any thread (each counter an int, so a read sees each
+    one whole). ``on_written`` is told (io_lock held) the (slice, offset) of
+    the pieces of each run once it is published, before their futures
+    complete (a node's space ledger)."""
+
+    def __init__(self, zone_size: int, name: str) -> None:
         self.zone_size = zone_size
+        self.name = name
         self.bytes_written = 0
         self.runs = 0
         self.group_switches = 0
         self.zone_switches = 0
+        self.recent: list[tuple[int, int]] = []  # (group, bytes) of the last RECENT_RUNS runs
+        self.on_written: Callable[[list[tuple[int, int]]], None] | None = None
         self._group: int | None = None
         self._zone: int | None = None
+
+    def published(self, group: int, pieces: list[PendingWrite], devs: Iterable[int]) -> None:
+        """A run of ``group`` was published: ``pieces`` in records at device
+        offsets ``devs``. Never raises into the write (a hook's failure is logged)."""
+        nbytes = sum(p.data.nbytes for p in pieces)
+        self.recent.append((group, nbytes))
+        if len(self.recent) > RECENT_RUNS:
+            del self.recent[:-RECENT_RUNS]
+        self.wrote(group, nbytes, devs)
+        if self.on_written is not None:
+            try:
+                self.on_written([(p.slice_id, p.offset) for p in pieces])
+            except Exception:  # pragma: no cover - a hook's bug must not fail a written run
+                log.exception("on_written hook of %s failed", self.name)
+
+    def figures(self, queued_pieces: int, queued_bytes: int) -> WriteFigures:
+        """The figures, with the queue as the caller sees it now."""
+        return WriteFigures(self.bytes_written, self.runs, self.group_switches,
+                            self.zone_switches, queued_pieces, queued_bytes)
 
     def wrote(self, group: int, nbytes: int, devs: Iterable[int]) -> None:
         """A run of ``group``: ``nbytes`` of payload in records at device offsets ``devs``."""
