@@ -49,3 +49,21 @@ def test_other_xattrs_are_not_affected(vfs: VFS) -> None:
         vfs.getxattr(attr.ino, b"user.missing")
     assert info.value.errno == errno.ENODATA
     vfs.release(fh)
+
+
+def test_without_waiting_only_a_remembered_absence_is_answered(vfs: VFS) -> None:
+    """What a PostgreSQL-backed mount answers on its event loop (``wait=False``)."""
+    from shinglefs.client.vfs import Declined
+
+    fh, attr = vfs.create(ROOT, b"plain", 0o644, os.O_RDWR | os.O_EXCL)
+    with pytest.raises(FsError) as info:  # remembered since the create
+        vfs.getxattr(attr.ino, CAPS_XATTR, wait=False)
+    assert info.value.errno == errno.ENODATA
+    vfs.setxattr(attr.ino, b"user.k", b"v")
+    vfs.setxattr(attr.ino, CAPS_XATTR, b"caps")
+    for name in (b"user.k", CAPS_XATTR):  # both need meta now: declined, nothing done
+        with pytest.raises(Declined):
+            vfs.getxattr(attr.ino, name, wait=False)
+    assert vfs.getxattr(attr.ino, b"user.k") == b"v"
+    assert vfs.getxattr(attr.ino, CAPS_XATTR) == b"caps"
+    vfs.release(fh)

@@ -475,15 +475,19 @@ class VFS:
             name_max=counted.name_max,
         )
 
-    def getxattr(self, ino: int, name: bytes, ctx: Ctx = ROOT_CTX) -> bytes:
+    def getxattr(self, ino: int, name: bytes, ctx: Ctx = ROOT_CTX, *, wait: bool = True) -> bytes:
         """An xattr's value; ENODATA when absent. ``security.capability``'s absence
-        is remembered for ``NO_CAPS_TTL`` s (another client's set may show that late)."""
+        is remembered for ``NO_CAPS_TTL`` s (another client's set may show that late).
+        ``wait=False``: only what needs no metadata transaction (the remembered
+        absence); else raises ``Declined`` having done nothing."""
         self._check_open()
+        now = time.monotonic()
+        if name == CAPS_XATTR and self.inodes.caps_absent(ino, now):
+            raise FsError(errno.ENODATA, f"no xattr {name!r} on inode {ino}", ino=ino)
+        if not wait:
+            raise Declined
         if name != CAPS_XATTR:
             return self.meta.getxattr(ino, name, ctx)
-        now = time.monotonic()
-        if self.inodes.caps_absent(ino, now):
-            raise FsError(errno.ENODATA, f"no xattr {name!r} on inode {ino}", ino=ino)
         try:
             return self.meta.getxattr(ino, name, ctx)
         except FsError as exc:

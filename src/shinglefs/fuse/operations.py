@@ -585,6 +585,9 @@ class ShingleOperations(pyfuse3.Operations):
     async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
         if inode == pyfuse3.ROOT_INODE and name == STATUS_XATTR and self.status_provider:
             return await self._call("getxattr", True, self.status_provider, ino=inode)
+        if self.offload_metadata:  # a remembered absence is answered on the event loop
+            return await self._inline_or_thread("getxattr", self.vfs.getxattr, inode, name,
+                                                self._ctx(ctx))
         return await self._meta("getxattr", self.vfs.getxattr, inode, name, self._ctx(ctx),
                                 ino=inode)
 
