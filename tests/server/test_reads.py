@@ -197,6 +197,8 @@ def test_errors_reach_each_request_and_closing_answers_what_waits(
     gated = GatedReads(node)
     reads = DriveReads(gated, threads=1)
     missing, queued = queue_all(reads, [(0xDEAD, 0, MiB), (sid(0), 0, MiB)])
+    # the missing slice's read is being served before close (else close answers it)
+    wait_until(lambda: len(gated.reading) == 1, "the first read started")
     closer = threading.Thread(target=reads.close)
     closer.start()
     gated.gate.set()

@@ -476,10 +476,9 @@ class VFS:
         )
 
     def getxattr(self, ino: int, name: bytes, ctx: Ctx = ROOT_CTX, *, wait: bool = True) -> bytes:
-        """An xattr's value; ENODATA when absent. ``security.capability``'s absence
-        is remembered for ``NO_CAPS_TTL`` s (another client's set may show that late).
-        ``wait=False``: only what needs no metadata transaction (the remembered
-        absence); else raises ``Declined`` having done nothing."""
+        """An xattr's value; ENODATA when absent. ``security.capability``'s absence is
+        remembered for ``NO_CAPS_TTL`` s (another client's set may show that late);
+        ``wait=False`` answers only that, else raises ``Declined``."""
         self._check_open()
         now = time.monotonic()
         if name == CAPS_XATTR and self.inodes.caps_absent(ino, now):
@@ -517,17 +516,14 @@ class VFS:
 
     def stats(self) -> dict[str, int]:
         """Client counters (tests and benchmarks)."""
+        cache, maps = self.cache, self.inodes.maps
         return {
-            "buffered_bytes": self.writes.budget.used,
-            "drive_reads": self.cache.drive_reads,
-            "drive_read_bytes": self.cache.drive_bytes,
-            "cache_hits": self.cache.hits,
-            "deleted_slices": self.jobs.deletions.deleted_slices,
+            "buffered_bytes": self.writes.budget.used, "open_handles": len(self.handles),
+            "drive_reads": cache.drive_reads, "drive_read_bytes": cache.drive_bytes,
+            "cache_hits": cache.hits, "deleted_slices": self.jobs.deletions.deleted_slices,
             "compactions": self.jobs.compactor.compactions,
-            "open_handles": len(self.handles),
             # Per-inode tables that outlive handles (bounded by inodes.INODE_MEMO_ENTRIES).
-            "map_windows": self.inodes.maps.windows,
-            "map_generations": self.inodes.maps.generations,
+            "map_windows": maps.windows, "map_generations": maps.generations,
         }
 
     # ================================================================== background work

@@ -93,7 +93,12 @@ from shinglefs.client.commit import cluster_drive_id, drive_for, split_drive_id
 from shinglefs.errors import ShingleError
 from shinglefs.meta.api import LOCAL_SERVER, MetaStore, Replica, ServerRecord
 from shinglefs.meta.errors import FsError
-from shinglefs.server.cluster_reads import READAHEAD_BYTES, NetworkReadAhead
+from shinglefs.server.cluster_reads import (
+    READAHEAD_BYTES,
+    NetworkReadAhead,
+    prefetch_first,
+    read_replicas,
+)
 from shinglefs.server.errors import NodeError, NodeFull, PartialFlush, SliceMissing, WireError
 from shinglefs.server.node import DriveStats, NodeStats
 from shinglefs.server.remote import RemoteNode
@@ -524,8 +529,7 @@ class ClusterNode:
         return found
 
     def drive_of_replica(self, replica: Replica) -> int | None:
-        """The cluster drive id of a recorded replica; ``("local", id)`` names a drive
-        of the server sharing an embedded file system (``local_server``)."""
+        """A recorded replica's cluster drive id (``LOCAL_SERVER``: ``local_server``'s)."""
         if replica.server == LOCAL_SERVER:
             if self._local_server is None:
                 return None
@@ -556,7 +560,8 @@ class ClusterNode:
             if ahead is not None:
                 return ahead
         try:
-            return self._read_from(drives, slice_id, offset, length)
+            return read_replicas(self._read_order(drives), slice_id, offset, length,
+                                 self._remote, self._suspect, self._failover_after)
         except NodeError:
             if drive_id is not None:
                 raise
@@ -565,32 +570,8 @@ class ClusterNode:
             moved = tuple(d for d in self._drives_of(slice_id) if d not in drives)
             if not moved:
                 raise
-            return self._read_from(moved, slice_id, offset, length)
-
-    def _read_from(self, drives: tuple[int, ...], slice_id: int, offset: int,
-                   length: int) -> memoryview:
-        """Replica after replica, servers under suspicion last; each but the last
-        gets ``failover_after_s`` to answer (a hung server is passed over in
-        bounded time and left under suspicion), the last the full timeout."""
-        drives = self._read_order(drives)
-        failure: BaseException | None = None
-        for drive in drives:
-            server, local = split_drive_id(drive)
-            last = drive == drives[-1]
-            try:
-                data = self._remote(server).read(
-                    slice_id, offset, length, local,
-                    give_up_after=None if last else self._failover_after)
-            except NodeError as exc:  # unreachable, broken, timed out, or no such slice
-                log.warning("reading slice %#x from server %d failed (%s)%s", slice_id,
-                            server, exc, "" if last else "; trying another replica")
-                if isinstance(exc, WireError):
-                    self._suspect(server, exc)
-                failure = exc
-                continue
-            return memoryview(data).toreadonly()
-        assert failure is not None
-        raise failure
+            return read_replicas(self._read_order(moved), slice_id, offset, length,
+                                 self._remote, self._suspect, self._failover_after)
 
     def _read_order(self, drives: tuple[int, ...]) -> tuple[int, ...]:
         """``drives`` in the order a read tries them: servers under suspicion last."""
@@ -609,16 +590,8 @@ class ClusterNode:
         with self._lock:
             if slice_id in self._placed or self._closed:
                 return
-        drives = self._read_order(self._drives_of(slice_id))
-        if not drives:
-            return
-        server, local = split_drive_id(drives[0])
-        try:
-            remote = self._remote(server)
-            self._ahead.prefetch(slice_id, offset, length, lambda sid, off, buf:
-                                 remote.submit_readinto(sid, off, buf, local))
-        except (NodeError, FsError) as exc:  # read on demand instead
-            log.debug("no read-ahead of slice %#x from server %d: %s", slice_id, server, exc)
+        prefetch_first(self._ahead, self._read_order(self._drives_of(slice_id)), slice_id,
+                       offset, length, self._remote)
 
     @property
     def readahead_bytes(self) -> int:
@@ -627,8 +600,7 @@ class ClusterNode:
 
     # ------------------------------------------------------------------ stats and closing
     def stats(self) -> NodeStats:
-        """Capacity and free bytes of the live servers' drives, as they last
-        reported them (no round trip)."""
+        """The live servers' drives as they last reported them (no round trip)."""
         with self._lock:
             self._refresh()
             return _reported_stats(self._live, self._servers)

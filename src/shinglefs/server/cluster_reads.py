@@ -39,13 +39,24 @@ Thread safety: every method may be called from any thread.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-__all__ = ["PIECE", "READAHEAD_BYTES", "NetworkReadAhead"]
+from shinglefs.client.commit import split_drive_id
+from shinglefs.meta.errors import FsError
+from shinglefs.server.errors import NodeError, WireError
+
+if TYPE_CHECKING:
+    from shinglefs.server.remote import RemoteNode
+
+__all__ = ["PIECE", "READAHEAD_BYTES", "NetworkReadAhead", "prefetch_first", "read_replicas"]
+
+log = logging.getLogger("shinglefs.server.cluster")
 
 PIECE = 4 * 1024 * 1024
 """A read started ahead: ``ClientConfig.read_extent``'s default, so a hinted run
@@ -157,3 +168,47 @@ class NetworkReadAhead:
         with self._lock:
             self._entries.clear()
             self._bytes = 0
+
+
+def read_replicas(drives: tuple[int, ...], slice_id: int, offset: int, length: int,
+                  remote: Callable[[int], RemoteNode],
+                  suspect: Callable[[int, BaseException], None],
+                  failover_after: float) -> memoryview:
+    """Bytes ``[offset, offset+length)`` of a slice from the first of ``drives``
+    (cluster drive ids, in the order to try) that answers, as a read-only view.
+    Each but the last gets ``failover_after`` seconds (a hung server is passed
+    over in bounded time and ``suspect``-ed), the last its connection's full
+    timeout. Raises the last replica's ``NodeError`` when none answers."""
+    failure: BaseException | None = None
+    for drive in drives:
+        server, local = split_drive_id(drive)
+        last = drive == drives[-1]
+        try:
+            data = remote(server).read(slice_id, offset, length, local,
+                                       give_up_after=None if last else failover_after)
+        except NodeError as exc:  # unreachable, broken, timed out, or no such slice
+            log.warning("reading slice %#x from server %d failed (%s)%s", slice_id,
+                        server, exc, "" if last else "; trying another replica")
+            if isinstance(exc, WireError):
+                suspect(server, exc)
+            failure = exc
+            continue
+        return memoryview(data).toreadonly()
+    assert failure is not None
+    raise failure
+
+
+def prefetch_first(ahead: NetworkReadAhead, drives: tuple[int, ...], slice_id: int,
+                   offset: int, length: int, remote: Callable[[int], RemoteNode]) -> None:
+    """Start reading ``[offset, offset+length)`` ahead from the first of ``drives``
+    (the replica a read tries first). Never raises: without a replica or a
+    connection, the range is read on demand."""
+    if not drives:
+        return
+    server, local = split_drive_id(drives[0])
+    try:
+        node = remote(server)
+        ahead.prefetch(slice_id, offset, length,
+                       lambda sid, off, buf: node.submit_readinto(sid, off, buf, local))
+    except (NodeError, FsError) as exc:
+        log.debug("no read-ahead of slice %#x from server %d: %s", slice_id, server, exc)
