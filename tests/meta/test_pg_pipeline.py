@@ -165,3 +165,26 @@ def test_dollar_placeholders() -> None:
     assert pgwire.dollar_placeholders("SELECT %s, '%%', %s") == b"SELECT $1, '%', $2"
     with pytest.raises(ValueError):
         pgwire.dollar_placeholders("SELECT %d")
+
+
+def test_a_connection_past_descriptor_1024_works(pg_cluster: PgCluster) -> None:
+    """``select()`` cannot wait on a descriptor >= 1024; a training process with
+    many files open reaches that (the full test run did)."""
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.fail(f"RLIMIT_NOFILE hard limit {hard} is too low for this test")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        b = backend_from_url(pg_cluster.new_database(), pool_max=1)
+        try:
+            assert b.run(lambda tx: tx.one("SELECT 41 + 1"), "single") == (42,)
+        finally:
+            b.close()
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

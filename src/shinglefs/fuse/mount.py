@@ -638,8 +638,9 @@ def _read_report(read_fd: int) -> dict[str, Any]:
                     os.kill(daemon_pid, signal.SIGTERM)
             return {"ok": False,
                     "message": f"the mount did not come up within {READY_TIMEOUT:.0f} s"}
-        ready, _, _ = select.select([read_fd], [], [], min(remaining, 1.0))
-        if ready:
+        waiter = select.poll()  # not select(): descriptors past 1024 are common
+        waiter.register(read_fd, select.POLLIN)
+        if waiter.poll(int(min(remaining, 1.0) * 1000)):
             chunk = os.read(read_fd, 65536)
             if not chunk:
                 return {"ok": False, "message": "the mount daemon exited before the mount was ready"}

@@ -21,7 +21,7 @@ per connection (named ``sfs_N``, by text and parameter types) in the same
 pipeline as their first execution. Parameters go as text (numbers, strings)
 or binary (bytes); results come back binary.
 
-Waiting releases the GIL (``select`` on the socket; the connection is in
+Waiting releases the GIL (``poll`` on the socket; the connection is in
 libpq's non-blocking mode, as psycopg leaves it), so other threads run while
 a statement is on the wire.
 
@@ -51,7 +51,7 @@ _SYNC = 4  # a sync point: the end of an (implicit) transaction's messages
 _INSERT = 5  # a write whose constraint violation is the operation's error (``insert``)
 
 _INT8, _BYTEA, _BOOL, _FLOAT8, _UNKNOWN = 20, 17, 16, 701, 0
-_WAIT_S = 1.0  # select() timeout: a wait stays interruptible
+_WAIT_MS = 1000  # poll() timeout: a wait stays interruptible
 PREPARED_MAX = 1024
 """Statements prepared per connection at most; past it (statements built with
 values in their text) they go unnamed, parsed on each execution."""
@@ -133,12 +133,15 @@ class PipelinedTx:
     transaction (autocommit: each waiting statement ends with a sync point)."""
 
     __slots__ = ("_answered_error", "_autocommit", "_commit_sent", "_fd", "_pending", "_pg",
-                 "_prepared", "_rows", "_unsynced")
+                 "_poll", "_prepared", "_rows", "_unsynced")
 
     def __init__(self, conn: psycopg.Connection[Any], prepared: Prepared,
                  begin: str | None) -> None:
         self._pg = conn.pgconn
         self._fd = self._pg.socket
+        # poll, not select: a process with over 1024 descriptors open is common
+        self._poll = select.poll()
+        self._poll.register(self._fd, select.POLLIN)
         self._prepared = prepared
         self._rows = Transformer(conn)
         self._pending: deque[tuple[int, Any]] = deque()  # (kind, prepared key or need's error)
@@ -331,15 +334,18 @@ class PipelinedTx:
     def _next(self) -> pq.abc.PGresult | None:
         pg = self._pg
         while pg.is_busy():
-            select.select([self._fd], [], [], _WAIT_S)
+            self._poll.poll(_WAIT_MS)
             pg.consume_input()
         return pg.get_result()
 
     def _flush(self) -> None:
         pg = self._pg
-        while pg.flush():
-            select.select([self._fd], [self._fd], [], _WAIT_S)
-            pg.consume_input()
+        if pg.flush():  # the socket's buffer is full: wait for room (reading meanwhile)
+            both = select.poll()
+            both.register(self._fd, select.POLLIN | select.POLLOUT)
+            while pg.flush():
+                both.poll(_WAIT_MS)
+                pg.consume_input()
 
     def _check(self, res: pq.abc.PGresult | None) -> None:
         if res is None:
