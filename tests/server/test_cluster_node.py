@@ -445,3 +445,29 @@ def test_a_client_follows_a_server_that_comes_back_at_another_address(
         assert fs.read_bytes("/after.bin") == data
     finally:
         fs.close()
+
+
+def test_reserving_counts_every_copy_a_byte_takes(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+    """With two servers each byte is stored twice: write(2) must say ENOSPC once
+    twice the bytes no longer fit, not leave it to the servers at close."""
+    from shinglefs.server.cluster import ClusterNode
+    from shinglefs.server.errors import NodeFull
+
+    start_server(meta_url, tmp_path, "s1", servers)
+    start_server(meta_url, tmp_path, "s2", servers)
+    wait_until(lambda: live_count(meta) == 2, "two servers live")
+    node = ClusterNode(meta, cluster_key(meta))
+    try:
+        free = node.stats().free_bytes
+        assert free > 0
+        with pytest.raises(NodeFull) as refused:
+            node.reserve(free * 6 // 10)  # 1.2 x free once stored twice
+        assert "2 copies" in str(refused.value)
+        node.reserve(free * 4 // 10)
+        with pytest.raises(NodeFull):
+            node.reserve(free * 2 // 10)  # 0.4 + 0.2 of free, twice: 1.2 x
+        node.unreserve(free * 4 // 10)
+        node.reserve(free * 4 // 10)
+    finally:
+        node.close()

@@ -243,18 +243,19 @@ class ClusterNode:
         return free - self._since.get(drive_id, 0)
 
     def reserve(self, nbytes: int) -> None:
-        """Take ``nbytes`` of the live drives' free bytes for accepted writes, or
-        raise ``NodeFull`` (ENOSPC) with nothing taken."""
+        """Take room for ``nbytes`` of accepted writes, or raise ``NodeFull`` (ENOSPC)
+        with nothing taken. A byte takes ``default_copies`` of the live drives' free
+        bytes (a directory whose own goal is higher may still be refused at flush)."""
         with self._lock:
-            self._refresh()
-            room = sum(self._free(d) for d in self._live) - self._reserved
-            if room < nbytes:
-                self._refresh(force=True)
-                room = sum(self._free(d) for d in self._live) - self._reserved
-            if room < nbytes:
-                raise NodeFull(0, None, f"{nbytes} bytes do not fit: {max(0, room)} bytes "
-                                        "are free on the live storage servers")
-            self._reserved += nbytes
+            for force in (False, True):
+                self._refresh(force=force)
+                copies = default_copies(self._live, self._replicas)
+                room = sum(self._free(d) for d in self._live) - self._reserved * copies
+                if room >= nbytes * copies:
+                    self._reserved += nbytes
+                    return
+            raise NodeFull(0, None, f"{nbytes} bytes ({copies} copies) do not fit: "
+                                    f"{max(0, room)} bytes are free on the live storage servers")
 
     def unreserve(self, nbytes: int) -> None:
         with self._lock:
@@ -284,10 +285,8 @@ class ClusterNode:
         return goal
 
     def place(self, slice_id: int, group: int, size_hint: int = 0) -> int:
-        """Choose the drives of a new slice (module docstring): as many distinct
-        servers as its group's goal asks (``goal_of``; else the ``replicas``
-        given, else 2 with two or more live servers, else 1), fewer when fewer
-        are live; remembers them and returns the first."""
+        """Choose and remember the drives of a new slice (module docstring): on as many
+        servers as its goal asks (``goal_of``, else ``default_copies``); the first."""
         with self._lock:
             placed = self._placed.get(slice_id)
             if placed:
@@ -650,6 +649,13 @@ def _reported_stats(live: dict[int, tuple[int, int]],
         free_bytes=sum(d.free_bytes for d in drives),
         live_bytes=sum(d.store.live_bytes for d in drives),
         user_bytes_written=0, device_bytes_written=0, drives=drives)
+
+
+def default_copies(live: Iterable[int], replicas: int | None) -> int:
+    """Copies of a byte under the default goal (``replicas``, else 2) as the servers
+    of the ``live`` drives allow."""
+    servers = {split_drive_id(d)[0] for d in live}
+    return max(1, min(replicas or 2, len(servers)))
 
 
 def _freest(free: Callable[[int], int], drives: list[int]) -> int:
