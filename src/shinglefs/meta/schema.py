@@ -412,7 +412,6 @@ LIST_XATTR = "SELECT name FROM xattrs WHERE ino = ? ORDER BY name"
 DEL_XATTR = "DELETE FROM xattrs WHERE ino = ? AND name = ?"
 
 # ---- content map ---------------------------------------------------------------------
-GROW_FILE = "UPDATE inodes SET size = {greatest}(size, ?), mtime_ns = ?, ctime_ns = ? WHERE ino = ?"
 GROW_FILE_ATTR = (
     "UPDATE inodes SET size = {greatest}(size, ?), mtime_ns = ?, ctime_ns = ? WHERE ino = ? "
     f"RETURNING {INODE_COLS}"
@@ -524,12 +523,7 @@ SEL_SESSIONS = (
     "SELECT id, host, pid, mountpoint, version, started_ns, heartbeat_ns FROM sessions ORDER BY id"
 )
 SEL_EXPIRED = "SELECT id FROM sessions WHERE heartbeat_ns < ? ORDER BY id"
-SEL_SESSION = "SELECT 1 FROM sessions WHERE id = ?"
 DEL_SESSION = "DELETE FROM sessions WHERE id = ?"
-OPEN_FILE = (
-    "INSERT INTO open_files (session, ino, opens) VALUES (?, ?, 1) "
-    "ON CONFLICT (session, ino) DO UPDATE SET opens = open_files.opens + 1"
-)
 CLOSE_FILE = "UPDATE open_files SET opens = opens - 1 WHERE session = ? AND ino = ? RETURNING opens"
 DEL_OPEN = "DELETE FROM open_files WHERE session = ? AND ino = ?"
 # Open ``ino`` in a session that exists (no such session: the NOT NULL

@@ -19,6 +19,7 @@ from shinglefs.meta import schema as S
 from shinglefs.meta.backend import Tx
 from shinglefs.meta.engine.chunks import slice_info
 from shinglefs.meta.engine.core import SqlCore, enoent, now_ns
+from shinglefs.meta.engine.namespace import open_in_session
 from shinglefs.meta.errors import FsError, SliceStateError
 from shinglefs.meta.records import (
     INLINE_SLICE_BIT,
@@ -85,11 +86,9 @@ class SessionOps(SqlCore):
 
     def open_file(self, session: int, ino: int) -> None:
         def txn(tx: Tx) -> None:
-            if tx.one(S.SEL_SESSION, (session,)) is None:
-                raise FsError(E.ESTALE, f"unknown session {session}")
             if tx.one(S.SEL_INODE, (ino,)) is None:
                 raise enoent(ino)
-            tx.run(S.OPEN_FILE, (session, ino))
+            open_in_session(tx, session, ino)
 
         self._run(txn)
 
