@@ -124,9 +124,9 @@ class SinkNode:
     def __init__(self) -> None:
         self._zeros: dict[int, bytes] = {}  # one answer per length, made once
 
-    def read(self, slice_id: int, offset: int, length: int,
-             drive_id: int | None = None) -> bytes:
-        return self._zeros.setdefault(length, bytes(length))
+    def read_view(self, slice_id: int, offset: int, length: int,
+                  drive_id: int | None = None) -> memoryview:
+        return memoryview(self._zeros.setdefault(length, bytes(length)))
 
     def length(self, slice_id: int, drive_id: int | None = None) -> int:
         return 0

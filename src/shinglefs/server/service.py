@@ -105,8 +105,8 @@ class ServedNode(Protocol):
     def write(self, slice_id: int, offset: int, data: Any, group: int, *,
               drive_id: int | None = None, durable: bool = False) -> int: ...
 
-    def read(self, slice_id: int, offset: int, length: int,
-             drive_id: int | None = None) -> bytes: ...
+    def read_view(self, slice_id: int, offset: int, length: int,
+                  drive_id: int | None = None) -> memoryview: ...
 
     def length(self, slice_id: int, drive_id: int | None = None) -> int: ...
 
@@ -149,8 +149,8 @@ def dispatch(node: ServedNode, header: Header, payload: memoryview) -> tuple[int
                           drive_id=_drive(node, header),
                           durable=bool(header.flags & Flag.DURABLE)), b""
     if kind is Kind.READ:
-        data = node.read(header.slice_id, header.offset, header.arg, _drive(node, header))
-        return len(data), data
+        data = node.read_view(header.slice_id, header.offset, header.arg, _drive(node, header))
+        return data.nbytes, data
     if kind is Kind.LENGTH:
         return node.length(header.slice_id, _drive(node, header)), b""
     if kind is Kind.DELETE:
@@ -592,7 +592,7 @@ class SliceServer:
                 scheduler.zone_run.on_switch = self.held.wake
         # READs of a drive served in runs per stream (server/reads.py); 0 threads: none
         self.drive_reads: dict[int, DriveReads] = {} if read_threads < 1 else {
-            d: DriveReads(functools.partial(node.read, drive_id=d), name=str(d),
+            d: DriveReads(functools.partial(node.read_view, drive_id=d), name=str(d),
                           threads=read_threads, run_bytes=read_run_bytes)
             for d in node.drive_ids}
         self._lock = threading.Lock()
