@@ -12,6 +12,7 @@ import pytest
 
 from shinglefs.server.errors import DriveInUse, SliceMissing
 from shinglefs.server.node import StorageNode
+from shinglefs.zoned.errors import DriveFormatError
 
 MiB = 1024 * 1024
 
@@ -80,3 +81,27 @@ def test_second_open_of_the_same_drives_names_the_holder(tmp_path: Path) -> None
         assert int(out.stdout) == os.getpid()
     # Released on close: opening again works.
     StorageNode.open(specs(tmp_path, 1)).close()
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_closing_a_node_closes_the_drives_it_opened(tmp_path: Path) -> None:
+    # Each emulated drive holds three descriptors (data, O_DIRECT writer, zone
+    # table); a node that closed its stores but not their drives kept all three.
+    StorageNode.open(specs(tmp_path, 2), create=True).close()
+    before = open_descriptors()
+    for _ in range(10):
+        StorageNode.open(specs(tmp_path, 2)).close()
+    assert open_descriptors() == before
+
+
+def test_a_failed_open_closes_the_drives_opened_before_the_failure(tmp_path: Path) -> None:
+    StorageNode.open(specs(tmp_path, 1), create=True).close()
+    missing = (1, f"emulated:{tmp_path}/absent.img:{2048 * MiB}")
+    before = open_descriptors()
+    for _ in range(10):
+        with pytest.raises(DriveFormatError):
+            StorageNode.open([*specs(tmp_path, 1), missing])
+    assert open_descriptors() == before

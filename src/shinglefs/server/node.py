@@ -53,7 +53,7 @@ from shinglefs.store.api import PieceFuture as PieceFuture  # re-exported: the n
 from shinglefs.store.errors import SliceNotFound, StoreFull
 from shinglefs.store.scheduler import WriteScheduler
 from shinglefs.store.zonerun import WriteFigures
-from shinglefs.zoned import create_drive, open_drive
+from shinglefs.zoned import ZonedDrive, create_drive, open_drive
 from shinglefs.zoned.fileio import Payload
 
 log = logging.getLogger(__name__)
@@ -212,6 +212,7 @@ class StorageNode:
         *,
         specs: dict[int, str] | None = None,
         locks: Sequence[DriveLock] = (),
+        drives: Sequence[ZonedDrive] = (),
         min_free_fraction: float = 0.02,
         stats_ttl: float = 0.5,
         affinity_capacity: int = 4096,
@@ -221,6 +222,7 @@ class StorageNode:
         self._stores = dict(stores)
         self._specs = dict(specs or {i: f"drive{i}" for i in stores})
         self._locks = list(locks)
+        self._drives = list(drives)  # opened by ``open``: closed after their stores
         self._min_free_fraction = min_free_fraction
         self._lock = threading.Lock()
         self._affinity: OrderedDict[int, int] = OrderedDict()  # group -> drive
@@ -259,6 +261,7 @@ class StorageNode:
         stores: dict[int, SliceStoreAPI] = {}
         specs: dict[int, str] = {}
         locks: list[DriveLock] = []
+        opened: list[ZonedDrive] = []
         tunables = asdict(store_config) if store_config is not None else {}
         try:
             for drive_id, spec in drives:
@@ -271,9 +274,10 @@ class StorageNode:
                         if zone_size is None
                         else create_drive(spec, zone_size=zone_size)
                     )
+                    opened.append(drive)
                     stores[drive_id] = SliceStore.format(drive, **tunables)
                 else:
-                    drive = open_drive(spec)
+                    opened.append(drive := open_drive(spec))
                     stores[drive_id] = SliceStore.open(drive, **tunables)
                 specs[drive_id] = spec
         except BaseException:
@@ -282,10 +286,15 @@ class StorageNode:
                     store.close()
                 except Exception:  # pragma: no cover - best effort on the error path
                     log.exception("closing a store after a failed node open")
+            for opened_drive in opened:
+                try:
+                    opened_drive.close_drive()
+                except Exception:  # pragma: no cover - best effort on the error path
+                    log.exception("closing a drive after a failed node open")
             for lock in locks:
                 lock.release()
             raise
-        return cls(stores, specs=specs, locks=locks, **kwargs)
+        return cls(stores, specs=specs, locks=locks, drives=opened, **kwargs)
 
     # ------------------------------------------------------------------ placement
     @property
@@ -630,16 +639,19 @@ class StorageNode:
         return self._store(drive_id)
 
     def close(self) -> None:
-        """Flush and close every store, then release the drive locks. Idempotent."""
+        """Flush and close every store, close the drives ``open`` opened (their
+        descriptors), then release the drive locks. Idempotent; raises the first
+        error met, after trying every store and drive."""
         if self._closed:
             return
         self._closed = True
         errors: list[BaseException] = []
-        for store in self._stores.values():
+        for close in [s.close for s in self._stores.values()] + [
+                d.close_drive for d in self._drives]:
             try:
-                store.close()
+                close()
             except Exception as exc:
-                log.exception("closing slice store")
+                log.exception("closing a slice store or its drive")
                 errors.append(exc)
         for lock in self._locks:
             lock.release()
