@@ -27,6 +27,15 @@ its runs there. Locally no more: a full file system fills as exactly with
 MiB/s against 145 and 148 with 16 MiB, on a loaded 2-core VM)."""
 
 
+SESSION_HEARTBEAT_S = 10.0
+"""The longest interval between two heartbeats of a client's session
+(``ClientConfig.heartbeat_interval``)."""
+HEARTBEATS_PER_AGE = 4
+"""At least this many heartbeats fit in ``abandoned_slice_age``: each one vouches
+for the slices the client's writers have in progress (``MetaStore.touch_slices``),
+so a live writer's slice never looks abandoned to any client's janitor."""
+
+
 def read_cache_default() -> int:
     """The read cache's bound in bytes: ``$SHINGLEFS_READ_CACHE_MIB`` MiB when set
     (how an operator sizes a mount's cache), else 256 MiB. Raises UsageError
@@ -50,6 +59,13 @@ class ClientConfig:
     back-pressure). The read cache holds at most ``read_cache_bytes`` of
     memory, counted as what its extents really keep alive (client/reader.py);
     the reads in flight add at most ``read_extent`` per reading thread.
+
+    Abandoned slices: the janitor discards a WRITING slice that no live
+    writer has vouched for within ``abandoned_slice_age``; a client's session
+    heartbeat (every ``heartbeat_interval``, derived from that age) vouches
+    for its writers' slices. Every client of one file system must take an
+    age well above the others' heartbeat interval (10 s at most): the
+    default, 6 h, is. UsageError for an age that is not positive.
     """
 
     piece_size: int = 4 * MiB  # stream a slice to the store in pieces of at least this
@@ -76,8 +92,26 @@ class ClientConfig:
     deletion_batch: int = 256
     deletion_consumer: bool = True
     janitor_interval: float = 300.0  # seconds between sweeps for abandoned WRITING slices (0: off)
-    abandoned_slice_age: float = 6 * 3600.0  # a WRITING slice this old was left by a crashed client
+    # A WRITING slice not vouched for by its writer this long was left by a dead
+    # or silent writer (janitor); the session heartbeat vouches for live ones.
+    abandoned_slice_age: float = 6 * 3600.0
     session_timeout: float = 120.0  # a session silent this long is expired (crashed client)
     deferred_close: bool = True  # release: meta's open-file row is dropped in batches (maintenance)
     max_settling_slices: int = 4  # ended slices of one file committing in the background
     commit_threads: int = 4  # settle slices ended while writing (ordered commits: client/commit.py)
+
+    def __post_init__(self) -> None:
+        if not self.abandoned_slice_age > 0:
+            raise UsageError(f"abandoned_slice_age = {self.abandoned_slice_age} is not a "
+                             "positive number of seconds",
+                             hint="a WRITING slice younger than this is never discarded; "
+                                  "the default is 21600 (6 h)")
+        # The janitor is safe across clients only with heartbeats << the age.
+        assert self.heartbeat_interval * HEARTBEATS_PER_AGE <= self.abandoned_slice_age
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """Seconds between two heartbeats of this client's session (which also
+        vouch for its writers' slices): ``SESSION_HEARTBEAT_S``, or less so that
+        ``HEARTBEATS_PER_AGE`` of them fit in ``abandoned_slice_age``."""
+        return min(SESSION_HEARTBEAT_S, self.abandoned_slice_age / HEARTBEATS_PER_AGE)

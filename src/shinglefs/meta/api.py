@@ -87,7 +87,7 @@ from shinglefs.meta.records import (
 )
 
 SLICE_RECORDS_BATCH = 500
-"""The most slice ids one ``slice_records`` or ``claim_orphans`` call takes."""
+"""The most slice ids one ``slice_records``, ``claim_orphans`` or ``touch_slices`` call takes."""
 
 
 class ServerRegistry(ABC):
@@ -537,10 +537,16 @@ class MetaStore(ServerRegistry):
         slice registry for re-replication and reports. Read-only."""
 
     @abstractmethod
+    def touch_slices(self, slice_ids: Sequence[int]) -> int:
+        """A live writer vouches for its slices: those of ``slice_ids`` still WRITING
+        count as registered now (``abandoned_slices``), in one statement; others are
+        left alone. Returns how many were touched; EINVAL past ``SLICE_RECORDS_BATCH``."""
+
+    @abstractmethod
     def abandoned_slices(self, older_than_s: float, limit: int = 1000) -> list[SliceInfo]:
-        """Slices still WRITING, never referenced, registered more than
-        ``older_than_s`` ago: what a client that crashed mid-write left behind
-        (choose a threshold above the longest write). Read-only."""
+        """Slices still WRITING, never referenced, registered or last touched
+        (``touch_slices``) more than ``older_than_s`` ago: left by a writer that died
+        or went silent mid-slice (choose an age well above live writers' touches). Read-only."""
 
     @abstractmethod
     def discard_slices(self, slice_ids: Sequence[int]) -> list[int]:

@@ -475,10 +475,21 @@ REF_SLICE = (
 )
 DEREF_SLICE = "UPDATE slices SET refcount = refcount - ? WHERE id = ? RETURNING refcount"
 DOOM_SLICE = "UPDATE slices SET state = 'to_delete' WHERE id = ?"
+# A WRITING slice's created_ns is when it was registered or last vouched for by
+# its live writer (touch_slices): the janitor's abandoned age counts from it.
 SEL_ABANDONED = (
     "SELECT id FROM slices WHERE state = 'writing' AND refcount = 0 AND created_ns < ? "
     "ORDER BY id LIMIT ?"
 )
+
+
+def touch_slices(count: int) -> str:
+    """Set the registration time (first ``?``) of those of ``count`` slice ids
+    (``?`` each) still WRITING: a live writer vouches for its slices."""
+    marks = ", ".join("?" * count)
+    return f"UPDATE slices SET created_ns = ? WHERE state = 'writing' AND id IN ({marks})"
+
+
 DISCARD_SLICE = (
     "UPDATE slices SET state = 'to_delete' WHERE id = ? AND state = 'writing' AND refcount = 0"
 )

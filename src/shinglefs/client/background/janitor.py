@@ -1,23 +1,42 @@
-"""The janitor: finds the slices crashed writers left behind and queues them for deletion.
+"""The janitor: finds the slices dead writers left behind and queues them for deletion.
 
-A slice registered (``add_slice``) long ago and never committed belongs to a
-writer that died mid-slice. The janitor asks meta for such slices, spares
-the ones this client is writing right now, and has meta discard the rest
-(``discard_slices`` queues a slice only while it is still WRITING with no
-reference); the deletion consumer then frees their bytes.
+A slice is registered (``add_slice``) WRITING when its first piece is
+stored, and committed when it ends. While it is in progress, the session
+heartbeat of the client writing it vouches for it (``touch_slices``, every
+``ClientConfig.heartbeat_interval``, at most a quarter of the abandoned
+age): its registration time moves to now. So a WRITING slice that nobody
+vouched for within ``abandoned_slice_age`` belongs to a writer that died or
+went silent that long: any client's janitor may discard it, whichever
+client or process was writing it. The janitor asks meta for such slices,
+spares the ones this client is writing right now (its own heartbeat may not
+have run yet), and has meta discard the rest (``discard_slices`` queues a
+slice only while it is still WRITING with no reference); the deletion
+consumer then frees their bytes. A writer silent that long loses the slice:
+its commit is refused (ESTALE) while the discarded record is queued.
+
+What this assumes: every client of the file system heartbeats well within
+every other client's ``abandoned_slice_age`` (10 s against 6 h by default),
+and host clocks agree to well within that age (the registration time is
+the writer's clock, the cutoff the janitor's). A compaction's new slice is
+not vouched for: it is written and committed in one go, far below the age.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from shinglefs.client.writer import FileWriter
 from shinglefs.meta.api import MetaStore
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Janitor"]
+__all__ = ["Janitor", "slices_in_progress"]
+
+
+def slices_in_progress(writers: Iterable[FileWriter]) -> set[int]:
+    """The ids of every slice ``writers`` have not committed yet (open or settling)."""
+    return {sid for w in writers for sid in w.slice_ids_in_progress()}
 
 
 class Janitor:
@@ -38,15 +57,18 @@ class Janitor:
         self._wake = wake
 
     def run(self, older_than_s: float | None = None, limit: int = 1000) -> int:
-        """Queue for deletion the WRITING slices left by crashed clients; returns the count.
+        """Queue for deletion the WRITING slices of dead or silent writers; returns the count.
 
-        A slice registered more than ``older_than_s`` ago (default
-        ``abandoned_age``: ``ClientConfig.abandoned_slice_age``) and never
-        committed is queued. Slices this client is writing right now are
-        never discarded.
+        A slice registered or last vouched for by its writer's heartbeat more
+        than ``older_than_s`` ago (default ``abandoned_age``:
+        ``ClientConfig.abandoned_slice_age``) and never committed is queued
+        (in meta, one transaction); the deletion pass is woken. Slices this
+        client is writing right now are never discarded; a live writer of
+        another client or process is safe when its heartbeat runs well within
+        the age (module docstring). Raises what the meta calls raise.
         """
         age = self.abandoned_age if older_than_s is None else older_than_s
-        mine = {sid for w in self._writers() for sid in w.slice_ids_in_progress()}
+        mine = slices_in_progress(self._writers())
         candidates = [i.id for i in self.meta.abandoned_slices(age, limit) if i.id not in mine]
         if not candidates:
             return 0

@@ -4,8 +4,9 @@ A pass runs, in this order: the deferred closes, the deletion consumer
 (``deletion_consumer``), the compactions this client's commits queued, the
 scan for fragmented chunks (every ``compaction_scan_interval`` with
 ``compaction``), the janitor (every ``janitor_interval``), the session
-heartbeat and expiry of crashed clients' sessions (every
-``HEARTBEAT_INTERVAL``), the metadata backup to the drives (when due).
+heartbeat, which vouches for this client's slices in progress, and expiry
+of crashed clients' sessions (every ``heartbeat_interval``), the metadata
+backup to the drives (when due).
 Closes drain before deletions so that a file freed by its last close is
 deleted in the same pass.
 """
@@ -15,9 +16,9 @@ from __future__ import annotations
 from shinglefs.client.background.closes import CloseQueue
 from shinglefs.client.background.compaction import Compactor
 from shinglefs.client.background.deletions import DeletionConsumer
-from shinglefs.client.background.janitor import Janitor
+from shinglefs.client.background.janitor import Janitor, slices_in_progress
 from shinglefs.client.background.scheduler import BackgroundScheduler
-from shinglefs.client.background.sessions import HEARTBEAT_INTERVAL, ClientSession
+from shinglefs.client.background.sessions import ClientSession
 from shinglefs.client.config import ClientConfig
 from shinglefs.client.groups import GroupPolicy
 from shinglefs.client.inodes import InodeTable
@@ -50,7 +51,8 @@ class ClientJobs:
     ) -> None:
         self.scheduler = bg = BackgroundScheduler(config.deletion_interval)
         self.session = ClientSession(
-            meta, session, timeout=config.session_timeout, held=inodes.held
+            meta, session, timeout=config.session_timeout, held=inodes.held,
+            in_progress=lambda: slices_in_progress(inodes.writers()),
         )
         self.closes = CloseQueue(meta, bg.wake)
         self.deletions = DeletionConsumer(
@@ -74,7 +76,7 @@ class ClientJobs:
                    every=config.compaction_scan_interval)
         if config.janitor_interval:
             bg.add("janitor", self.janitor.run, every=config.janitor_interval)
-        bg.add("session", self.session.run, every=HEARTBEAT_INTERVAL)
+        bg.add("session", self.session.run, every=config.heartbeat_interval)
         bg.add("metadata backup", self.backup.maybe_write)
 
     def start(self) -> None:

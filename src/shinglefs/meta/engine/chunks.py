@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import Any
 
 from shinglefs.meta import schema as S
+from shinglefs.meta.api import SLICE_RECORDS_BATCH
 from shinglefs.meta.backend import Tx
 from shinglefs.meta.engine.core import SqlCore, attr_of, enoent, now_ns
 from shinglefs.meta.errors import ChunkChanged, FsError, SliceStateError
@@ -71,7 +72,7 @@ def _file_row(row: Any, ino: int) -> InodeAttr:
 
 class ChunkOps(SqlCore):
     """commit_slice(s), read_map, get_chunk, compaction, and the slice registry
-    (ids, add_slice, replicas, get_slice). ``truncate`` is a size change, in
+    (ids, add_slice, touch_slices, replicas, get_slice). ``truncate`` is a size change, in
     ``AttributeOps``; its content side is ``_drop_content_past`` here."""
 
     # ---- slices ------------------------------------------------------------------------
@@ -89,6 +90,15 @@ class ChunkOps(SqlCore):
                 tx.run(S.INS_REPLICA, (info.id, rep.server, rep.drive))
 
         self._run(txn)
+
+    def touch_slices(self, slice_ids: Sequence[int]) -> int:
+        ids = sorted(set(slice_ids))
+        if len(ids) > SLICE_RECORDS_BATCH:
+            raise FsError(E.EINVAL, f"{len(ids)} slice ids in one call; at most "
+                          f"{SLICE_RECORDS_BATCH}")
+        if not ids:
+            return 0
+        return self._run(lambda tx: tx.run(S.touch_slices(len(ids)), (now_ns(), *ids)))
 
     def set_slice_replicas(self, slice_id: int, replicas: Sequence[Replica]) -> None:
         def txn(tx: Tx) -> None:
