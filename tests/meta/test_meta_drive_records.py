@@ -38,7 +38,7 @@ def test_a_version_2_database_gains_drive_uuids_when_opened(meta_url: str,
 
     again = open_meta(meta_url)
     try:
-        assert again.format_info().schema_version == SCHEMA_VERSION == 6
+        assert again.format_info().schema_version == SCHEMA_VERSION == 7
         assert again.drive_records() == [DriveRecord("emulated:/x/smr0.img:1G", None)]
         again.set_drives(["emulated:/x/smr0.img:1G"], ["u-0"])
         assert again.drive_records()[0].uuid == "u-0"

@@ -98,7 +98,7 @@ def test_a_version_3_database_gains_the_inline_table_when_opened(meta_url: str,
     meta.close()
     again = open_meta(meta_url)
     try:
-        assert again.format_info().schema_version == SCHEMA_VERSION == 6
+        assert again.format_info().schema_version == SCHEMA_VERSION == 7
         ino = _new_file(again, b"f")  # type: ignore[arg-type]
         _inline(again, ino, b"after migration")  # type: ignore[arg-type]
         assert again.read_map(ino, 0, 100)[0].inline == b"after migration"

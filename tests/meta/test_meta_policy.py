@@ -91,7 +91,7 @@ def test_a_version_5_database_gains_goals_and_drive_states_when_opened(
     meta.close()
     again = open_meta(meta_url)
     try:
-        assert again.format_info().schema_version == SCHEMA_VERSION == 6
+        assert again.format_info().schema_version == SCHEMA_VERSION == 7
         assert again.get_policy(d.ino) == DirPolicy()
         again.set_policy(d.ino, DirPolicy(replicas=2))
         assert again.replica_goals([d.ino]) == {d.ino: 2}

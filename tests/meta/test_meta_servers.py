@@ -147,7 +147,7 @@ def test_a_version_4_database_gains_the_servers_table_when_opened(
     meta.close()
     again = open_meta(meta_url)
     try:
-        assert again.format_info().schema_version == SCHEMA_VERSION == 6
+        assert again.format_info().schema_version == SCHEMA_VERSION == 7
         sid = again.register_server("h1:7070", drives(str(uuid.uuid4())))
         assert [s.id for s in again.list_servers()] == [sid]
     finally:

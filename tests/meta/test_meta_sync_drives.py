@@ -93,7 +93,7 @@ def test_a_version_1_database_is_migrated_when_opened(meta_url: str, meta: SqlMe
 
     again = open_meta(meta_url)
     try:
-        assert again.format_info().schema_version == 6
+        assert again.format_info().schema_version == 7
         assert again.drives() == ["emulated:/x.img:1G"]
         assert again.listxattr(ROOT_INO) == []
     finally:

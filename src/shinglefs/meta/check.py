@@ -432,6 +432,7 @@ def _counters(tx: Tx, ctx: CheckContext) -> list[Finding]:
 def _fix_counters(ctx: CheckContext, found: list[Finding]) -> None:
     def txn(tx: Tx) -> None:
         real_inodes, real_used = tx.one("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM inodes")
+        tx.run(S.DEL_DELTAS)
         tx.run("UPDATE counters SET used_bytes = 0, inodes = 0")
         tx.run("UPDATE counters SET used_bytes = ?, inodes = ? WHERE shard = 0",
                (int(real_used), int(real_inodes)))

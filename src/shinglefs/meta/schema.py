@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # Version 1 kept the drive list as the root xattr below; opening a version-1
 # database migrates it into the drives table (engine/format.py).
 # Version 2 had no drives.uuid column (the drive identity written in each
@@ -34,6 +34,8 @@ SCHEMA_VERSION = 6
 # Version 5 had no inodes.replicas column (a directory's replication goal) and
 # no drive_states table (drives an operator took offline); opening a version-5
 # database adds the column, NULL (inherit) everywhere, and the table, empty.
+# Version 6 had no counter_deltas table (statfs counter changes, appended
+# instead of updated in place); opening a version-6 database creates it, empty.
 V1_DRIVES_XATTR = b"trusted.shinglefs.drives"
 
 # Inode columns in the order InodeAttr takes them.
@@ -188,6 +190,14 @@ DRIVE_STATES_DDL = """CREATE TABLE IF NOT EXISTS drive_states (
     PRIMARY KEY (server, drive)
 ){without_rowid}"""
 DDL.append(DRIVE_STATES_DDL)
+COUNTER_DELTAS_DDL = """CREATE TABLE IF NOT EXISTS counter_deltas (
+    writer BIGINT NOT NULL,
+    seq BIGINT NOT NULL,
+    used_bytes BIGINT NOT NULL,
+    inodes BIGINT NOT NULL,
+    PRIMARY KEY (writer, seq)
+){without_rowid}"""
+DDL.append(COUNTER_DELTAS_DDL)
 ADD_INODE_REPLICAS = "ALTER TABLE inodes ADD COLUMN replicas INTEGER"
 # Whether inodes has the replicas column, per dialect (a migration run on a
 # database whose tables were created by this version's DDL must not add it twice).
@@ -202,7 +212,7 @@ HAS_INODE_REPLICAS = {
 TABLES = [
     "format", "ids", "counters", "inodes", "dentries", "xattrs", "chunks", "chunk_refs",
     "slices", "slice_replicas", "deletions", "sessions", "open_files", "drives",
-    "inline_slices", "servers", "drive_states",
+    "inline_slices", "servers", "drive_states", "counter_deltas",
 ]  # fmt: skip
 
 
@@ -236,6 +246,9 @@ class Dialect:
     blob: str
     greatest: str
     without_rowid: str
+    for_share: str = ""
+    """`` FOR SHARE`` where row locks exist: a snapshot-isolated writer locks a
+    row it read but does not write (see ``backend`` mode "snapshot")."""
     rendered: Rendered = field(init=False, repr=False, compare=False)
     """Every statement used so far, rendered for this backend (``Rendered``)."""
 
@@ -248,7 +261,8 @@ class Dialect:
 
     def _render(self, text: str) -> str:
         rendered = text.format(
-            blob=self.blob, greatest=self.greatest, without_rowid=self.without_rowid
+            blob=self.blob, greatest=self.greatest, without_rowid=self.without_rowid,
+            for_share=self.for_share,
         )
         if self.placeholder != "?":
             rendered = rendered.replace("?", self.placeholder)
@@ -270,6 +284,7 @@ POSTGRES = Dialect(
     blob="BYTEA",
     greatest="GREATEST",
     without_rowid="",
+    for_share=" FOR SHARE",
 )
 
 
@@ -294,10 +309,28 @@ INS_ID_IF_MISSING = "INSERT INTO ids (name, next_id) VALUES (?, ?) ON CONFLICT (
 SET_SECRET_IF_EMPTY = "UPDATE format SET secret = ? WHERE id = 1 AND secret = ''"
 ALLOC_IDS = "UPDATE ids SET next_id = next_id + ? WHERE name = ? RETURNING next_id"
 INS_COUNTER = "INSERT INTO counters (shard, used_bytes, inodes) VALUES (?, 0, 0)"
+# The statfs counters: a base row per shard (format made 16; only shard 0 is
+# written now) plus the changes operations append to counter_deltas, keyed by
+# (writer, seq): a per-store random id and a per-store sequence. An operation
+# only INSERTs a delta, so concurrent writers share no row and no read: with
+# an UPDATE of a shard every pair of concurrent creates conflicted (the shard
+# row, and under SERIALIZABLE the counters table's one index page).
+# FOLD_DELTAS_* move the deltas into shard 0 in one transaction.
 ADD_COUNTERS = (
     "UPDATE counters SET used_bytes = used_bytes + ?, inodes = inodes + ? WHERE shard = ?"
 )
-SUM_COUNTERS = "SELECT COALESCE(SUM(used_bytes), 0), COALESCE(SUM(inodes), 0) FROM counters"
+ADD_DELTA = "INSERT INTO counter_deltas (writer, seq, used_bytes, inodes) VALUES (?, ?, ?, ?)"
+SUM_COUNTERS = (
+    "SELECT COALESCE(SUM(u), 0), COALESCE(SUM(n), 0) FROM ("
+    "SELECT used_bytes AS u, inodes AS n FROM counters UNION ALL "
+    "SELECT used_bytes, inodes FROM counter_deltas) t"
+)
+SUM_DELTAS = (
+    "SELECT COALESCE(SUM(used_bytes), 0), COALESCE(SUM(inodes), 0), COUNT(*) FROM counter_deltas"
+)
+# Under a snapshot (SERIALIZABLE, BEGIN IMMEDIATE) this deletes exactly the
+# rows SUM_DELTAS summed: a concurrent insert is not in the snapshot.
+DEL_DELTAS = "DELETE FROM counter_deltas"
 
 
 def lock_inodes(count: int) -> str:
@@ -311,6 +344,7 @@ def lock_inodes(count: int) -> str:
 
 
 SEL_INODE = f"SELECT {INODE_COLS} FROM inodes WHERE ino = ?"
+SHARE_INODE = "SELECT ino FROM inodes WHERE ino = ?{for_share}"
 SEL_INODE_EXTRA = f"SELECT {INODE_COLS}, parent, target, tier, retention FROM inodes WHERE ino = ?"
 INS_INODE = (
     f"INSERT INTO inodes ({INODE_COLS}, parent, next_cookie, tier, retention, target) "
@@ -419,8 +453,9 @@ GROW_FILE_ATTR = (
 # The statfs counters grow by what a file grows by, read from the inode row
 # before GROW_FILE_ATTR changes it (no inode: no change; the operation fails).
 COUNT_GROWTH = (
-    "UPDATE counters SET used_bytes = used_bytes + "
-    "{greatest}(0, ? - COALESCE((SELECT size FROM inodes WHERE ino = ?), ?)) WHERE shard = ?"
+    "INSERT INTO counter_deltas (writer, seq, used_bytes, inodes) SELECT ?, ?, g.d, 0 FROM "
+    "(SELECT {greatest}(0, ? - COALESCE((SELECT size FROM inodes WHERE ino = ?), ?)) AS d) g "
+    "WHERE g.d <> 0"
 )
 BUMP_CHUNK = (
     "INSERT INTO chunks (ino, chunk_index, version, nrefs) VALUES (?, ?, 1, 1) "
@@ -539,9 +574,11 @@ CLOSE_FILE = "UPDATE open_files SET opens = opens - 1 WHERE session = ? AND ino 
 DEL_OPEN = "DELETE FROM open_files WHERE session = ? AND ino = ?"
 # Open ``ino`` in a session that exists (no such session: the NOT NULL
 # constraint on open_files.session fails the statement).
+# The session row is locked (PostgreSQL): under snapshot isolation a session
+# expired concurrently then fails the transaction instead of gaining an open.
 OPEN_IN_SESSION = (
     "INSERT INTO open_files (session, ino, opens) "
-    "VALUES ((SELECT id FROM sessions WHERE id = ?), ?, 1) "
+    "VALUES ((SELECT id FROM sessions WHERE id = ?{for_share}), ?, 1) "
     "ON CONFLICT (session, ino) DO UPDATE SET opens = open_files.opens + 1"
 )
 # The last close of a file that still has a link: nothing else to do (a row

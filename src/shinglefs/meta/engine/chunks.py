@@ -188,7 +188,7 @@ class ChunkOps(SqlCore):
         now = now_ns()
         mtime = now if c.mtime_ns is None else c.mtime_ns
         p = c.piece
-        tx.put(S.COUNT_GROWTH, (c.new_size, c.ino, c.new_size, self._shard))
+        tx.put(S.COUNT_GROWTH, (*self._delta_key(), c.new_size, c.ino, c.new_size))
         tx.put(S.BUMP_CHUNK, (c.ino, c.chunk_index))
         tx.put(S.INS_REF_AT_VERSION, (p.slice_id, p.chunk_offset, p.length, p.slice_offset,
                                       c.ino, c.chunk_index))

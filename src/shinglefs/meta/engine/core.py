@@ -14,11 +14,18 @@ transaction never includes an allocation and a retry never reuses a failed id.
 
 Freeing is shared because three concerns end an inode's life: the namespace
 (last link removed), rename (a replaced target) and sessions (last close).
+
+The statfs counters change by appended deltas (``schema.ADD_DELTA``), one row
+per change keyed by this store's random writer id and sequence, so concurrent
+writers never meet on a counter row; every ``FOLD_EVERY`` deltas this store
+folds all deltas into the base row (``_fold``), which keeps the table short.
 """
 
 from __future__ import annotations
 
 import errno as E
+import itertools
+import logging
 import os
 import random
 import threading
@@ -27,13 +34,18 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from shinglefs.errors import ShingleError
 from shinglefs.meta import schema as S
 from shinglefs.meta.api import MetaStore
 from shinglefs.meta.backend import Backend, Mode, Tx
 from shinglefs.meta.errors import FsError, NotFormatted
 from shinglefs.meta.records import CHUNK_SIZE, FormatInfo, InodeAttr, is_inline_slice
 
+log = logging.getLogger(__name__)
+
 T = TypeVar("T")
+FOLD_EVERY = 4096
+"""Counter deltas a store appends between two folds of every delta into the base."""
 ID_BATCH = {"inode": 1024, "slice": 1024, "session": 1}
 """Ids taken from the database at once, per kind and process."""
 
@@ -88,7 +100,9 @@ class SqlCore(MetaStore):
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._ids: dict[str, tuple[int, int]] = {}
-        self._shard = random.randrange(S.COUNTER_SHARDS)
+        self._writer = random.getrandbits(62)
+        self._seq = itertools.count()
+        self._appended = 0
         self._chunk_size = CHUNK_SIZE
         self._formatted = False
 
@@ -106,7 +120,10 @@ class SqlCore(MetaStore):
     # ---- transactions --------------------------------------------------------------
 
     def _run(self, fn: Callable[[Tx], T], mode: Mode = "write") -> T:
-        return self._b.run(fn, mode)
+        result = self._b.run(fn, mode)
+        if self._appended >= FOLD_EVERY:
+            self._fold()
+        return result
 
     def _alloc(self, name: str) -> int:
         """A fresh id of kind ``name`` (``ID_BATCH``), outside any transaction."""
@@ -114,7 +131,6 @@ class SqlCore(MetaStore):
             if self._pid != os.getpid():
                 self._ids.clear()
                 self._pid = os.getpid()
-                self._shard = random.randrange(S.COUNTER_SHARDS)
             nxt, end = self._ids.get(name, (0, 0))
             if nxt >= end:
                 batch = ID_BATCH[name]
@@ -154,9 +170,38 @@ class SqlCore(MetaStore):
 
     # ---- counters, references, freeing ------------------------------------------------
 
+    def _delta_key(self) -> tuple[int, int]:
+        """A fresh ``(writer, seq)`` key for a counter delta, unique across
+        processes (a forked child draws its own writer id)."""
+        if os.getpid() != self._pid:
+            with self._lock:
+                if os.getpid() != self._pid:
+                    self._ids.clear()
+                    self._pid = os.getpid()
+                    self._writer = random.getrandbits(62)
+        self._appended += 1
+        return self._writer, next(self._seq)
+
     def _counters(self, tx: Tx, used_delta: int, inode_delta: int) -> None:
-        """Add to this process's shard of the statfs counters (no hot row)."""
-        tx.put(S.ADD_COUNTERS, (used_delta, inode_delta, self._shard))
+        """Append a change of the statfs counters (no shared row: module docstring)."""
+        tx.put(S.ADD_DELTA, (*self._delta_key(), used_delta, inode_delta))
+
+    def _fold(self) -> None:
+        """Move every counter delta into the base row, in one transaction. Best
+        effort: a failure (another store folding at once, meta unreachable) is
+        logged and the next fold catches up; the sum never changes."""
+        self._appended = 0
+
+        def txn(tx: Tx) -> None:
+            used, inodes, count = tx.one(S.SUM_DELTAS)
+            if count:
+                tx.run(S.DEL_DELTAS)
+                tx.run(S.ADD_COUNTERS, (int(used), int(inodes), 0))
+
+        try:
+            self._b.run(txn, "write")
+        except ShingleError as exc:
+            log.debug("folding the counter deltas failed (the next fold retries): %s", exc)
 
     def _deref(self, tx: Tx, counts: Counter[int], now: int) -> None:
         deref_slices(tx, counts, now)

@@ -102,7 +102,8 @@ class FormatOps(SqlCore):
         except NotFormatted:
             return
         migrations = {1: self._migrate_v1, 2: self._migrate_v2, 3: self._migrate_v3,
-                      4: self._migrate_v4, 5: self._migrate_v5}
+                      4: self._migrate_v4, 5: self._migrate_v5,
+                      6: self._migrate_v6}
         try:
             while info.schema_version in migrations:
                 migrations[info.schema_version]()
@@ -245,6 +246,18 @@ class FormatOps(SqlCore):
             if present is None or not present[0]:
                 tx.run(S.ADD_INODE_REPLICAS)
             tx.run(S.SET_SCHEMA_VERSION, (6,))
+
+        self._run(txn)
+
+    def _migrate_v6(self) -> None:
+        """Version 6 -> 7: the ``counter_deltas`` table, empty (the base rows keep
+        every count so far)."""
+        self._run(functools.partial(_run_ddl, ddl=S.COUNTER_DELTAS_DDL), "autocommit")
+
+        def txn(tx: Tx) -> None:
+            row = tx.one(S.SEL_FORMAT)
+            if row is not None and row[4] == 6:  # else migrated concurrently
+                tx.run(S.SET_SCHEMA_VERSION, (7,))
 
         self._run(txn)
 

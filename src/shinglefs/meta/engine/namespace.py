@@ -120,7 +120,13 @@ class NamespaceOps(SqlCore):
     ) -> InodeAttr:
         """Insert entry + inode under ``parent`` (checks, cookie, parent touch,
         counters). ``row``: PARENT_AND_CHILD's row, when the caller read it.
-        One round trip to PostgreSQL: the rest is sent with the COMMIT."""
+        One round trip to PostgreSQL: the rest is sent with the COMMIT.
+
+        Safe under snapshot isolation (mode "snapshot"): the parent row it
+        reads it also writes (a concurrent rmdir, rename or chmod of the parent
+        conflicts on that row), the absent name is guarded by the entry's
+        primary key, the new inode and counter delta are fresh rows, and a
+        session it opens in is locked (``OPEN_IN_SESSION``)."""
         is_dir = stat.S_ISDIR(mode)
         if row is None:
             row = tx.one(S.PARENT_AND_CHILD, (name, parent))
@@ -175,14 +181,16 @@ class NamespaceOps(SqlCore):
         full = kind | (mode & ~ctx.umask & 0o7777)
         ino = self._alloc("inode")
         return self._run(
-            lambda tx: self._new_inode(tx, parent, name, ino, full, ctx, now_ns(), rdev=rdev)
+            lambda tx: self._new_inode(tx, parent, name, ino, full, ctx, now_ns(), rdev=rdev),
+            "snapshot",
         )
 
     def mkdir(self, parent: int, name: bytes, mode: int, ctx: Ctx = ROOT_CTX) -> InodeAttr:
         check_new_name(name)
         full = stat.S_IFDIR | (mode & ~ctx.umask & 0o7777)
         ino = self._alloc("inode")
-        return self._run(lambda tx: self._new_inode(tx, parent, name, ino, full, ctx, now_ns()))
+        return self._run(lambda tx: self._new_inode(tx, parent, name, ino, full, ctx, now_ns()),
+                         "snapshot")
 
     def create(
         self,
@@ -208,13 +216,15 @@ class NamespaceOps(SqlCore):
                 if attr.is_symlink:  # the caller follows it (the kernel does, before create)
                     raise FsError(E.EEXIST, f"{name!r} is a symbolic link", ino=attr.ino,
                                   name=name)
+                if self._b.dialect.row_locks:  # snapshot isolation: lock what is read
+                    tx.put(S.SHARE_INODE, (attr.ino,))
                 open_in_session(tx, session, attr.ino)
                 return attr
             attr = self._new_inode(tx, parent, name, ino, full, ctx, now_ns(), row=row)
             open_in_session(tx, session, ino)
             return attr
 
-        return self._run(txn)
+        return self._run(txn, "snapshot")
 
     def symlink(self, parent: int, name: bytes, target: bytes, ctx: Ctx = ROOT_CTX) -> InodeAttr:
         check_new_name(name)
@@ -229,7 +239,8 @@ class NamespaceOps(SqlCore):
         return self._run(
             lambda tx: self._new_inode(
                 tx, parent, name, ino, mode, ctx, now_ns(), size=len(target), target=bytes(target)
-            )
+            ),
+            "snapshot",
         )
 
     def link(self, ino: int, new_parent: int, new_name: bytes, ctx: Ctx = ROOT_CTX) -> InodeAttr:
