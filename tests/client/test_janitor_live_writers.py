@@ -114,3 +114,14 @@ def test_the_slice_of_a_killed_writer_is_discarded_after_the_abandoned_age(
         assert fs.read_bytes("/slow.log") == b""  # nothing of it was ever committed
         fs.write_bytes("/after", pattern(82, MiB))  # the file system goes on
         assert fs.read_bytes("/after") == pattern(82, MiB)
+
+
+def test_the_heartbeat_fits_in_the_abandoned_age_and_the_age_must_be_positive() -> None:
+    from shinglefs.client.config import SESSION_HEARTBEAT_S
+    from shinglefs.errors import UsageError
+
+    assert ClientConfig().heartbeat_interval == SESSION_HEARTBEAT_S  # 10 s against 6 h
+    assert ClientConfig(abandoned_slice_age=AGE).heartbeat_interval == AGE / 4
+    for age in (0.0, -1.0, float("nan")):
+        with pytest.raises(UsageError, match="abandoned_slice_age"):
+            ClientConfig(abandoned_slice_age=age)
