@@ -28,6 +28,7 @@ already answered.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import itertools
 import logging
 import socket
@@ -66,6 +67,7 @@ from shinglefs.server.wire import (
     send_frame,
 )
 from shinglefs.store.api import StoreStats
+from shinglefs.store.zonerun import WriteFigures
 from shinglefs.zoned.fileio import Payload
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,41 @@ _GOLDEN = 0x9E3779B97F4A7C15
 _U64 = (1 << 64) - 1
 
 Answer = tuple[Header, bytearray | memoryview]
+
+
+_unknown_logged: set[tuple[str, str]] = set()
+
+
+def _known(cls: type, record: dict[str, Any]) -> dict[str, Any]:
+    """``record``'s keys that are fields of the dataclass ``cls``; the others
+    (a newer server's) logged once per key at debug and left out."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    for key in record.keys() - names:
+        if (cls.__name__, key) not in _unknown_logged:
+            _unknown_logged.add((cls.__name__, key))
+            log.debug("a STATS answer's %s has a key this client ignores: %r",
+                      cls.__name__, key)
+    return {k: v for k, v in record.items() if k in names}
+
+
+def node_stats_of(info: Any) -> NodeStats:
+    """A STATS answer's JSON as ``NodeStats``, as any version wrote it: a key
+    this client does not know is ignored (logged once per key at debug), a
+    field with a default here that the server did not send (an older one)
+    takes it; ``FrameError`` when one without a default is missing."""
+    try:
+        drives = []
+        for d in info.pop("drives"):
+            store = d.pop("store")
+            store["live_bytes_per_zone"] = {
+                int(k): v for k, v in store.get("live_bytes_per_zone", {}).items()}
+            if isinstance(d.get("writes"), dict):
+                d["writes"] = WriteFigures(**_known(WriteFigures, d["writes"]))
+            drives.append(DriveStats(store=StoreStats(**_known(StoreStats, store)),
+                                     **_known(DriveStats, d)))
+        return NodeStats(drives=drives, **_known(NodeStats, info))
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise FrameError(f"a STATS answer does not describe a node: {exc}") from None
 
 
 def remote_error(body: bytearray | memoryview) -> NodeError:
@@ -420,17 +457,9 @@ class RemoteNode:
         return ids
 
     def stats(self) -> NodeStats:
-        info = decode_json(self._call(Kind.STATS)[1])
-        try:
-            drives = []
-            for d in info.pop("drives"):
-                store = d.pop("store")
-                store["live_bytes_per_zone"] = {
-                    int(k): v for k, v in store.get("live_bytes_per_zone", {}).items()}
-                drives.append(DriveStats(store=StoreStats(**store), **d))
-            return NodeStats(drives=drives, **info)
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise FrameError(f"a STATS answer does not describe a node: {exc}") from None
+        """The server's ``StorageNode.stats`` (``node_stats_of`` its answer:
+        any version's)."""
+        return node_stats_of(decode_json(self._call(Kind.STATS)[1]))
 
     def ping(self) -> None:
         """One round trip on one connection (opening it if needed)."""

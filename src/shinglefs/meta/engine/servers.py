@@ -14,6 +14,11 @@ stopped) and its last heartbeat is younger than the timeout the reader
 passes. Heartbeat times are the server's clock and ages the reader's, so the
 hosts' clocks must agree to well within the timeout (NTP).
 
+Servers and clients of different versions share the drive records (JSON in
+the ``servers`` row): a reader ignores a key it does not know and defaults a
+missing optional one (``_drive_of``): from this version on, a heartbeat of a
+newer server that adds a field breaks no reader (an older one's still may).
+
 Drive states: an operator takes a drive offline (``set_drive_state``; a row of
 ``drive_states``, which heartbeats never touch), clients leave it out of
 placement, and the servers drain it (server/repair.py); online again deletes
@@ -41,9 +46,10 @@ from __future__ import annotations
 
 import errno as E
 import json
+import logging
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 from shinglefs.meta import schema as S
@@ -60,6 +66,8 @@ from shinglefs.meta.records import (
     SliceInfo,
     SliceState,
 )
+
+log = logging.getLogger(__name__)
 
 DRIVE_STATES = ("offline",)
 """The states a drive may be put in (``set_drive_state``); no state: online."""
@@ -103,8 +111,36 @@ def _drives_json(drives: Sequence[ServerDrive]) -> str:
     ], sort_keys=True)
 
 
+DRIVE_FIELDS = frozenset(f.name for f in fields(ServerDrive))
+"""The keys of a drive's JSON record this version reads."""
+_unknown_logged: set[str] = set()
+
+
+def _drive_of(record: Mapping[str, Any]) -> ServerDrive:
+    """A drive's JSON record as written by any version: a key this version does
+    not know is ignored (logged once per key at debug); a missing optional one
+    defaulted -- ``uuid`` None, ``tier`` by the spec's kind (``conventional``:
+    hot, else cold), ``free_bytes`` 0 (nothing is placed on it until its server
+    heartbeats). ``FsError`` (EIO) when ``drive_id``, ``spec`` or
+    ``capacity_bytes`` is missing."""
+    for key in record.keys() - DRIVE_FIELDS - _unknown_logged:
+        _unknown_logged.add(key)
+        log.debug("a storage server's drive record has a key this version ignores: %r", key)
+    known = {k: v for k, v in record.items() if k in DRIVE_FIELDS}
+    missing = {"drive_id", "spec", "capacity_bytes"} - known.keys()
+    if missing:
+        raise FsError(E.EIO, f"a storage server's drive record lacks {sorted(missing)}: "
+                             f"{dict(record)!r}")
+    known.setdefault("uuid", None)
+    known.setdefault("tier", "hot" if str(known["spec"]).startswith("conventional:")
+                     else "cold")
+    known.setdefault("free_bytes", 0)
+    return ServerDrive(**known)
+
+
 def _drives_of(text: str) -> tuple[ServerDrive, ...]:
-    return tuple(ServerDrive(**d) for d in json.loads(text))
+    """The drives of a server row's JSON (``_drive_of`` each)."""
+    return tuple(_drive_of(d) for d in json.loads(text))
 
 
 def _check_drives(drives: Sequence[ServerDrive]) -> None:
