@@ -286,7 +286,7 @@ class FileWriter:
         """``n`` accepted bytes were stored or dropped: give back their write
         budget and their reservation of drive space."""
         self._budget.release(n)
-        self._node.unreserve(n)
+        self._node.unreserve(n, self.ino)
 
     def write(self, offset: int, data: Buffer, *, wait: bool = True) -> int:
         """Buffer ``data`` at ``offset``; returns its length. May block on back-pressure.
@@ -310,7 +310,7 @@ class FileWriter:
             self._raise_pending_error()
             if not view:
                 return 0
-            self._node.reserve(len(view))
+            self._node.reserve(len(view), self.ino)
             return self._write_with_reservation(offset, view)
 
     def _write_at_once(self, offset: int, view: memoryview) -> int:
@@ -322,7 +322,7 @@ class FileWriter:
             if self._error is not None or self._would_wait(offset, n):
                 raise Declined("the write would wait")
             try:
-                self._node.reserve(n)
+                self._node.reserve(n, self.ino)
             except NodeFull:
                 raise Declined("the drives are full") from None
             return self._write_with_reservation(offset, view)
@@ -336,7 +336,7 @@ class FileWriter:
         try:
             self._append_all(offset, view)
         except BaseException:
-            self._node.unreserve(total - (self._appended - appended_before))
+            self._node.unreserve(total - (self._appended - appended_before), self.ino)
             raise
         self._written_end = max(self._written_end, offset + total)
         return total

@@ -68,7 +68,11 @@ READs go to the server at once and land in a bounded buffer that
 ``read_view`` takes them from (server/cluster_reads.py).
 
 Space: ``reserve`` takes bytes against the live drives' free bytes as their
-servers last reported them (``NodeFull``, ENOSPC, when they do not fit).
+servers last reported them (``NodeFull``, ENOSPC, when they do not fit), each
+byte as many times as its file's goal asks, on distinct servers: with
+unequal servers less than the free bytes over the goal fits (server/space.py,
+``replicated_room``). ``stats`` (statfs, df) reports capacity and free bytes
+the same way, at the default goal.
 
 Errors: a server's typed errors (``server.errors``: ``NodeFull``,
 ``SliceMissing``, ``ServerUnreachable``, ``ConnectionLost``,
@@ -102,6 +106,12 @@ from shinglefs.server.cluster_reads import (
 from shinglefs.server.errors import NodeError, NodeFull, PartialFlush, SliceMissing, WireError
 from shinglefs.server.node import DriveStats, NodeStats
 from shinglefs.server.remote import RemoteNode
+from shinglefs.server.space import (
+    ReplicatedHolds,
+    default_copies,
+    replicated_room,
+    server_frees,
+)
 from shinglefs.store.api import Declined, PieceBytes, PieceFuture, StoreStats
 from shinglefs.zoned.fileio import Payload
 
@@ -152,7 +162,7 @@ class ClusterNode:
         self._live: dict[int, tuple[int, int]] = {}  # drive -> (capacity, free) of live servers
         self._read_at = -1e9
         self._since: dict[int, int] = {}  # drive -> bytes submitted since the last re-read
-        self._reserved = 0
+        self._holds = ReplicatedHolds()  # accepted bytes not stored yet, by goal
         self._placed: dict[int, list[int]] = {}  # slice -> its drives, slices written here
         self._located: OrderedDict[int, tuple[int, ...]] = OrderedDict()  # slice -> drives
         self._affinity: dict[int, int] = {}  # group -> drive
@@ -242,24 +252,34 @@ class ClusterNode:
         free = self._live.get(drive_id, (0, 0))[1]
         return free - self._since.get(drive_id, 0)
 
-    def reserve(self, nbytes: int) -> None:
+    def reserve(self, nbytes: int, ino: int | None = None) -> None:
         """Take room for ``nbytes`` of accepted writes, or raise ``NodeFull`` (ENOSPC)
-        with nothing taken. A byte takes ``default_copies`` of the live drives' free
-        bytes (a directory whose own goal is higher may still be refused at flush)."""
+        with nothing taken. ``ino``: the file whose goal the bytes take (its
+        inode's, inherited: ``goal_of``, one meta read per ``goal_ttl_s``), else
+        the default goal (``default_copies``). Admitted iff every byte held (``ReplicatedHolds``)
+        and these, each as many times as its goal asks of the live servers, fit
+        their free bytes with each copy on a distinct server
+        (``space.fits_replicated``); refused only on a fresh membership read."""
+        goal = self.goal_of(ino) if ino is not None else None
         with self._lock:
             for force in (False, True):
                 self._refresh(force=force)
-                copies = default_copies(self._live, self._replicas)
-                room = sum(self._free(d) for d in self._live) - self._reserved * copies
-                if room >= nbytes * copies:
-                    self._reserved += nbytes
+                frees = server_frees(self._live, self._free)
+                if self._holds.take(frees, self._copies, nbytes, ino, goal):
                     return
+            copies = self._copies(goal)
             raise NodeFull(0, None, f"{nbytes} bytes ({copies} copies) do not fit: "
-                                    f"{max(0, room)} bytes are free on the live storage servers")
+                                    f"{replicated_room(frees, copies)} bytes can be written "
+                                    f"{copies} times on the live storage servers, "
+                                    f"{self._holds.held} accepted are not stored yet")
 
-    def unreserve(self, nbytes: int) -> None:
+    def _copies(self, goal: int | None) -> int:
+        return default_copies(self._live, goal or self._replicas)
+
+    def unreserve(self, nbytes: int, ino: int | None = None) -> None:
+        """Give back what ``reserve(nbytes, ino)`` took (stored or dropped)."""
         with self._lock:
-            self._reserved -= nbytes
+            self._holds.give_back(nbytes, ino)
 
     def has_room(self, drive_id: int | None, nbytes: int) -> bool:
         with self._lock:
@@ -389,7 +409,8 @@ class ClusterNode:
             except (FsError, RuntimeError) as exc:  # the node closed: a failed replica
                 sent.set_exception(exc)
             sends.append((d, sent))
-        return drive_id, self._all_replicas(slice_id, sends)
+        failed = functools.partial(self._replica_failed, slice_id, len(sends) > 1)
+        return drive_id, _all_replicas(sends, failed)
 
     def _send(self, server: int, slice_id: int, offset: int, body: Payload, group: int,
               local: int, durable: bool) -> Future[int]:
@@ -419,33 +440,14 @@ class ClusterNode:
                     1, thread_name_prefix=f"send-{server}")
             return sender
 
-    def _all_replicas(self, slice_id: int, sends: list[tuple[int, Future[int]]]) -> PieceFuture:
-        """Done when every send is: ok if one succeeded (failed replicas dropped)."""
-        out = PieceFuture()
-        left = [len(sends)]
-        errors: list[BaseException] = []
-        guard = threading.Lock()
-
-        def _done(drive: int, f: Future[int]) -> None:
-            exc = f.exception()
-            with guard:
-                if exc is not None:
-                    errors.append(exc)
-                left[0] -= 1
-                last = left[0] == 0
-            if isinstance(exc, WireError):
-                self._suspect(split_drive_id(drive)[0], exc)
-            if exc is not None and len(sends) > 1:
-                self._drop_replica(slice_id, drive, exc)
-            if last:
-                if len(errors) == len(sends):
-                    out.set_exception(errors[0])
-                else:
-                    out.set_result(None)
-
-        for drive, sent in sends:
-            sent.add_done_callback(functools.partial(_done, drive))
-        return out
+    def _replica_failed(self, slice_id: int, several: bool, drive: int,
+                        exc: BaseException) -> None:
+        """A replica's send failed: suspect a gone server; drop the replica of a
+        slice that has others (``_drop_replica``)."""
+        if isinstance(exc, WireError):
+            self._suspect(split_drive_id(drive)[0], exc)
+        if several:
+            self._drop_replica(slice_id, drive, exc)
 
     def _drop_replica(self, slice_id: int, drive_id: int, exc: BaseException) -> None:
         with self._lock:
@@ -599,10 +601,14 @@ class ClusterNode:
 
     # ------------------------------------------------------------------ stats and closing
     def stats(self) -> NodeStats:
-        """The live servers' drives as they last reported them (no round trip)."""
+        """The live servers' drives as they last reported them (no round trip):
+        ``drives`` their raw figures; ``capacity_bytes`` and ``free_bytes`` what
+        can be written at the default goal (``default_copies``), each copy on a
+        distinct server (``space.replicated_room`` of each server's drives
+        summed) -- what ``statfs`` (df) shows; ``live_bytes`` raw."""
         with self._lock:
             self._refresh()
-            return _reported_stats(self._live, self._servers)
+            return _reported_stats(self._live, self._servers, self._copies(None))
 
     def close(self) -> None:
         """Close every connection (writes answered are on the servers; nothing to flush
@@ -622,6 +628,35 @@ class ClusterNode:
         self.close()
 
 
+def _all_replicas(sends: list[tuple[int, Future[int]]],
+                  failed: Callable[[int, BaseException], None]) -> PieceFuture:
+    """Done when every send ``(drive, future)`` is: ok if one succeeded; ``failed``
+    is told each one that failed, before the result is set."""
+    out = PieceFuture()
+    left = [len(sends)]
+    errors: list[BaseException] = []
+    guard = threading.Lock()
+
+    def _done(drive: int, f: Future[int]) -> None:
+        exc = f.exception()
+        with guard:
+            if exc is not None:
+                errors.append(exc)
+            left[0] -= 1
+            last = left[0] == 0
+        if exc is not None:
+            failed(drive, exc)
+        if last:
+            if len(errors) == len(sends):
+                out.set_exception(errors[0])
+            else:
+                out.set_result(None)
+
+    for drive, sent in sends:
+        sent.add_done_callback(functools.partial(_done, drive))
+    return out
+
+
 def _settle_into(out: Future[int], sent: Future[int]) -> None:
     """Complete ``out`` as ``sent`` completed."""
     exc = sent.exception()
@@ -631,10 +666,10 @@ def _settle_into(out: Future[int], sent: Future[int]) -> None:
         out.set_result(sent.result())
 
 
-def _reported_stats(live: dict[int, tuple[int, int]],
-                    servers: dict[int, ServerRecord]) -> NodeStats:
+def _reported_stats(live: dict[int, tuple[int, int]], servers: dict[int, ServerRecord],
+                    copies: int) -> NodeStats:
     """``NodeStats`` of the live drives ``{cluster drive id: (capacity, free)}``
-    from what their servers last reported."""
+    from what their servers last reported, totals at ``copies`` (``stats``)."""
     drives = []
     for drive_id, (capacity, free) in sorted(live.items()):
         server, local = split_drive_id(drive_id)
@@ -645,17 +680,10 @@ def _reported_stats(live: dict[int, tuple[int, int]],
         drives.append(DriveStats(drive_id, f"{record.address}:{spec}", capacity,
                                  max(0, free), store))
     return NodeStats(
-        capacity_bytes=sum(d.capacity_bytes for d in drives),
-        free_bytes=sum(d.free_bytes for d in drives),
+        capacity_bytes=replicated_room(server_frees(live, lambda d: live[d][0]), copies),
+        free_bytes=replicated_room(server_frees(live, lambda d: live[d][1]), copies),
         live_bytes=sum(d.store.live_bytes for d in drives),
         user_bytes_written=0, device_bytes_written=0, drives=drives)
-
-
-def default_copies(live: Iterable[int], replicas: int | None) -> int:
-    """Copies of a byte under the default goal (``replicas``, else 2) as the servers
-    of the ``live`` drives allow."""
-    servers = {split_drive_id(d)[0] for d in live}
-    return max(1, min(replicas or 2, len(servers)))
 
 
 def _freest(free: Callable[[int], int], drives: list[int]) -> int:
@@ -663,5 +691,5 @@ def _freest(free: Callable[[int], int], drives: list[int]) -> int:
     within ``SPREAD`` of the freest, so that clients placing at once (each
     seeing the same heartbeats) do not all pick the same drive."""
     top = max(free(d) for d in drives)
-    near = [d for d in drives if free(d) >= top * (1 - SPREAD)]
+    near = [d for d in drives if free(d) >= top - abs(top) * SPREAD]  # top < 0: overdrawn
     return random.choice(near)

@@ -164,9 +164,9 @@ class SliceNode(Protocol):
     @property
     def drive_ids(self) -> list[int]: ...
 
-    def reserve(self, nbytes: int) -> None: ...
+    def reserve(self, nbytes: int, ino: int | None = None) -> None: ...
 
-    def unreserve(self, nbytes: int) -> None: ...
+    def unreserve(self, nbytes: int, ino: int | None = None) -> None: ...
 
     def has_room(self, drive_id: int | None, nbytes: int) -> bool: ...
 
@@ -341,14 +341,15 @@ class StorageNode:
     # How long a reservation waits for zones GC is collecting before ENOSPC.
     RESERVE_WAIT_S = 10.0
 
-    def reserve(self, nbytes: int) -> None:
+    def reserve(self, nbytes: int, ino: int | None = None) -> None:
         """Take ``nbytes`` of the drives' writable space for bytes a writer has
         accepted but not stored yet, or raise ``NodeFull`` (ENOSPC) with nothing
         taken: what lets ``write(2)`` itself report a full file system instead
         of the ``close`` that would store the bytes. ``unreserve`` gives it back
         once the bytes are stored (then the drives' own counters hold them) or
         dropped; a piece of them submitted with ``reserved=True`` is counted in
-        the reservation alone until then.
+        the reservation alone until then. ``ino`` (the file whose replication
+        goal the bytes take; ``ClusterNode``) is not used: one copy here.
 
         Admits ``nbytes`` iff ``nbytes + RESERVE_SLACK`` fit the room of
         server/space.py's invariant (each byte not in the drives' figures
@@ -369,7 +370,7 @@ class StorageNode:
                                         "bytes are writable")
             time.sleep(0.02)
 
-    def unreserve(self, nbytes: int) -> None:
+    def unreserve(self, nbytes: int, ino: int | None = None) -> None:
         """Give back what ``reserve`` took (the bytes were stored or dropped)."""
         self._space.give_back(nbytes)
 

@@ -63,10 +63,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from shinglefs.client.commit import split_drive_id
 from shinglefs.store.api import SliceStoreAPI, StoreSpace
 
 
@@ -246,3 +247,128 @@ class SpaceLedger:
                     self._written_reserved -= piece.size
 
         future.add_done_callback(_done)
+
+
+# ---------------------------------------------------------------------- replicated room
+# A cluster stores each byte ``copies`` times, each copy on a distinct server.
+# How much can still be written is then not the free bytes summed and divided
+# by ``copies``: with 2 copies and servers of 10, 1 and 1 free, 6 would be the
+# quotient, but every byte needs a second server beside the big one, and the
+# two small ones hold 2 between them, so 2 can be written. The bound, servers
+# sorted by free bytes ``f1 >= f2 >= ... >= fn`` and ``S(k)`` the sum of all
+# but the ``k`` freest:
+#
+#     writable = min over k = 0 .. copies-1 of  S(k) / (copies - k)
+#
+# Necessary: a byte puts at most one copy on each of the ``k`` freest servers,
+# so at least ``copies - k`` of its copies land on the others, which hold
+# ``S(k)``. Sufficient: this is the max-flow min-cut of bytes -> servers with
+# at most one copy of a byte per server; at the minimising ``k`` the ``k``
+# freest servers have at least ``writable`` free each, and the bytes fill the
+# rest in the wrap-around order (byte copies dealt round the others), which
+# never puts two copies of one byte on one server. Bytes of several goals at
+# once (``fits_replicated``) obey the same cut for each ``k``:
+#
+#     sum over goals c of  bytes(c) * max(0, c - k)  <=  S(k)
+#
+# Slices are taken as small against a server's free bytes (a slice's copy is
+# whole on one drive: a server's free bytes are summed over its drives).
+
+
+def _tails(frees: Iterable[int]) -> list[int]:
+    """``S(k)`` for ``k = 0 .. n``: the free bytes of all but the ``k`` freest
+    servers (a negative free counts as 0)."""
+    ordered = sorted((max(0, f) for f in frees), reverse=True)
+    tails = [0] * (len(ordered) + 1)
+    for k in range(len(ordered) - 1, -1, -1):
+        tails[k] = tails[k + 1] + ordered[k]
+    return tails
+
+
+def default_copies(live: Iterable[int], replicas: int | None) -> int:
+    """Copies of a byte under the goal ``replicas`` (None: the default, 2) as the
+    servers of the ``live`` cluster drives allow (one copy per server)."""
+    servers = {split_drive_id(d)[0] for d in live}
+    return max(1, min(replicas or 2, len(servers)))
+
+
+def server_frees(drives: Iterable[int], free: Callable[[int], int]) -> list[int]:
+    """The free bytes of each server of the cluster ``drives``: ``free(d)`` of its
+    drives summed (negatives as 0), the figures the functions below take."""
+    out: dict[int, int] = {}
+    for d in drives:
+        server = split_drive_id(d)[0]
+        out[server] = out.get(server, 0) + max(0, free(d))
+    return list(out.values())
+
+
+def replicated_room(frees: Iterable[int], copies: int) -> int:
+    """Bytes that fit with each stored ``copies`` times on distinct servers whose
+    free bytes are ``frees`` (one figure per server): the bound above, rounded
+    down. 0 with fewer servers than ``copies``; ``copies`` below 1 counts as 1."""
+    copies = max(1, copies)
+    tails = _tails(frees)
+    if len(tails) - 1 < copies:
+        return 0
+    return min(tails[k] // (copies - k) for k in range(copies))
+
+
+def fits_replicated(frees: Iterable[int], demand: Mapping[int, int]) -> bool:
+    """Do ``{copies: bytes}`` all fit at once on servers whose free bytes are
+    ``frees``, each byte's copies on distinct servers (the cut above for
+    every ``k``)? Copies beyond the number of servers never fit."""
+    tails = _tails(frees)
+    wanted = {max(1, c): 0 for c in demand}
+    for c, nbytes in demand.items():
+        wanted[max(1, c)] += nbytes
+    wanted = {c: b for c, b in wanted.items() if b > 0}
+    if not wanted:
+        return True
+    if max(wanted) > len(tails) - 1:
+        return False
+    return all(sum(b * max(0, c - k) for c, b in wanted.items()) <= tails[k]
+               for k in range(max(wanted)))
+
+
+class ReplicatedHolds:
+    """What a cluster's writers accepted and did not store yet (``ClusterNode.reserve``),
+    by the file whose goal each byte takes: ``None`` for the default goal, else
+    the file's inode (its goal as last looked up). Admission is ``fits_replicated``
+    of every hold plus the new bytes against the servers' free bytes, each hold
+    at the copies its goal asks of the live servers now. Not thread-safe: its
+    owner's lock guards it."""
+
+    def __init__(self) -> None:
+        self._bytes: dict[int | None, int] = {}
+        self._goals: dict[int | None, int | None] = {}
+
+    @property
+    def held(self) -> int:
+        """Bytes accepted and not given back, every goal."""
+        return sum(self._bytes.values())
+
+    def take(self, frees: list[int], copies_of: Callable[[int | None], int], nbytes: int,
+             ino: int | None, goal: int | None) -> bool:
+        """Hold ``nbytes`` of file ``ino`` (its goal ``goal``) if they fit beside the
+        holds already taken on servers with ``frees``; ``copies_of(goal)``: the
+        copies a byte of that goal takes now. False: nothing held."""
+        demand: dict[int, int] = {}
+        for key, held in self._bytes.items():
+            copies = copies_of(goal if key == ino else self._goals[key])
+            demand[copies] = demand.get(copies, 0) + held
+        copies = copies_of(goal)
+        demand[copies] = demand.get(copies, 0) + nbytes
+        if not fits_replicated(frees, demand):
+            return False
+        self._bytes[ino] = self._bytes.get(ino, 0) + nbytes
+        self._goals[ino] = goal
+        return True
+
+    def give_back(self, nbytes: int, ino: int | None) -> None:
+        """Return what ``take`` held for ``ino`` (stored or dropped)."""
+        left = self._bytes.get(ino, 0) - nbytes
+        if left > 0:
+            self._bytes[ino] = left
+        else:  # a give-back without its take (never, barring a caller's bug) stops at 0
+            self._bytes.pop(ino, None)
+            self._goals.pop(ino, None)
