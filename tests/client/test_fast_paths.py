@@ -107,7 +107,8 @@ def vfs_with_stores(fs_factory: FsFactory, config: ClientConfig, **store_config:
     meta = open_meta(fs_factory.meta_url)
     stores = {i: SliceStore.open(open_drive(spec), **store_config)
               for i, spec in enumerate(recorded_drives(meta))}
-    vfs = VFS(meta, StorageNode(stores), config)  # type: ignore[arg-type]
+    node = StorageNode(stores, drives=[s.drive for s in stores.values()])  # closed with it
+    vfs = VFS(meta, node, config)  # type: ignore[arg-type]
     fs_factory.opened.append(vfs)
     return vfs
 

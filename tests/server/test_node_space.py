@@ -31,7 +31,8 @@ def node(tmp_path: Path) -> Iterator[StorageNode]:
             linger_s=LONG, min_run_bytes=256 * MiB, gc_background=False)
         for i in range(2)
     }
-    n = StorageNode(stores, stats_ttl=LONG)  # figures read only when the node must
+    # figures read only when the node must; the drives close with the node
+    n = StorageNode(stores, drives=[s.drive for s in stores.values()], stats_ttl=LONG)
     yield n
     n.close()
 

@@ -7,10 +7,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import storekit
 from storekit import make_drive
 
 from shinglefs.store import SliceStore
 from shinglefs.zoned import EmulatedZonedDrive
+
+
+@pytest.fixture(autouse=True)
+def close_reopened_drives() -> Iterator[None]:
+    """After each test (and its stores): close the drives storekit reopened."""
+    yield
+    while storekit.reopened:
+        storekit.reopened.pop().close_drive()
 
 
 @pytest.fixture
@@ -23,6 +32,8 @@ def drive_factory(tmp_path: Path) -> Iterator[Callable[..., EmulatedZonedDrive]]
         return drive
 
     yield factory
+    for drive in made:  # after the stores built on them (fixtures close in reverse)
+        drive.close_drive()
 
 
 @pytest.fixture

@@ -10,6 +10,16 @@ from shinglefs.zoned import EmulatedZonedDrive
 
 MiB = 1024 * 1024
 
+reopened: list[EmulatedZonedDrive] = []
+"""Drives ``reopen`` and ``crash`` opened: the test closes the store it ends with,
+tests/store/conftest.py closes these after it (a drive holds three descriptors)."""
+
+
+def _open_again(path: str) -> EmulatedZonedDrive:
+    drive = EmulatedZonedDrive.open(path)
+    reopened.append(drive)
+    return drive
+
 
 def make_drive(path: Path, *, zone_size: int = MiB, zone_count: int = 64,
                conventional_zones: int = 2, max_open_zones: int = 8) -> EmulatedZonedDrive:
@@ -23,7 +33,7 @@ def reopen(store: SliceStore, **config: Any) -> SliceStore:
     path = store.drive.path  # type: ignore[attr-defined]
     store.close()
     store.drive.close_drive()
-    return SliceStore.open(EmulatedZonedDrive.open(path), **config)
+    return SliceStore.open(_open_again(path), **config)
 
 
 def crash(store: SliceStore, *, torn: bool = False, keep_blocks: int | None = None,
@@ -35,7 +45,8 @@ def crash(store: SliceStore, *, torn: bool = False, keep_blocks: int | None = No
     store.collector.stop()
     drive.simulate_power_cut(torn=torn, keep_blocks=keep_blocks)  # type: ignore[attr-defined]
     store.mark_lost()
-    return SliceStore.open(EmulatedZonedDrive.open(path), **config)
+    store.slice_log.area.close()  # a checkpoint file's descriptor dies with the process too
+    return SliceStore.open(_open_again(path), **config)
 
 
 def payload(seed: int, n: int) -> bytes:

@@ -80,6 +80,7 @@ def test_corrupt_record_in_the_log_stops_replay_of_its_zone(store, tmp_path):
         assert not store.contains(2)
     finally:
         store.close()
+        store.drive.close_drive()
 
 
 def test_checksum_mismatch_on_read_names_drive_zone_and_offset(store):
@@ -146,6 +147,7 @@ def test_torn_checkpoint_falls_back_to_the_previous_one(store):
         assert store.read(2, 0, 3000) == b"two" * 1000  # replayed from the log
     finally:
         store.close()
+        store.drive.close_drive()
 
 
 def test_open_of_a_drive_without_a_store_is_a_format_error(drive_factory):
@@ -203,12 +205,14 @@ def test_store_on_a_conventional_drive_keeps_its_own_write_pointers(tmp_path):
         assert stats.zone_resets >= 1  # group 1's zones were reset (discarded)
     finally:
         store.close()
+        drive.close_drive()
     store = SliceStore.open(ConventionalDrive.open(str(path)))
     try:
         assert store.read(11, 0, 300_000) == payload(11, 300_000)
         assert store.recovery_report.clean
     finally:
         store.close()
+        store.drive.close_drive()
 
 
 def test_a_slice_whose_zone_was_collected_survives_a_power_cut(drive_factory):

@@ -134,6 +134,7 @@ class SliceLogMachine(RuleBasedStateMachine):
     def teardown(self):
         try:
             self.store.close()
+            self.store.drive.close_drive()
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
 

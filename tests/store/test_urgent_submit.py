@@ -388,7 +388,7 @@ def node(tmp_path: Path) -> Iterator[StorageNode]:
                              linger_s=LONG, gc_background=False)
         for i in range(2)
     }
-    n = StorageNode(stores, stats_ttl=LONG)
+    n = StorageNode(stores, drives=[s.drive for s in stores.values()], stats_ttl=LONG)
     yield n
     n.close()
 
