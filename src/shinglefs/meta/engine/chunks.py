@@ -164,7 +164,7 @@ class ChunkOps(SqlCore):
                 out[i] = self._commit_in(tx, commits[i])
             return [a for a in out if a is not None]
 
-        return self._run(txn)
+        return self._run(txn, "snapshot")
 
     def _check_commit(self, c: SliceCommit) -> None:
         self._check_piece(c.piece)
@@ -184,7 +184,13 @@ class ChunkOps(SqlCore):
             raise FsError(E.EINVAL, f"new size {c.new_size} ends before the piece ({piece_end})")
 
     def _commit_in(self, tx: Tx, c: SliceCommit) -> InodeAttr:
-        """One slice reference into the chunk map, inside ``tx``."""
+        """One slice reference into the chunk map, inside ``tx``.
+
+        Safe under snapshot isolation (mode "snapshot"): every row it reads it
+        also writes -- the inode (size for the counters, then GROW_FILE_ATTR),
+        the chunk row (bumped, then its version read for the reference), the
+        slice row (its state checked by the upsert that takes the reference);
+        the replica and inline rows it writes are the slice's own."""
         now = now_ns()
         mtime = now if c.mtime_ns is None else c.mtime_ns
         p = c.piece
