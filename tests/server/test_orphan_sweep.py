@@ -19,16 +19,13 @@ import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from tests.server.test_server_process import Server, cli, free_port
-from tests.support.pgcluster import PgCluster, private_cluster
 from tests.support.polling import wait_until
 
 import shinglefs
-from shinglefs.client.filesystem import format_filesystem
 from shinglefs.meta import open_meta
 from shinglefs.meta.api import (
     ROOT_INO,
@@ -74,25 +71,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-@pytest.fixture(scope="module")
-def pg_cluster() -> Iterator[PgCluster]:
-    with private_cluster("shinglefs-sweep-pg-") as cluster:
-        yield cluster
-
-
-@pytest.fixture(params=[pytest.param("sqlite", id="sqlite"),
-                        pytest.param("postgresql", id="postgresql",
-                                     marks=pytest.mark.postgres)])
-def any_meta_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A file system on storage servers, its metadata on each backend."""
-    if request.param == "sqlite":
-        url = f"sqlite3://{tmp_path / 'meta.db'}"
-    else:
-        url = request.getfixturevalue("pg_cluster").new_database()
-    format_filesystem(url, [], servers=True, chunk_size=16 * MiB)
-    return url
 
 
 def start(meta_url: str, tmp_path: Path, name: str) -> StorageServer:

@@ -10,11 +10,9 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.support.pgcluster import PgCluster, private_cluster
 from tests.support.polling import wait_until
 
 from shinglefs.cli.main import main
@@ -47,21 +45,10 @@ def meta_url(tmp_path: Path) -> str:
     return formatted(f"sqlite3://{tmp_path / 'meta.db'}", tmp_path)
 
 
-@pytest.fixture(scope="module")
-def pg_cluster() -> Iterator[PgCluster]:
-    with private_cluster("shinglefs-server-pg-") as cluster:
-        yield cluster
-
-
-@pytest.fixture(params=[pytest.param("sqlite", id="sqlite"),
-                        pytest.param("postgresql", id="postgresql",
-                                     marks=pytest.mark.postgres)])
-def any_meta_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+@pytest.fixture
+def any_meta_url(any_backend_url: str, tmp_path: Path) -> str:
     """A formatted file system's metadata on each backend (PostgreSQL: many hosts)."""
-    if request.param == "sqlite":
-        return formatted(f"sqlite3://{tmp_path / 'meta.db'}", tmp_path)
-    cluster: PgCluster = request.getfixturevalue("pg_cluster")
-    return formatted(cluster.new_database(), tmp_path)
+    return formatted(any_backend_url, tmp_path)
 
 
 class Server:
