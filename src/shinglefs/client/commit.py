@@ -24,7 +24,14 @@ batch. No timer: a batch is whatever queued while the previous one ran.
 Errors: a failed drive flush fails every commit of its batch that needed it
 (the slice's bytes may not be durable: it is never referenced). A failed
 batch transaction is retried one commit at a time so each caller gets its own
-outcome (one file unlinked meanwhile does not fail the others).
+outcome (one file unlinked meanwhile does not fail the others). A slice
+registered while it was written (``FinishedSlice.registered``) is committed
+only while its record exists: if a janitor discarded it while its writer was
+silent past ``abandoned_slice_age`` (its bytes deleted, or about to be), the
+commit is refused with ESTALE (``SliceStateError``) and never points a file
+at those bytes. The client no longer holds them, so it cannot rewrite them:
+the error reaches the writer's caller (``FileWriter``: the next write, or
+flush / fsync / close), as a failed write-back would.
 
 Thread safety: ``commit`` may be called from any thread, including the FUSE
 event loop (it then waits at most for the batch in progress).
@@ -114,7 +121,10 @@ class FinishedSlice:
     length: int
     drive_id: int | None  # None: an inline slice (its bytes travel in ``inline``)
     group: int
-    registered: bool = True  # False: meta learns its replica in the commit itself
+    # True: registered (add_slice) before its bytes were stored, so its commit
+    # needs the record still there (``SliceCommit.registered``); False: meta
+    # learns the slice and its replica in the commit itself.
+    registered: bool = True
     durable: bool = False  # True: the store already flushed it (no flush needed here)
     inline: bytes | None = None  # the bytes of an inline slice, committed into meta
     replica_drives: tuple[int, ...] = ()  # every drive holding it (default: ``drive_id``'s)
@@ -132,7 +142,7 @@ class FinishedSlice:
         """A slice whose bytes go into meta with its reference (``SliceCommit.inline``):
         ``slice_id`` becomes an inline id; nothing to flush, nothing on a drive."""
         return cls(ino, chunk_index, chunk_offset, slice_id | INLINE_SLICE_BIT, len(data),
-                   None, 0, durable=True, inline=data)
+                   None, 0, registered=False, durable=True, inline=data)
 
     def to_commit(self, file_end: int) -> SliceCommit:
         # Always the drives that hold it now: a replica lost while writing goes.
@@ -146,6 +156,7 @@ class FinishedSlice:
             slice_length=self.length,
             replicas=replicas,
             inline=self.inline,
+            registered=self.registered,
         )
 
 

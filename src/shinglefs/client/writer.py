@@ -18,7 +18,9 @@ for anyone's piece to complete: back-pressure).
 
 Errors: a piece that fails in the background is reported by the next call on
 this writer (write, flush, fsync, close) as the original typed error, like
-Linux reports write-back errors; the failed slice is never committed.
+Linux reports write-back errors; the failed slice is never committed. So is
+a refused commit: ESTALE for a slice a janitor discarded while this writer
+was silent past the abandoned age (its bytes are gone; ``client.commit``).
 
 Thread safety: every public method takes the writer's lock, so one file's
 writes are serialised; different files proceed in parallel.

@@ -232,7 +232,13 @@ class SliceCommit:
     visible and durable together, so no drive flush has to precede the commit.
     ``replicas``, when given, become the slice's replica set (replacing the one
     recorded when it was registered: a replica that failed while the slice was
-    written is gone from it); empty leaves the recorded set."""
+    written is gone from it); empty leaves the recorded set. ``registered``:
+    the writer registered the slice (``add_slice``) before storing its bytes;
+    its record must then still exist (WRITING or COMMITTED) -- a record the
+    janitor discarded and the deletion consumer removed names deleted bytes,
+    so the commit is refused (ESTALE, ``SliceStateError``) instead of
+    recording the slice anew. False (a slice stored in one piece, an inline
+    one): the commit registers the slice itself."""
 
     ino: int
     chunk_index: int
@@ -243,6 +249,7 @@ class SliceCommit:
     replicas: tuple[Replica, ...] = ()
     mtime_ns: int | None = None
     inline: bytes | None = None
+    registered: bool = False
 
 
 @dataclass(frozen=True, slots=True)

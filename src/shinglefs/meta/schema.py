@@ -508,6 +508,12 @@ REF_SLICE = (
     "ON CONFLICT (id) DO UPDATE SET refcount = slices.refcount + ?, state = 'committed', "
     "length = {greatest}(slices.length, ?) WHERE slices.state <> 'to_delete'"
 )
+# The reference of a slice its writer registered (add_slice): only an UPDATE,
+# so a record discarded and removed meanwhile is never re-created.
+REF_REGISTERED_SLICE = (
+    "UPDATE slices SET refcount = refcount + ?, state = 'committed', "
+    "length = {greatest}(length, ?) WHERE id = ? AND state <> 'to_delete'"
+)
 DEREF_SLICE = "UPDATE slices SET refcount = refcount - ? WHERE id = ? RETURNING refcount"
 DOOM_SLICE = "UPDATE slices SET state = 'to_delete' WHERE id = ?"
 # A WRITING slice's created_ns is when it was registered or last vouched for by

@@ -116,16 +116,26 @@ class ChunkOps(SqlCore):
             raise FsError(E.ENOENT, f"no slice {slice_id}")
         return info
 
-    def _ref_slice(self, tx: Tx, piece: SliceRef, group: int, slice_length: int | None) -> None:
-        """Take one reference on ``piece``'s slice (registering it COMMITTED if
-        new); ESTALE (SliceStateError) if it is already queued for deletion."""
+    def _ref_slice(self, tx: Tx, piece: SliceRef, group: int, slice_length: int | None,
+                   registered: bool = False) -> None:
+        """Take one reference on ``piece``'s slice, COMMITTED from then on; ESTALE
+        (SliceStateError) if it is queued for deletion. A slice its writer
+        ``registered`` (``add_slice``) must still have its record: one that is
+        gone (discarded by the janitor, its bytes deleted and the deletion
+        acked) is refused the same way, never recorded anew; an unregistered
+        one is registered here if new. One statement either way (one round
+        trip on PostgreSQL, checked at the end of the pipeline), which writes
+        the one slice row it reads (safe under mode "snapshot")."""
         length = slice_length if slice_length is not None else piece.slice_offset + piece.length
 
         def refused() -> SliceStateError:
             state = tx.one(S.SEL_SLICE_STATE, (piece.slice_id,))
             return SliceStateError(piece.slice_id, state[0] if state else "gone", "reference it")
 
-        tx.need(S.REF_SLICE, (piece.slice_id, length, group, 1, now_ns(), 1, length), refused)
+        if registered:
+            tx.need(S.REF_REGISTERED_SLICE, (1, length, piece.slice_id), refused)
+        else:
+            tx.need(S.REF_SLICE, (piece.slice_id, length, group, 1, now_ns(), 1, length), refused)
 
     # ---- commits -----------------------------------------------------------------------
 
@@ -171,6 +181,9 @@ class ChunkOps(SqlCore):
         if (c.inline is not None) != is_inline_slice(c.piece.slice_id):
             raise FsError(E.EINVAL, f"slice {c.piece.slice_id:#x}: inline bytes go with an "
                           "inline slice id, and only with one")
+        if c.inline is not None and c.registered:
+            raise FsError(E.EINVAL, f"inline slice {c.piece.slice_id:#x} cannot have been "
+                          "registered (its bytes are in the commit)")
         if c.inline is not None and (
             c.slice_length not in (None, len(c.inline))
             or c.piece.slice_offset + c.piece.length > len(c.inline)
@@ -189,7 +202,8 @@ class ChunkOps(SqlCore):
         Safe under snapshot isolation (mode "snapshot"): every row it reads it
         also writes -- the inode (size for the counters, then GROW_FILE_ATTR),
         the chunk row (bumped, then its version read for the reference), the
-        slice row (its state checked by the upsert that takes the reference);
+        slice row (its state checked by the upsert, or for a registered slice
+        the UPDATE, that takes the reference);
         the replica and inline rows it writes are the slice's own."""
         now = now_ns()
         mtime = now if c.mtime_ns is None else c.mtime_ns
@@ -200,7 +214,7 @@ class ChunkOps(SqlCore):
                                       c.ino, c.chunk_index))
         if c.inline is not None:  # a second reference to it keeps the bytes it has
             tx.put(S.INS_INLINE, (p.slice_id, c.inline))
-        self._ref_slice(tx, p, c.group, c.slice_length)
+        self._ref_slice(tx, p, c.group, c.slice_length, c.registered)
         if c.replicas:
             tx.put(S.DEL_REPLICAS, (p.slice_id,))
         for rep in c.replicas:
