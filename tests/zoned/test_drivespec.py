@@ -102,7 +102,9 @@ def test_create_a_flash_drive_in_a_directory(tmp_path: Path) -> None:
     d = create_drive(f"flash:{tmp_path}:4M", zone_size=MIB)
     assert isinstance(d, ConventionalDrive) and d.zone_count == 4
     d.close_drive()
-    assert isinstance(open_drive(f"conventional:{tmp_path}"), ConventionalDrive)
+    again = open_drive(f"conventional:{tmp_path}")
+    assert isinstance(again, ConventionalDrive)
+    again.close_drive()
 
 
 def test_opening_a_missing_drive_names_what_is_missing(tmp_path: Path) -> None:
