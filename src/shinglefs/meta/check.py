@@ -128,8 +128,14 @@ def _open_files(tx: Tx, ctx: CheckContext) -> list[Finding]:
         "SELECT o.session, o.ino FROM open_files o LEFT JOIN sessions s ON s.id = o.session "
         "WHERE s.id IS NULL"
     )
+    gone = tx.all(
+        "SELECT o.session, o.ino FROM open_files o LEFT JOIN inodes i ON i.ino = o.ino "
+        "WHERE i.ino IS NULL"
+    )
     return [Finding(f"inode {r[1]} is held open by unknown session {r[0]}", (r[0], r[1]))
-            for r in rows]
+            for r in rows] + [
+        Finding(f"session {r[0]} holds open inode {r[1]}, which does not exist", (r[0], r[1]))
+        for r in gone]
 
 
 def _drop_open_files(ctx: CheckContext, found: list[Finding]) -> None:

@@ -344,7 +344,10 @@ def lock_inodes(count: int) -> str:
 
 
 SEL_INODE = f"SELECT {INODE_COLS} FROM inodes WHERE ino = ?"
-SHARE_INODE = "SELECT ino FROM inodes WHERE ino = ?{for_share}"
+# A write that changes nothing: under snapshot isolation it makes a concurrent
+# writer of the row (an unlink about to free it) fail instead of proceeding
+# on a snapshot that misses what this transaction adds (a lock would not).
+TOUCH_INODE = "UPDATE inodes SET generation = generation WHERE ino = ?"
 SEL_INODE_EXTRA = f"SELECT {INODE_COLS}, parent, target, tier, retention FROM inodes WHERE ino = ?"
 INS_INODE = (
     f"INSERT INTO inodes ({INODE_COLS}, parent, next_cookie, tier, retention, target) "
@@ -575,6 +578,13 @@ SEL_SESSIONS = (
     "SELECT id, host, pid, mountpoint, version, started_ns, heartbeat_ns FROM sessions ORDER BY id"
 )
 SEL_EXPIRED = "SELECT id FROM sessions WHERE heartbeat_ns < ? ORDER BY id"
+# Open records of sessions that no longer exist: a create at snapshot isolation
+# that locked its session row FOR SHARE before an expiry deleted it commits its
+# record after the expiry read the session's files (a lock is not a write).
+SEL_STRAY_OPEN = (
+    "SELECT o.session, o.ino FROM open_files o LEFT JOIN sessions s ON s.id = o.session "
+    "WHERE s.id IS NULL ORDER BY o.ino"
+)
 DEL_SESSION = "DELETE FROM sessions WHERE id = ?"
 CLOSE_FILE = "UPDATE open_files SET opens = opens - 1 WHERE session = ? AND ino = ? RETURNING opens"
 DEL_OPEN = "DELETE FROM open_files WHERE session = ? AND ino = ?"
@@ -593,6 +603,19 @@ CLOSE_LINKED = (
     "DELETE FROM open_files WHERE session = ? AND ino = ? AND opens <= 1 "
     "AND EXISTS (SELECT 1 FROM inodes WHERE ino = ? AND nlink > 0)"
 )
+
+
+def close_linked(count: int) -> str:
+    """CLOSE_LINKED for ``count`` distinct inodes of one session at once
+    (``?`` session, then the inodes); returns the inodes it closed."""
+    marks = ", ".join("?" * count)
+    return (
+        f"DELETE FROM open_files WHERE session = ? AND ino IN ({marks}) AND opens <= 1 "
+        "AND EXISTS (SELECT 1 FROM inodes i WHERE i.ino = open_files.ino AND i.nlink > 0) "
+        "RETURNING ino"
+    )
+
+
 SEL_OPEN_OF_SESSION = "SELECT ino FROM open_files WHERE session = ? ORDER BY ino"
 DEL_OPEN_OF_SESSION = "DELETE FROM open_files WHERE session = ?"
 IS_OPEN = "SELECT 1 FROM open_files WHERE ino = ? LIMIT 1"

@@ -125,8 +125,11 @@ class NamespaceOps(SqlCore):
         Safe under snapshot isolation (mode "snapshot"): the parent row it
         reads it also writes (a concurrent rmdir, rename or chmod of the parent
         conflicts on that row), the absent name is guarded by the entry's
-        primary key, the new inode and counter delta are fresh rows, and a
-        session it opens in is locked (``OPEN_IN_SESSION``)."""
+        primary key, the new inode and counter delta are fresh rows. A session
+        it opens in is locked (``OPEN_IN_SESSION``); an expiry of that session
+        that still commits after it leaves an open record the next expiry pass
+        collects (``SEL_STRAY_OPEN``). An existing file ``create`` opens
+        (not exclusive) is written, not only read (``TOUCH_INODE``)."""
         is_dir = stat.S_ISDIR(mode)
         if row is None:
             row = tx.one(S.PARENT_AND_CHILD, (name, parent))
@@ -216,8 +219,8 @@ class NamespaceOps(SqlCore):
                 if attr.is_symlink:  # the caller follows it (the kernel does, before create)
                     raise FsError(E.EEXIST, f"{name!r} is a symbolic link", ino=attr.ino,
                                   name=name)
-                if self._b.dialect.row_locks:  # snapshot isolation: lock what is read
-                    tx.put(S.SHARE_INODE, (attr.ino,))
+                if self._b.dialect.row_locks:  # snapshot isolation: write what is read
+                    tx.put(S.TOUCH_INODE, (attr.ino,))
                 open_in_session(tx, session, attr.ino)
                 return attr
             attr = self._new_inode(tx, parent, name, ino, full, ctx, now_ns(), row=row)

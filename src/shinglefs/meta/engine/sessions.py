@@ -12,6 +12,7 @@ committed (``abandoned_slices``) join the queue through ``discard_slices``.
 from __future__ import annotations
 
 import errno as E
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -29,6 +30,9 @@ from shinglefs.meta.records import (
     SliceInfo,
     SliceState,
 )
+
+CLOSES_PER_STATEMENT = 500
+"""Inodes one ``close_linked`` statement closes at most."""
 
 
 class SessionOps(SqlCore):
@@ -78,6 +82,9 @@ class SessionOps(SqlCore):
             expired = [r[0] for r in tx.all(S.SEL_EXPIRED, (now - int(timeout_s * 1e9),))]
             for sid in expired:
                 self._end_session(tx, sid, now)
+            for sid, ino in tx.all(S.SEL_STRAY_OPEN):  # S.SEL_STRAY_OPEN says how
+                tx.run(S.DEL_OPEN, (sid, ino))
+                self._free_if_orphan(tx, ino, now)
             return expired
 
         return self._run(txn)
@@ -107,11 +114,19 @@ class SessionOps(SqlCore):
         return self._run(txn)
 
     def close_files(self, session: int, inos: Sequence[int]) -> list[int]:
+        # The common case, the last close of a linked file, for every inode
+        # closed once here: one statement per batch, not one per inode.
+        once = [ino for ino, n in Counter(inos).items() if n == 1]
+
         def txn(tx: Tx) -> list[int]:
             now = now_ns()
             freed = []
+            closed: set[int] = set()
+            for at in range(0, len(once), CLOSES_PER_STATEMENT):
+                part = once[at:at + CLOSES_PER_STATEMENT]
+                closed.update(r[0] for r in tx.all(S.close_linked(len(part)), (session, *part)))
             for ino in inos:
-                if tx.run(S.CLOSE_LINKED, (session, ino, ino)):
+                if ino in closed or tx.run(S.CLOSE_LINKED, (session, ino, ino)):
                     continue
                 row = tx.one(S.CLOSE_FILE, (session, ino))
                 if row is None or row[0] > 0:
