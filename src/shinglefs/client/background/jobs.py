@@ -8,7 +8,10 @@ heartbeat, which vouches for this client's slices in progress, and expiry
 of crashed clients' sessions (every ``heartbeat_interval``), the metadata
 backup to the drives (when due).
 Closes drain before deletions so that a file freed by its last close is
-deleted in the same pass.
+deleted in the same pass. A job that fails holds back none after it (the
+scheduler runs each on its own and retries it after a doubling wait): a
+janitor or compaction scan failing on every pass still leaves the session
+heartbeat running, so the session does not expire under this client.
 """
 
 from __future__ import annotations
