@@ -17,6 +17,7 @@ import itertools
 import logging
 import os
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ from shinglefs.meta.api import DirPolicy, MetaStore
 from shinglefs.server.cluster import ClusterNode
 from shinglefs.server.errors import NodeFull
 from shinglefs.server.process import cluster_key
-from shinglefs.server.space import fits_replicated, replicated_room
+from shinglefs.server.space import FIGURE_SKEW_NS, SentBytes, fits_replicated, replicated_room
 
 MiB = 1024 * 1024
 
@@ -214,3 +215,27 @@ def test_placement_still_picks_a_drive_when_every_figure_is_overdrawn() -> None:
     frees = {1: -100, 2: -95, 3: -300}
     picks = {_freest(frees.__getitem__, list(frees)) for _ in range(50)}
     assert picks and picks <= {1, 2}
+
+
+def test_bytes_stored_after_a_heartbeat_stay_counted_until_a_later_one() -> None:
+    """A membership read brings figures as of each server's heartbeat: a piece
+    stored after it is not in them and must stay counted (it was reset to 0 at
+    every read, and a server refused a copy the reservation had admitted)."""
+    sent = SentBytes()
+    sent.sent(1, 10, reserved=False)  # a piece no reservation holds: counted at once
+    sent.sent(1, 5, reserved=True)  # its writer's hold counts it until it is answered
+    assert sent.since(1) == 10
+    before = time.time_ns()
+    sent.done(1, 10, False)
+    sent.done(1, 5, True)
+    after = time.time_ns()
+    assert sent.since(1) == 15
+    sent.figures_read({1: before - 10**9})  # a heartbeat from before they were stored
+    assert sent.since(1) == 15
+    sent.figures_read({1: before + FIGURE_SKEW_NS - 1})  # within the skew: maybe not in it
+    assert sent.since(1) == 15
+    sent.figures_read({1: after + FIGURE_SKEW_NS})
+    assert sent.since(1) == 0
+    sent.sent(2, 7, reserved=False)
+    sent.figures_read({2: after + 10**10})  # in flight: in no figure, whatever its age
+    assert sent.since(2) == 7 and sent.since(1) == 0

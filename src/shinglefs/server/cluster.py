@@ -108,6 +108,7 @@ from shinglefs.server.node import DriveStats, NodeStats
 from shinglefs.server.remote import RemoteNode
 from shinglefs.server.space import (
     ReplicatedHolds,
+    SentBytes,
     default_copies,
     replicated_room,
     server_frees,
@@ -161,7 +162,7 @@ class ClusterNode:
         self._servers: dict[int, ServerRecord] = {}  # every registered server, live or not
         self._live: dict[int, tuple[int, int]] = {}  # drive -> (capacity, free) of live servers
         self._read_at = -1e9
-        self._since: dict[int, int] = {}  # drive -> bytes submitted since the last re-read
+        self._sent = SentBytes()  # bytes the drives' last figures may not hold
         self._holds = ReplicatedHolds()  # accepted bytes not stored yet, by goal
         self._placed: dict[int, list[int]] = {}  # slice -> its drives, slices written here
         self._located: OrderedDict[int, tuple[int, ...]] = OrderedDict()  # slice -> drives
@@ -180,6 +181,7 @@ class ClusterNode:
                    else self._meta.list_servers(timeout_s=self._server_timeout))
         offline = self._meta.drive_states()
         live: dict[int, tuple[int, int]] = {}
+        heartbeats: dict[int, int] = {}  # drive -> its server's heartbeat (ns)
         for record in records:
             failed_at = self._suspects.get(record.id)
             if failed_at is not None and record.heartbeat_ns > failed_at:
@@ -189,8 +191,9 @@ class ClusterNode:
             if record.live:
                 for d in record.drives:
                     if (record.id, d.drive_id) not in offline:  # drained: no new slices
-                        live[cluster_drive_id(record.id, d.drive_id)] = (d.capacity_bytes,
-                                                                         d.free_bytes)
+                        drive = cluster_drive_id(record.id, d.drive_id)
+                        live[drive] = (d.capacity_bytes, d.free_bytes)
+                        heartbeats[drive] = record.heartbeat_ns
         for record in records:  # a server that came back elsewhere (a new port, a new host)
             remote = self._remotes.get(record.id)
             known = self._servers.get(record.id)
@@ -200,7 +203,7 @@ class ClusterNode:
                 threading.Thread(target=remote.close, name="remote-close", daemon=True).start()
         self._servers = {r.id: r for r in records}
         self._live = live
-        self._since = dict.fromkeys(live, 0)
+        self._sent.figures_read(heartbeats)
         self._read_at = now
 
     def _suspect(self, server_id: int, exc: BaseException) -> None:
@@ -250,7 +253,7 @@ class ClusterNode:
     # ------------------------------------------------------------------ space and placement
     def _free(self, drive_id: int) -> int:
         free = self._live.get(drive_id, (0, 0))[1]
-        return free - self._since.get(drive_id, 0)
+        return free - self._sent.since(drive_id)
 
     def reserve(self, nbytes: int, ino: int | None = None) -> None:
         """Take room for ``nbytes`` of accepted writes, or raise ``NodeFull`` (ENOSPC)
@@ -384,8 +387,8 @@ class ClusterNode:
         ``(first drive, future)``, the future done once every replica stored it
         (durable on its drive with ``durable``) or failed, failing only when all
         failed (module docstring). ``wait=False``: ``Declined`` (a send may block
-        on the network), nothing sent. ``reserved`` (``StorageNode.submit``) is
-        not used: the piece counts as sent since the last re-read as well."""
+        on the network), nothing sent. ``reserved`` (``StorageNode.submit``): its
+        writer's hold counts the piece until it is answered (``SentBytes``)."""
         if not wait:
             raise Declined()
         body = Payload(data)  # sent view by view, never joined
@@ -393,8 +396,8 @@ class ClusterNode:
             drive_id = self.place(slice_id, group, body.nbytes)
         with self._lock:
             drives = list(self._placed.get(slice_id) or [drive_id])
-            for d in drives:
-                self._since[d] = self._since.get(d, 0) + body.nbytes
+        for d in drives:
+            self._sent.sent(d, body.nbytes, reserved)
         sends = []
         for d in drives:
             # Every piece through its server's one sender thread, in submission
@@ -408,6 +411,7 @@ class ClusterNode:
                                             body, group, local, durable)
             except (FsError, RuntimeError) as exc:  # the node closed: a failed replica
                 sent.set_exception(exc)
+            sent.add_done_callback(functools.partial(self._sent.done, d, body.nbytes, reserved))
             sends.append((d, sent))
         failed = functools.partial(self._replica_failed, slice_id, len(sends) > 1)
         return drive_id, _all_replicas(sends, failed)

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -372,3 +373,63 @@ class ReplicatedHolds:
         else:  # a give-back without its take (never, barring a caller's bug) stops at 0
             self._bytes.pop(ino, None)
             self._goals.pop(ino, None)
+
+
+FIGURE_SKEW_NS = 500_000_000
+"""A piece stored this long before a server's heartbeat may still be missing from
+the figure the heartbeat carries (the figure is read first; hosts' clocks
+differ): ``SentBytes`` keeps counting it until a later heartbeat."""
+
+
+class SentBytes:
+    """The bytes a cluster client sent to each drive that the drive's last figure
+    (its server's heartbeat) may not hold: those in flight that no reservation
+    holds (a piece sent ``reserved`` is in its writer's ``ReplicatedHolds``
+    until answered), and those stored (answered, or failed: a failed piece may
+    have used space) since ``FIGURE_SKEW_NS`` before the heartbeat. Resetting
+    the count at each membership read instead lost what was stored between a
+    heartbeat and the read (in neither the figure nor the count: a server
+    refused a copy the reservation had admitted). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._in_flight: dict[int, int] = {}  # not reserved
+        self._stored: dict[int, deque[tuple[int, int]]] = {}  # drive -> (time_ns, bytes)
+        self._since: dict[int, int] = {}  # in flight + stored after the figure
+
+    def sent(self, drive_id: int, nbytes: int, reserved: bool) -> None:
+        """A piece goes to ``drive_id`` (``reserved``: a writer's hold counts it)."""
+        if not reserved:
+            with self._lock:
+                self._in_flight[drive_id] = self._in_flight.get(drive_id, 0) + nbytes
+                self._since[drive_id] = self._since.get(drive_id, 0) + nbytes
+
+    def done(self, drive_id: int, nbytes: int, reserved: bool, _answer: object = None) -> None:
+        """A piece ``sent`` to ``drive_id`` was answered (stored or failed): before
+        its writer gives its hold back (a done callback: ``_answer`` its future)."""
+        with self._lock:
+            if not reserved:
+                self._in_flight[drive_id] = self._in_flight.get(drive_id, 0) - nbytes
+            else:
+                self._since[drive_id] = self._since.get(drive_id, 0) + nbytes
+            self._stored.setdefault(drive_id, deque()).append((time.time_ns(), nbytes))
+
+    def since(self, drive_id: int) -> int:
+        """Bytes sent to ``drive_id`` that its last figure may not hold."""
+        with self._lock:
+            return self._since.get(drive_id, 0)
+
+    def figures_read(self, heartbeats: Mapping[int, int]) -> None:
+        """New figures: ``{drive: its server's heartbeat time (ns)}``; a drive not
+        in it keeps nothing stored (no figure of it is used)."""
+        with self._lock:
+            for drive_id in list(self._stored):
+                if drive_id not in heartbeats:
+                    del self._stored[drive_id]
+            for drive_id, stored in self._stored.items():
+                cutoff = heartbeats[drive_id] - FIGURE_SKEW_NS
+                while stored and stored[0][0] <= cutoff:
+                    stored.popleft()
+            self._since = {
+                d: self._in_flight.get(d, 0) + sum(n for _, n in self._stored.get(d, ()))
+                for d in heartbeats}
