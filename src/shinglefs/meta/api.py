@@ -565,6 +565,22 @@ class MetaStore(ServerRegistry):
     def ack_deletions(self, slice_ids: Sequence[int]) -> None:
         """The storage layer deleted these slices: forget them and their replicas. Idempotent."""
 
+    @abstractmethod
+    def pop_deletions_on(self, server_id: int, limit: int = 500,
+                         lease_s: float = 60.0) -> list[SliceInfo]:
+        """``pop_deletions`` for storage server ``server_id``: up to ``limit`` of
+        the queued TO_DELETE slices whose lease is over and that have a replica
+        on that server, each leased for ``lease_s`` as there. Each comes with
+        only its replicas on that server (the copies it is to delete)."""
+
+    @abstractmethod
+    def ack_replica_deletions(self, server_id: int, slice_ids: Sequence[int]) -> None:
+        """Server ``server_id`` deleted (flushed) its copies of these slices: drop
+        their replicas on it. A slice left with no replica is forgotten with its
+        queue entry (``ack_deletions``); one with replicas elsewhere stays queued
+        with its lease ended, for their holders. SliceStateError (ESTALE) for a
+        slice not TO_DELETE, nothing changed. Idempotent."""
+
     # ---- content map -------------------------------------------------------------
 
     @abstractmethod
@@ -645,56 +661,13 @@ class MetaStore(ServerRegistry):
 
 
 __all__ = [
-    "BLOCK_SIZE",
-    "CHUNK_SIZE",
-    "FIRST_COOKIE",
-    "F_OK",
-    "INLINE_SLICE_BIT",
-    "LINK_MAX",
-    "LOCAL_SERVER",
-    "NAME_MAX",
-    "RENAME_EXCHANGE",
-    "RENAME_NOREPLACE",
-    "REPAIR_AFTER_S",
-    "ROOT_CTX",
-    "ROOT_INO",
-    "R_OK",
-    "SERVER_HEARTBEAT_S",
-    "SERVER_TIMEOUT_S",
-    "SLICE_RECORDS_BATCH",
-    "SYMLINK_MAX",
-    "TIERS",
-    "UTIME_NOW",
-    "UTIME_OMIT",
-    "W_OK",
-    "XATTR_CREATE",
-    "XATTR_NAME_MAX",
-    "XATTR_REPLACE",
-    "XATTR_SIZE_MAX",
-    "X_OK",
-    "ChunkInfo",
-    "ChunkMap",
-    "ChunkPiece",
-    "Ctx",
-    "DirEntry",
-    "DirPolicy",
-    "DriveRecord",
-    "FormatInfo",
-    "InodeAttr",
-    "MetaStore",
-    "ReadPiece",
-    "RenameResult",
-    "Replica",
-    "ServerDrive",
-    "ServerRecord",
-    "ServerRegistry",
-    "Session",
-    "SessionInfo",
-    "SliceCommit",
-    "SliceInfo",
-    "SliceRef",
-    "SliceState",
-    "StatFs",
-    "UnlinkResult",
-    "is_inline_slice",
+    "BLOCK_SIZE", "CHUNK_SIZE", "FIRST_COOKIE", "F_OK", "INLINE_SLICE_BIT", "LINK_MAX",
+    "LOCAL_SERVER", "NAME_MAX", "RENAME_EXCHANGE", "RENAME_NOREPLACE", "REPAIR_AFTER_S",
+    "ROOT_CTX", "ROOT_INO", "R_OK", "SERVER_HEARTBEAT_S", "SERVER_TIMEOUT_S",
+    "SLICE_RECORDS_BATCH", "SYMLINK_MAX", "TIERS", "UTIME_NOW", "UTIME_OMIT", "W_OK",
+    "XATTR_CREATE", "XATTR_NAME_MAX", "XATTR_REPLACE", "XATTR_SIZE_MAX", "X_OK", "ChunkInfo",
+    "ChunkMap", "ChunkPiece", "Ctx", "DirEntry", "DirPolicy", "DriveRecord", "FormatInfo",
+    "InodeAttr", "MetaStore", "ReadPiece", "RenameResult", "Replica", "ServerDrive",
+    "ServerRecord", "ServerRegistry", "Session", "SessionInfo", "SliceCommit", "SliceInfo",
+    "SliceRef", "SliceState", "StatFs", "UnlinkResult", "is_inline_slice",
 ]

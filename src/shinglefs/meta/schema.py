@@ -567,6 +567,19 @@ SEL_DUE_DELETIONS = (
 )
 LEASE_DELETION = "UPDATE deletions SET lease_ns = ? WHERE slice_id = ?"
 DEL_DELETION = "DELETE FROM deletions WHERE slice_id = ?"
+# A storage server's share of the queue (``pop_deletions_on``): due slices queued
+# as TO_DELETE with a replica on server ? (the replicas' key prefix), in queue order.
+SEL_DUE_DELETIONS_ON = (
+    "SELECT d.slice_id FROM deletions d WHERE d.lease_ns <= ? "
+    "AND EXISTS (SELECT 1 FROM slice_replicas r WHERE r.slice_id = d.slice_id AND r.server = ?) "
+    "AND EXISTS (SELECT 1 FROM slices s WHERE s.id = d.slice_id AND s.state = 'to_delete') "
+    "ORDER BY d.queued_ns, d.slice_id LIMIT ?"
+)
+SEL_REPLICAS_ON = (
+    "SELECT server, drive FROM slice_replicas WHERE slice_id = ? AND server = ? ORDER BY drive"
+)
+DEL_REPLICAS_ON = "DELETE FROM slice_replicas WHERE slice_id = ? AND server = ?"
+SEL_ANY_REPLICA = "SELECT 1 FROM slice_replicas WHERE slice_id = ? LIMIT 1"
 
 # ---- sessions ----------------------------------------------------------------------
 INS_SESSION = (

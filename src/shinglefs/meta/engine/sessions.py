@@ -7,6 +7,9 @@ content dereferences slices; a slice at refcount zero waits in the deletion
 queue until the storage side pops it (leased, so a crashed consumer's slices
 are offered again) and acknowledges it. Slices a crashed writer never
 committed (``abandoned_slices``) join the queue through ``discard_slices``.
+A storage server takes only the queued slices with a copy on its drives
+(``pop_deletions_on``) and acknowledges its own copies
+(``ack_replica_deletions``): the record goes with the last copy.
 """
 
 from __future__ import annotations
@@ -197,3 +200,38 @@ class SessionOps(SqlCore):
                 tx.run(S.DEL_SLICE, (sid,))
 
         self._run(txn)
+
+    def pop_deletions_on(self, server_id: int, limit: int = 500,
+                         lease_s: float = 60.0) -> list[SliceInfo]:
+        server = str(server_id)
+
+        def txn(tx: Tx) -> list[SliceInfo]:
+            now = now_ns()
+            ids = [r[0] for r in tx.all(S.SEL_DUE_DELETIONS_ON, (now, server, limit))]
+            out = []
+            for sid in ids:
+                tx.run(S.LEASE_DELETION, (now + int(lease_s * 1e9), sid))
+                row = tx.one(S.SEL_SLICE, (sid,))
+                reps = tuple(Replica(r[0], r[1]) for r in tx.all(S.SEL_REPLICAS_ON, (sid, server)))
+                out.append(SliceInfo(row[0], row[1], row[2], SliceState(row[3]), row[4], reps))
+            return out
+
+        return self._run(txn)
+
+    def ack_replica_deletions(self, server_id: int, slice_ids: Sequence[int]) -> None:
+        server = str(server_id)
+
+        def txn(tx: Tx) -> None:
+            for sid in sorted(set(slice_ids)):
+                row = tx.one(S.SEL_SLICE_STATE, (sid,))
+                if row is not None and row[0] != SliceState.TO_DELETE.value:
+                    raise SliceStateError(sid, row[0], "acknowledge its deletion")
+                tx.run(S.DEL_REPLICAS_ON, (sid, server))
+                if tx.one(S.SEL_ANY_REPLICA, (sid,)) is None:  # every recorded copy is gone
+                    tx.run(S.DEL_DELETION, (sid,))
+                    tx.run(S.DEL_SLICE, (sid,))
+                else:  # the next holder of a copy may take it at once
+                    tx.run(S.LEASE_DELETION, (0, sid))
+
+        self._run(txn)
+
