@@ -45,6 +45,9 @@ def server_command(
     sweep_interval: float = typer.Option(
         300.0, "--sweep-interval", metavar="SECONDS",
         help="seconds between orphan sweep passes (0: none)"),
+    deletion_interval: float = typer.Option(
+        2.0, "--deletion-interval", metavar="SECONDS",
+        help="seconds between passes freeing this server's copies of deleted slices (0: none)"),
     zone_size: str | None = typer.Option(None, "--zone-size", metavar="SIZE",
                                          help="zone size of emulated drives created here "
                                          "(default 256M)"),
@@ -66,8 +69,9 @@ def server_command(
         raise UsageError(f"--heartbeat {heartbeat} is not a positive number of seconds")
     if not repair_after > 0 or not repair_interval >= 0:
         raise UsageError("--repair-after must be positive and --repair-interval not negative")
-    if not orphan_grace >= 0 or not sweep_interval >= 0:
-        raise UsageError("--orphan-grace and --sweep-interval must not be negative")
+    if not orphan_grace >= 0 or not sweep_interval >= 0 or not deletion_interval >= 0:
+        raise UsageError("--orphan-grace, --sweep-interval and --deletion-interval must not "
+                         "be negative")
     if advertise is not None:
         parse_address(advertise, "--advertise")
     settings = load_settings(config, {"format": {"zone_size": size_flag("--zone-size",
@@ -79,7 +83,8 @@ def server_command(
         advertise=advertise, labels=parse_labels(label), heartbeat_s=heartbeat,
         zone_size=settings.format.zone_size, store_config=settings.store,
         repair_after_s=repair_after, repair_interval_s=repair_interval,
-        orphan_grace_s=orphan_grace, sweep_interval_s=sweep_interval)
+        orphan_grace_s=orphan_grace, sweep_interval_s=sweep_interval,
+        deletion_interval_s=deletion_interval)
 
     def ready(server: StorageServer) -> None:
         print(f"server {server.server_id} serving {len(drive)} drive(s) at {server.address}",

@@ -32,9 +32,11 @@ step fails:
    see the server stale, and it keeps serving those that already use it).
 
 Once registered, it runs re-replication passes (server/repair.py) every
-``repair_interval_s`` and orphan sweep passes (server/sweep.py: copies no
-record names, deleted after ``orphan_grace_s``) every ``sweep_interval_s``,
-each in a thread of its own; 0 turns either off.
+``repair_interval_s``, orphan sweep passes (server/sweep.py: copies no
+record names, deleted after ``orphan_grace_s``) every ``sweep_interval_s``
+and deletion passes (server/deletions.py: its copies of the slices queued
+for deletion freed, with or without a client mounted) every
+``deletion_interval_s``, each in a thread of its own; 0 turns any off.
 
 Drive ids: a drive keeps the id meta recorded for its uuid in an earlier
 registration, so reordering ``--drive`` flags does not renumber drives; a
@@ -66,6 +68,7 @@ from shinglefs.errors import PathError, ShingleError, UsageError
 from shinglefs.meta import open_meta
 from shinglefs.meta.api import REPAIR_AFTER_S, SERVER_HEARTBEAT_S, MetaStore, ServerDrive
 from shinglefs.server.auth import MIN_SECRET_BYTES
+from shinglefs.server.deletions import DELETION_INTERVAL_S, ServerDeletions
 from shinglefs.server.errors import AddressInUse, ClusterSecretError
 from shinglefs.server.membership import Membership, server_drives
 from shinglefs.server.node import DriveLock, StorageNode
@@ -157,6 +160,7 @@ class ServerConfig:
     repair_interval_s: float = 30.0  # between re-replication passes; 0: none
     orphan_grace_s: float = ORPHAN_GRACE_S  # server/sweep.py
     sweep_interval_s: float = SWEEP_INTERVAL_S  # between orphan sweep passes; 0: none
+    deletion_interval_s: float = DELETION_INTERVAL_S  # server/deletions.py; 0: none
 
 
 # ---- drives ---------------------------------------------------------------------------
@@ -307,6 +311,7 @@ class StorageServer:
         self._threads: list[threading.Thread] = []
         self.repairer: Repairer | None = None
         self.sweeper: Sweeper | None = None
+        self.deletions: ServerDeletions | None = None
 
     def start(self) -> StorageServer:
         self._meta = open_meta(self.config.meta_url)
@@ -346,6 +351,10 @@ class StorageServer:
                                    grace_s=self.config.orphan_grace_s)
             self._every("sweep", "orphan sweep", self.config.sweep_interval_s,
                         self.sweeper.run_once)
+        if self.config.deletion_interval_s > 0:
+            self.deletions = ServerDeletions(self._meta, self._node, self.server_id)
+            self._every("deletions", "deletion", self.config.deletion_interval_s,
+                        self.deletions.run_once)
         return self
 
     def _every(self, name: str, what: str, interval_s: float,
