@@ -134,3 +134,22 @@ def test_an_inline_slice_cannot_be_committed_as_registered(meta, check) -> None:
     assert refused.value.errno == E.EINVAL
     assert meta.getattr(ino).size == 0
     check()
+
+
+def test_a_compaction_whose_slice_was_deleted_meanwhile_changes_nothing(meta, check) -> None:
+    ino = meta.create(ROOT_INO, b"fragmented", 0o644).ino
+    for k in range(3):  # three unregistered pieces: a chunk worth compacting
+        meta.commit_slice(ino, 0, SliceRef(meta.next_slice_id(), k * 100, 100), (k + 1) * 100)
+    chunk = meta.get_chunk(ino, 0)
+    sid = meta.next_slice_id()
+    meta.add_slice(SliceInfo(sid, 0, replicas=(REPLICA,)))  # the compactor's new slice
+    delete_as_the_consumer_would(meta, sid)
+    with pytest.raises(SliceStateError) as refused:
+        meta.replace_chunk(ino, 0, chunk.version, SliceRef(sid, 0, 300), slice_length=300,
+                           registered=True)
+    assert refused.value.errno == E.ESTALE
+    assert meta.get_chunk(ino, 0) == chunk
+    with pytest.raises(FsError) as gone:
+        meta.get_slice(sid)
+    assert gone.value.errno == E.ENOENT
+    check()

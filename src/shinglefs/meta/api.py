@@ -652,12 +652,15 @@ class MetaStore(ServerRegistry):
         *,
         group: int = 0,
         slice_length: int | None = None,
+        registered: bool = False,
     ) -> ChunkMap:
         """Compaction: replace a chunk's whole overlay by ``new_piece`` (one or
         several non-overlapping references), if and only if the chunk is still
         at ``old_refs_version`` (else ChunkChanged, errno EAGAIN, nothing
         changed). Old references are dereferenced; the new slice is referenced
-        as in ``commit_slice``. Returns the new map."""
+        as in ``commit_slice``; ``registered`` (its writer called ``add_slice``):
+        as a registered ``SliceCommit``, refused (SliceStateError, ESTALE) once
+        its record is queued for deletion or gone. Returns the new map."""
 
 
 __all__ = [

@@ -26,7 +26,7 @@ from shinglefs.client.groups import GroupPolicy
 from shinglefs.client.inodes import InodeTable, OpenInode, cut
 from shinglefs.client.reader import DirectReader, ReadSlice, assemble
 from shinglefs.meta.api import MetaStore, ReadPiece, SliceRef
-from shinglefs.meta.errors import ChunkChanged, FsError
+from shinglefs.meta.errors import ChunkChanged, FsError, SliceStateError
 from shinglefs.server.errors import SliceMissing
 from shinglefs.server.node import SliceNode
 
@@ -155,9 +155,10 @@ class Compactor:
             assert drive_id is not None
             self.node.flush(self.node.replicas_of(slice_id, drive_id))
             self.meta.replace_chunk(
-                ino, chunk_index, chunk.version, refs, group=group, slice_length=written
+                ino, chunk_index, chunk.version, refs, group=group, slice_length=written,
+                registered=True,
             )
-        except (ChunkChanged, SliceMissing):
+        except (ChunkChanged, SliceMissing, SliceStateError):  # the last: discarded meanwhile
             if drive_id is not None:
                 for replica in self.node.replicas_of(slice_id, drive_id):
                     self.node.delete(slice_id, replica)

@@ -12,7 +12,8 @@ spares the ones this client is writing right now (its own heartbeat may not
 have run yet), and has meta discard the rest (``discard_slices`` queues a
 slice only while it is still WRITING with no reference); the deletion
 consumer then frees their bytes. A writer silent that long loses the slice:
-its commit is refused (ESTALE) while the discarded record is queued.
+its commit is refused (ESTALE), while the discarded record is queued and
+after it is gone (a registered slice commits only onto its own record).
 
 What this assumes: every client of the file system heartbeats well within
 every other client's ``abandoned_slice_age`` (10 s against 6 h by default),

@@ -312,6 +312,7 @@ class ChunkOps(SqlCore):
         *,
         group: int = 0,
         slice_length: int | None = None,
+        registered: bool = False,
     ) -> ChunkMap:
         self._require_formatted()
         pieces = [new_piece] if isinstance(new_piece, SliceRef) else list(new_piece)
@@ -334,7 +335,7 @@ class ChunkOps(SqlCore):
             for i, p in enumerate(pieces, start=1):
                 tx.run(S.INS_REF, (ino, chunk_index, version + i, p.slice_id, p.chunk_offset,
                                    p.length, p.slice_offset))
-                self._ref_slice(tx, p, group, slice_length)
+                self._ref_slice(tx, p, group, slice_length, registered)
             new_version = version + max(1, len(pieces))
             if row is None:
                 tx.one(S.BUMP_CHUNK, (ino, chunk_index))
