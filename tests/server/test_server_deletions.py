@@ -1,16 +1,17 @@
 """Storage servers free their own drives (server/deletions.py), with no client mounted.
 
 Real servers on loopback (``StorageServer`` in this process, one in a
-subprocess killed mid-pass, and ``shinglefs server`` freeing by itself). A file written by a client that then closes,
-and deleted in meta, is freed on both servers' drives by their deletion
-passes: the copies leave each drive's index, the live bytes come back, the
-slice records and queue entries are gone, and the metadata check finds
-nothing. A server that is down while the deletion is queued frees its
-copies when it returns; the other frees its own at once. A server killed
-between its deletes and its acknowledgement loses nothing: the records still
-name its (deleted) copies, and its next pass completes. The meta side
-(``pop_deletions_on``, ``ack_replica_deletions``) is checked on SQLite and
-PostgreSQL.
+subprocess killed mid-pass, and ``shinglefs server`` freeing by itself). A
+file written by a client that then closes, and deleted in meta, is freed on
+both servers' drives by their deletion passes: the copies leave each drive's
+index, the live bytes come back, the slice records and queue entries are
+gone, and the metadata check finds nothing. A server that is down while the
+deletion is queued frees its copies when it returns; the other frees its
+own at once. A server killed between its deletes and its acknowledgement
+loses nothing: the records still name its (deleted) copies, and its next
+pass completes. A copy the orphan sweep claimed leaves no record behind.
+The meta side (``pop_deletions_on``, ``ack_replica_deletions``) is checked
+on SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ from shinglefs.meta.check import check_consistency
 from shinglefs.meta.dump import backend_of
 from shinglefs.meta.errors import SliceStateError
 from shinglefs.server.deletions import ServerDeletions
-from shinglefs.server.process import ServerConfig, StorageServer
+from shinglefs.server.process import ServerConfig, StorageServer, cluster_key
+from shinglefs.server.remote import RemoteNode
+from shinglefs.server.sweep import Sweeper
 
 MiB = 1024 * 1024
 
@@ -44,7 +47,9 @@ CRASHING = """
 import sys
 from shinglefs.meta import open_meta
 from shinglefs.server.deletions import ServerDeletions
-from shinglefs.server.process import ServerConfig, StorageServer
+from shinglefs.server.process import ServerConfig, StorageServer, cluster_key
+from shinglefs.server.remote import RemoteNode
+from shinglefs.server.sweep import Sweeper
 config = ServerConfig(sys.argv[1], (sys.argv[2],), ("127.0.0.1", 0), heartbeat_s=0.2,
                       zone_size=16 << 20, repair_interval_s=0, sweep_interval_s=0,
                       deletion_interval_s=0)
@@ -201,6 +206,27 @@ def test_a_server_killed_between_its_deletes_and_the_ack_loses_nothing(
             assert fs.read_bytes("/kept.bin") == kept_data
     finally:
         restarted.stop()
+
+
+def test_the_record_of_a_copy_the_orphan_sweep_claimed_goes_at_the_next_pass(
+        tmp_path: Path, meta_url: str, meta: MetaStore) -> None:
+    server = start(meta_url, tmp_path, "s1", deletion_interval_s=0)
+    try:
+        assert server.server_id is not None
+        orphan = meta.next_slice_id()  # a client killed before its commit left this copy
+        with RemoteNode(server.address, cluster_key(meta)) as remote:
+            remote.write(orphan, 0, os.urandom(MiB), 7, drive_id=0)
+            remote.flush([0])
+        assert Sweeper(meta, server.node, server.server_id, grace_s=0).run_once().swept == 1
+        claim = meta.get_slice(orphan)  # deleted, and claimed: a TO_DELETE record, queued
+        assert (claim.state, claim.replicas) == (SliceState.TO_DELETE, (Replica(
+            str(server.server_id), "0"),))
+        assert queued(meta) == 1
+        deletions = ServerDeletions(meta, server.node, server.server_id)
+        assert deletions.run_once().slices == 1  # the claim's hold (the grace, 0) is over
+        assert not meta.slice_records([orphan]) and queued(meta) == 0
+    finally:
+        server.stop()
 
 
 def test_a_server_pops_its_own_share_and_the_record_goes_with_the_last_copy(
