@@ -204,6 +204,11 @@ class SessionOps(SqlCore):
     def pop_deletions_on(self, server_id: int, limit: int = 500,
                          lease_s: float = 60.0) -> list[SliceInfo]:
         server = str(server_id)
+        # Every few seconds on every server, mostly with nothing due: one read
+        # decides, and takes no write lock (SQLite) or serializable snapshot.
+        due = (now_ns(), server, 1)
+        if self._run(lambda tx: tx.one(S.SEL_DUE_DELETIONS_ON, due), "single") is None:
+            return []
 
         def txn(tx: Tx) -> list[SliceInfo]:
             now = now_ns()
