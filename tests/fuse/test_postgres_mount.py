@@ -55,3 +55,47 @@ def test_files_and_namespace_on_a_postgresql_backed_mount(pg_mount: MountedFileS
     assert os.getxattr(root / "d" / "g", "user.k") == b"v"
     assert sorted(os.listdir(root / "d")) == sorted(["g", "link"] + [f"s{i}" for i in range(50)])
     assert all((root / "d" / f"s{i}").stat().st_size == i for i in range(50))
+
+
+def _threaded(fs: MountedFileSystem) -> dict[str, int]:
+    """Requests per operation the mount ran in worker threads so far."""
+    import json
+
+    report = json.loads(os.getxattr(fs.mountpoint, "user.shinglefs.status"))
+    return {op: int(v.get("threaded", 0)) for op, v in report["fuse_ops"].items()}
+
+
+def test_namespace_requests_leave_the_loop_only_when_others_wait(
+        pg_mount: MountedFileSystem) -> None:
+    """Alone, a request runs on the event loop (no thread hop); while other
+    requests wait, namespace requests go to worker threads (operations.py)."""
+    import threading
+
+    root = pg_mount.mountpoint
+    (root / "seq").mkdir()
+    before = _threaded(pg_mount)
+    for i in range(20):  # one process, one request at a time
+        (root / "seq" / f"f{i}").write_bytes(b"x" * 4096)
+    after = _threaded(pg_mount)
+    for op in ("create", "lookup", "flush"):
+        assert after.get(op, 0) == before.get(op, 0), op
+
+    (root / "par").mkdir()
+    errors: list[BaseException] = []
+
+    def writer(k: int) -> None:
+        try:
+            for i in range(40):
+                (root / "par" / f"w{k}-{i}").write_bytes(b"y" * 4096)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    busy = _threaded(pg_mount)
+    assert sum(busy.get(op, 0) - after.get(op, 0) for op in ("create", "lookup")) > 0
+    assert len(os.listdir(root / "par")) == 8 * 40

@@ -497,7 +497,7 @@ def serve(
     """
     import pyfuse3
 
-    from shinglefs.fuse.operations import ShingleOperations
+    from shinglefs.fuse.operations import ShingleOperations, fuse_device_fd
 
     def status_provider() -> bytes:
         report: dict[str, Any] = {"meta_url": meta_url, "mountpoint": mountpoint,
@@ -520,6 +520,10 @@ def serve(
             vfs.shutdown()
         raise MountFailedError(f"cannot mount {mountpoint}: {exc}",
                                hint="check `dmesg` and that /dev/fuse is usable") from None
+
+    fuse_fd = fuse_device_fd()
+    if fuse_fd is not None:
+        ops.watch_queue(fuse_fd)
 
     def ready() -> None:
         _write_state(MountState(mountpoint, os.getpid(), meta_url, time.time()))

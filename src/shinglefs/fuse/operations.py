@@ -13,8 +13,12 @@ libfuse's ``max_write``/``max_pages``), so the hop (~0.1 ms) is paid per
 megabyte, not per page. Namespace operations are single metadata transactions
 that cost less than a thread hop on SQLite; they run inline unless
 ``offload_metadata`` is set (the mount sets it for PostgreSQL, where each is a
-network round trip). One FIFO lock per inode keeps a file's writes in the
-order the kernel sent them.
+network round trip). Even then a request runs inline when the mount is
+otherwise idle (``_alone``: no request in a worker thread, none waiting in
+the kernel's queue, see ``watch_queue``): nobody waits for the loop then,
+and the hop (0.4-0.5 ms on the test VM, more than the round trip it wraps)
+is saved. One FIFO lock per inode keeps a file's writes in the order the
+kernel sent them.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import errno
 import functools
 import logging
 import os
+import select
 import stat
 import time
 from collections.abc import Callable
@@ -53,6 +58,23 @@ STATUS_XATTR = b"user.shinglefs.status"
 # readdir fetches at most this many entries per kernel request from the VFS;
 # a readdirplus reply buffer (4 KiB to 128 KiB) holds far fewer.
 READDIR_BATCH = 256
+
+
+def fuse_device_fd() -> int | None:
+    """This process's one /dev/fuse descriptor, for ``watch_queue`` (pyfuse3
+    does not expose its session's), or None when there is not exactly one."""
+    found = []
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    for name in names:
+        try:
+            if os.readlink(f"/proc/self/fd/{name}") == "/dev/fuse":
+                found.append(int(name))
+        except OSError:
+            continue
+    return found[0] if len(found) == 1 else None
 
 
 def supplementary_groups(pid: int) -> tuple[int, ...]:
@@ -201,6 +223,20 @@ class ShingleOperations(pyfuse3.Operations):
         # release wait for a drive; a clean flush/release is a metadata call.
         self._dirty: set[int] = set()
         self.op_stats = OpStats()
+        self._in_threads = 0  # requests running in worker threads now
+        self._queue: select.poll | None = None  # the kernel's request queue (watch_queue)
+
+    def watch_queue(self, fuse_fd: int) -> None:
+        """Let networked metadata run inline while the mount is otherwise idle:
+        ``fuse_fd`` is the session's /dev/fuse descriptor, readable while the
+        kernel holds requests nobody has read yet."""
+        self._queue = select.poll()
+        self._queue.register(fuse_fd, select.POLLIN)
+
+    def _alone(self) -> bool:
+        """No other request is in a worker thread or waiting in the kernel: a
+        request run inline now delays nobody (``watch_queue``)."""
+        return self._queue is not None and not self._in_threads and not self._queue.poll(0)
 
     # -- plumbing -----------------------------------------------------------------
 
@@ -226,7 +262,11 @@ class ShingleOperations(pyfuse3.Operations):
         start = time.perf_counter_ns()
         try:
             if offload:
-                return await trio.to_thread.run_sync(func, *args)
+                self._in_threads += 1
+                try:
+                    return await trio.to_thread.run_sync(func, *args)
+                finally:
+                    self._in_threads -= 1
             return func(*args)
         except (pyfuse3.FUSEError, Declined):
             raise
@@ -268,7 +308,8 @@ class ShingleOperations(pyfuse3.Operations):
             self.op_stats.record(op, time.perf_counter_ns() - start, threaded)
 
     async def _meta(self, op: str, func: Callable[..., T], *args: Any, ino: int | None = None) -> T:
-        return await self._call(op, self.offload_metadata, func, *args, ino=ino)
+        offload = self.offload_metadata and not self._alone()
+        return await self._call(op, offload, func, *args, ino=ino)
 
     @staticmethod
     def entry(attr: EntrySource) -> pyfuse3.EntryAttributes:
@@ -517,7 +558,7 @@ class ShingleOperations(pyfuse3.Operations):
                 await self._call("flush", False, self.vfs.flush, fh, fh=fh)
             else:
                 await self._inline_or_thread("flush", self.vfs.flush, fh, fh=fh,
-                                             inline=not self.offload_metadata)
+                                             inline=not self.offload_metadata or self._alone())
             self._dirty.discard(ino)
 
     async def release(self, fh: int) -> None:
@@ -622,5 +663,5 @@ class ShingleOperations(pyfuse3.Operations):
 
 
 __all__ = ["ATTR_TIMEOUT", "ENTRY_TIMEOUT", "STATUS_XATTR", "OpStats", "ShingleOperations",
-           "supplementary_groups"]
+           "fuse_device_fd", "supplementary_groups"]
 
