@@ -229,6 +229,29 @@ def test_the_record_of_a_copy_the_orphan_sweep_claimed_goes_at_the_next_pass(
         server.stop()
 
 
+def test_a_copy_on_a_drive_the_server_does_not_have_open_keeps_the_slice_queued(
+        tmp_path: Path, meta_url: str, meta: MetaStore) -> None:
+    server = start(meta_url, tmp_path, "s1", deletion_interval_s=0)
+    try:
+        assert server.server_id is not None
+        sid = meta.next_slice_id()
+        with RemoteNode(server.address, cluster_key(meta)) as remote:
+            remote.write(sid, 0, os.urandom(4096), 7, drive_id=0)
+            remote.flush([0])
+        here, absent = Replica(str(server.server_id), "0"), Replica(str(server.server_id), "5")
+        ino = meta.mknod(ROOT_INO, b"f", stat.S_IFREG | 0o644).ino
+        meta.commit_slice(ino, 0, SliceRef(sid, 0, 4096, 0), 4096, slice_length=4096,
+                          replicas=[here, absent])  # drive 5: left out of its --drive list
+        meta.unlink(ROOT_INO, b"f")
+        counts = ServerDeletions(meta, server.node, server.server_id).run_once()
+        assert (counts.slices, counts.copies, counts.left) == (0, 1, 1)
+        assert held(server, [sid]) == []  # the copy it has is gone...
+        assert meta.get_slice(sid).replicas == (here, absent)  # ...but nothing acknowledged
+        assert queued(meta) == 1
+    finally:
+        server.stop()
+
+
 def test_a_server_pops_its_own_share_and_the_record_goes_with_the_last_copy(
         any_meta_url: str) -> None:
     meta = open_meta(any_meta_url)

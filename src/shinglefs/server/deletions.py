@@ -37,15 +37,16 @@ What it never does:
   no-op) and acknowledges;
 - touch a slice with no replica recorded (a crash before ``add_slice``
   leaves such WRITING slices, discarded by a janitor): nothing says which
-  server holds it, so the clients' consumers and fsck free those (they ask
-  every drive);
+  server holds it, so the clients' consumers free those (they ask every
+  live server's drives);
 - touch another server's copies: a slice whose other replicas are on a
   server that is down stays queued until that server returns (its own pass
   frees them) or a client's consumer takes it.
 
 A copy on a drive this server does not have open (a drive left out of
-``--drive``), or whose delete or flush fails, is left: the slice stays
-queued for a later pass, logged. Bounded work: at most ``per_pass`` slices a
+``--drive``), or whose delete or flush fails, is left, logged: the slice is
+not acknowledged (its other copies here are deleted all the same) and is
+offered again once its lease is over. Bounded work: at most ``per_pass`` slices a
 pass, in batches of ``batch``.
 
 Thread safety: one ``ServerDeletions`` runs in one thread
@@ -122,7 +123,8 @@ class ServerDeletions:
                     break
                 taken += len(batch)
                 freed = self.free(batch, counts)
-                self.meta.ack_replica_deletions(self.server_id, freed)
+                if freed:
+                    self.meta.ack_replica_deletions(self.server_id, freed)
                 counts.slices += len(freed)
                 if len(batch) < self.batch:
                     break
@@ -162,7 +164,7 @@ class ServerDeletions:
                 else:
                     by_drive.setdefault(drive, []).append(info)
         for drive, infos in sorted(by_drive.items()):
-            done = self._free_drive(drive, [i for i in infos if i.id not in failed], failed)
+            done = self._free_drive(drive, infos, failed)
             counts.copies += len(done)
             counts.freed_bytes += sum(info.length for info in done)
         counts.left += len(failed)
