@@ -5,8 +5,9 @@ Meta queues a slice when nothing references it any more (an unlinked file's
 last close, a truncate, an overwrite compacted away, a janitor discard) and
 when a server's orphan sweep claims an unrecorded copy (server/sweep.py: a
 TO_DELETE record naming that copy, leased for the grace). A client's
-deletion consumer (client/background/deletions.py) frees every replica of
-what it pops; with no client mounted, nobody did, and the bytes stayed.
+deletion consumer (client/background/deletions.py) frees the replicas on
+live servers of what it pops; with no client mounted, nobody did, and the
+bytes stayed.
 So each server also takes its own share of the queue, every
 ``--deletion-interval`` seconds (``ServerDeletions.run_once``):
 
@@ -47,8 +48,8 @@ What it never does:
 A copy on a drive this server does not have open (a drive left out of
 ``--drive``), or whose delete or flush fails, is left, logged: the slice is
 not acknowledged (its other copies here are deleted all the same) and is
-offered again once its lease is over. Bounded work: at most ``per_pass`` slices a
-pass, in batches of ``batch``.
+offered again once its lease is over. Bounded work: at most ``per_pass``
+slices a pass, in batches of ``batch``.
 
 Thread safety: one ``ServerDeletions`` runs in one thread
 (``StorageServer``'s deletion thread).
