@@ -169,8 +169,9 @@ def check_filled(meta: MetaStore, meta_url: str, path: str, goal: int, room: int
         assert fs.stat(path).st_size == written
     finally:
         fs.close()
-    # Not too early either (the drives' figures keep a margin: they take more).
-    assert written >= room * 6 // 10, (written, room)
+    # Not far too early either (space.FIGURE_SKEW_NS: early by what a drive
+    # stores in 0.25 s; the drives' figures keep a margin: they take more).
+    assert written >= room // 2, (written, room)
     assert not [r for r in caplog.records if "replica of slice" in r.getMessage()]
     assert placed and all(len(set(s)) == len(s) == goal for s in placed), placed
 
