@@ -58,6 +58,8 @@ def _print_fsck(report: Any) -> None:
     for name, found in report.remaining.items():
         for f in found[:SHOWN_PER_PASS]:
             typer.echo(f"remaining: {name}: {f.detail}")
+    for line in report.skipped:
+        typer.echo(f"skipped: {line}")
 
 
 def _fsck_exit(report: Any) -> int:
@@ -85,6 +87,7 @@ def fsck_command(
             "found": {k: [f.detail for f in v] for k, v in report.found.items() if v},
             "actions": report.actions,
             "remaining": {k: [f.detail for f in v] for k, v in report.remaining.items()},
+            "skipped": report.skipped,
         }))
     else:
         _print_fsck(report)

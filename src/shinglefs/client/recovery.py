@@ -126,6 +126,8 @@ def fsck(meta_url: str, *, repair: bool = False, force: bool = False,
 
     Raises ``FileSystemInUse`` for ``repair`` while a live session exists and
     ``force`` is off; ``DriveInUse`` while a local process holds the drives.
+    On a file system whose bytes are on storage servers only the metadata
+    passes run; the report names the drive passes it skipped.
     """
     def refuse_if_in_use(meta: MetaStore) -> None:
         alive = live_sessions(meta)
@@ -136,6 +138,9 @@ def fsck(meta_url: str, *, repair: bool = False, force: bool = False,
                 hint="unmount it first (`shinglefs umount`), or pass --force if those "
                      "sessions are known dead")
 
+    if _on_servers(meta_url):
+        return _fsck_metadata(meta_url, repair=repair, force=force, progress=progress,
+                              refuse_if_in_use=refuse_if_in_use)
     meta, node = _opened(meta_url, refuse_if_in_use)
     try:
         alive = live_sessions(meta)
@@ -151,6 +156,40 @@ def fsck(meta_url: str, *, repair: bool = False, force: bool = False,
             node.close()
         finally:
             meta.close()
+
+
+def _on_servers(meta_url: str) -> bool:
+    """The file system keeps its bytes on storage servers (no drives of its own)."""
+    meta = open_meta(meta_url)
+    try:
+        meta.format_info()
+        return not meta.drive_records()
+    finally:
+        meta.close()
+
+
+def _fsck_metadata(meta_url: str, *, repair: bool, force: bool,
+                   progress: Callable[[str], None] | None,
+                   refuse_if_in_use: Callable[[MetaStore], None]) -> FsckReport:
+    """fsck of a file system on storage servers: the metadata passes only. The
+    drive passes need every drive's slice inventory, which the servers hold;
+    each server's orphan sweep deletes the copies no record names, and its
+    repair pass restores the replication goal (docs/cluster.md)."""
+    from shinglefs.meta.check import META_PASSES
+    from shinglefs.meta.fsck import DRIVE_PASSES, SLICE_DRIVE_PASSES
+
+    meta = open_meta(meta_url)
+    try:
+        refuse_if_in_use(meta)
+        alive = live_sessions(meta)
+        ctx = CheckContext(backend_of(meta), meta, meta.format_info().chunk_size,
+                           live_sessions=frozenset() if force else alive)
+        report = run_fsck(ctx, repair=repair, passes=META_PASSES, progress=progress)
+        report.skipped = [f"{p.name}: the drives are on storage servers"
+                          for p in DRIVE_PASSES + SLICE_DRIVE_PASSES]
+        return report
+    finally:
+        meta.close()
 
 
 @dataclass

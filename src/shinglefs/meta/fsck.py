@@ -228,6 +228,8 @@ class FsckReport:
     actions: list[str] = field(default_factory=list)
     remaining: dict[str, list[Finding]] = field(default_factory=dict)
     repaired: bool = False
+    skipped: list[str] = field(default_factory=list)
+    """Passes not run, each with its reason (``name: why``)."""
 
     @property
     def clean(self) -> bool:
