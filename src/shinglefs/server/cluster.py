@@ -67,12 +67,12 @@ client's read cache hints each run it reads ahead (``prefetch``), whose
 READs go to the server at once and land in a bounded buffer that
 ``read_view`` takes them from (server/cluster_reads.py).
 
-Space: ``reserve`` takes bytes against the live drives' free bytes as their
-servers last reported them (``NodeFull``, ENOSPC, when they do not fit), each
-byte as many times as its file's goal asks, on distinct servers: with
-unequal servers less than the free bytes over the goal fits (server/space.py,
-``replicated_room``). ``stats`` (statfs, df) reports capacity and free bytes
-the same way, at the default goal.
+Space: ``reserve`` takes bytes against the live drives' last reported free
+bytes less what this client sent them since (``SentBytes``; ``NodeFull``,
+ENOSPC, when they do not fit), each byte as often as its file's goal asks,
+on distinct servers: with unequal servers less than the free bytes over the
+goal fits (server/space.py, ``replicated_room``). ``stats`` (statfs, df)
+reports capacity and free bytes the same way, at the default goal.
 
 Errors: a server's typed errors (``server.errors``: ``NodeFull``,
 ``SliceMissing``, ``ServerUnreachable``, ``ConnectionLost``,
