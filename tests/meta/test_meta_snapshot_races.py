@@ -95,3 +95,60 @@ def test_creates_racing_rmdir_unlink_and_session_expiry_stay_consistent(
     check()
     meta.expire_sessions(0.0)
     check()
+
+
+def _create_unlink(url: str, index: int, out) -> None:  # type: ignore[no-untyped-def]
+    store = open_meta(url)
+    unexpected: list[str] = []
+    try:
+        for i in range(300):
+            name = b"c%d-%d" % (index, i)
+            try:
+                d = store.lookup(ROOT_INO, b"d")
+                store.create(d.ino, name, 0o644)
+                store.unlink(d.ino, name)  # the directory is empty most of the time
+            except FsError as exc:
+                if exc.errno not in EXPECTED:
+                    unexpected.append(f"{exc!r}")
+    except Exception as exc:  # pragma: no cover - reported below
+        unexpected.append(repr(exc))
+    finally:
+        out.put(unexpected)
+        store.close()
+
+
+def _rmdir_mkdir(url: str, out) -> None:  # type: ignore[no-untyped-def]
+    store = open_meta(url)
+    unexpected: list[str] = []
+    try:
+        for _ in range(600):
+            for op in (lambda: store.rmdir(ROOT_INO, b"d"),
+                       lambda: store.mkdir(ROOT_INO, b"d", 0o755)):
+                try:
+                    op()
+                except FsError as exc:
+                    if exc.errno not in EXPECTED:
+                        unexpected.append(f"{exc!r}")
+    except Exception as exc:  # pragma: no cover - reported below
+        unexpected.append(repr(exc))
+    finally:
+        out.put(unexpected)
+        store.close()
+
+
+def test_a_create_never_lands_in_a_directory_removed_after_it_looked(
+        meta: SqlMetaStore, meta_url: str, check: Callable[[], None]) -> None:
+    """rmdir committing between a create's read of the parent and its write:
+    the create must fail (ENOENT on its next attempt), never leave its entry
+    under the removed directory (check: an entry in no directory)."""
+    meta.mkdir(ROOT_INO, b"d", 0o755)
+    out = SPAWN.Queue()
+    procs = [SPAWN.Process(target=_create_unlink, args=(meta_url, i, out)) for i in range(2)]
+    procs.append(SPAWN.Process(target=_rmdir_mkdir, args=(meta_url, out)))
+    for p in procs:
+        p.start()
+    problems = [out.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(30)
+    assert problems == [[], [], []]
+    check()

@@ -106,6 +106,15 @@ class MetaURLError(MetaError):
     exit_code = 2
 
 
+class TxConflict(MetaError):
+    """A transaction met a concurrent change it cannot write over (a row it
+    read changed or went before its write): the backend runs it again, as it
+    does on a serialization failure. Never leaves the backend's ``run``
+    unless every attempt met one."""
+
+    errno = _errno.EAGAIN
+
+
 class MetaUnavailable(MetaError):
     """The metadata database cannot be reached or opened (server down, no such database, bad file)."""
 

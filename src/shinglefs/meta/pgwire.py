@@ -90,6 +90,11 @@ def _violation(res: pq.abc.PGresult) -> bool:
     return sqlstate is not None and sqlstate.startswith(b"23")
 
 
+def _not_null(res: pq.abc.PGresult) -> bool:
+    """Whether ``res`` is a NOT NULL violation (SQLSTATE 23502)."""
+    return res.error_field(pq.DiagnosticField.SQLSTATE) == b"23502"
+
+
 def _param(value: Any) -> tuple[bytes | None, int, int]:
     """(wire bytes, type oid, format) of one parameter."""
     if value is None:
@@ -175,10 +180,10 @@ class PipelinedTx:
         self._send(sql, params)
         self._pending.append((_NEED, fail))
 
-    def insert(self, sql: str, params: Sequence[Any],
-               violated: Callable[[], BaseException]) -> None:
+    def insert(self, sql: str, params: Sequence[Any], violated: Callable[[], BaseException],
+               missing: Callable[[], BaseException] | None = None) -> None:
         self._send(sql, params)
-        self._pending.append((_INSERT, violated))
+        self._pending.append((_INSERT, (violated, missing)))
 
     # ---- ending ----------------------------------------------------------------------------
 
@@ -288,7 +293,10 @@ class PipelinedTx:
             if kind == _INSERT and res is not None and _violation(res):
                 self._answered_error = True
                 self._drain_quietly()
-                raise extra()
+                violated, missing = extra
+                if missing is not None and _not_null(res):
+                    raise missing()
+                raise violated()
             self._check(res)
             assert res is not None
             if kind == _WANT:

@@ -347,7 +347,7 @@ SEL_INODE = f"SELECT {INODE_COLS} FROM inodes WHERE ino = ?"
 # A write that changes nothing: under snapshot isolation it makes a concurrent
 # writer of the row (an unlink about to free it) fail instead of proceeding
 # on a snapshot that misses what this transaction adds (a lock would not).
-TOUCH_INODE = "UPDATE inodes SET generation = generation WHERE ino = ?"
+TOUCH_INODE = "UPDATE inodes SET generation = generation WHERE ino = ? AND nlink > 0"
 SEL_INODE_EXTRA = f"SELECT {INODE_COLS}, parent, target, tier, retention FROM inodes WHERE ino = ?"
 INS_INODE = (
     f"INSERT INTO inodes ({INODE_COLS}, parent, next_cookie, tier, retention, target) "
@@ -372,15 +372,18 @@ PARENT_AND_CHILD = (
     "LEFT JOIN dentries d ON d.parent = p.ino AND d.name = ? "
     "LEFT JOIN inodes i ON i.ino = d.ino WHERE p.ino = ?"
 )
+# The new name, with the cookie TOUCH_PARENT_TAKE_COOKIE just took; a name
+# that exists fails the statement (primary key). With the parent's mode,
+# owner and group as the creating transaction read them: when they changed
+# since (or the parent is gone), TOUCH_PARENT_TAKE_COOKIE touched nothing,
+# the cookie is NULL and the statement fails its NOT NULL constraint.
 TOUCH_PARENT_TAKE_COOKIE = (
     "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, next_cookie = next_cookie + 1, "
-    "nlink = nlink + ? WHERE ino = ?"
+    "nlink = nlink + ? WHERE ino = ? AND mode = ? AND uid = ? AND gid = ?"
 )
-# The new name, with the cookie TOUCH_PARENT_TAKE_COOKIE just took; a name
-# that exists fails the statement (primary key).
 INS_NEW_DENTRY = (
-    "INSERT INTO dentries (parent, name, ino, cookie) "
-    "SELECT ?, ?, ?, next_cookie - 1 FROM inodes WHERE ino = ?"
+    "INSERT INTO dentries (parent, name, ino, cookie) VALUES (?, ?, ?, "
+    "(SELECT next_cookie - 1 FROM inodes WHERE ino = ? AND mode = ? AND uid = ? AND gid = ?))"
 )
 TAKE_COOKIE = (
     "UPDATE inodes SET next_cookie = next_cookie + 1 WHERE ino = ? RETURNING next_cookie - 1"

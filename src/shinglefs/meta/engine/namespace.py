@@ -25,7 +25,7 @@ from shinglefs.meta.engine.permissions import (
     permits,
     sticky_ok,
 )
-from shinglefs.meta.errors import FsError
+from shinglefs.meta.errors import FsError, TxConflict
 from shinglefs.meta.records import (
     FIRST_COOKIE,
     LINK_MAX,
@@ -122,14 +122,18 @@ class NamespaceOps(SqlCore):
         counters). ``row``: PARENT_AND_CHILD's row, when the caller read it.
         One round trip to PostgreSQL: the rest is sent with the COMMIT.
 
-        Safe under snapshot isolation (mode "snapshot"): the parent row it
-        reads it also writes (a concurrent rmdir, rename or chmod of the parent
-        conflicts on that row), the absent name is guarded by the entry's
-        primary key, the new inode and counter delta are fresh rows. A session
-        it opens in is locked (``OPEN_IN_SESSION``); an expiry of that session
-        that still commits after it leaves an open record the next expiry pass
-        collects (``SEL_STRAY_OPEN``). An existing file ``create`` opens
-        (not exclusive) is written, not only read (``TOUCH_INODE``)."""
+        Safe at READ COMMITTED (mode "committed"): the parent is written only
+        if its mode, owner and group are still those checked, and the entry
+        takes its cookie only from that write (``INS_NEW_DENTRY``): a parent
+        changed or removed since the read (chmod, rmdir) fails the insert and
+        the operation runs again (``TxConflict``); a concurrent create in the
+        same directory only makes the write wait for its row. The absent name
+        is guarded by the entry's primary key, the new inode and counter
+        delta are fresh rows. A session it opens in is locked
+        (``OPEN_IN_SESSION``; gone: ESTALE); an expiry of that session that
+        still commits after it leaves an open record the next expiry pass
+        collects (``SEL_STRAY_OPEN``). An existing file ``create`` opens (not
+        exclusive) must still have a link when written (``TOUCH_INODE``)."""
         is_dir = stat.S_ISDIR(mode)
         if row is None:
             row = tx.one(S.PARENT_AND_CHILD, (name, parent))
@@ -142,8 +146,10 @@ class NamespaceOps(SqlCore):
         if row[6] is not None:
             raise exists()  # before EACCES, as on Linux
         check_may_write_dir(pmode, puid, pgid, ctx, parent)
-        tx.put(S.TOUCH_PARENT_TAKE_COOKIE, (now, now, 1 if is_dir else 0, parent))
-        tx.insert(S.INS_NEW_DENTRY, (parent, name, ino, parent), exists)  # a racing create
+        seen = (pmode, puid, pgid)  # as checked: the writes apply only if still so
+        tx.put(S.TOUCH_PARENT_TAKE_COOKIE, (now, now, 1 if is_dir else 0, parent, *seen))
+        tx.insert(S.INS_NEW_DENTRY, (parent, name, ino, parent, *seen), exists,  # a racing create
+                  lambda: TxConflict(f"directory {parent} changed under a create"))
         if is_dir and pnlink + 1 > LINK_MAX:  # pnlink: before this entry
             raise FsError(E.EMLINK, f"directory {parent} has {LINK_MAX} subdirectories")
         gid = ctx.gid
@@ -185,7 +191,7 @@ class NamespaceOps(SqlCore):
         ino = self._alloc("inode")
         return self._run(
             lambda tx: self._new_inode(tx, parent, name, ino, full, ctx, now_ns(), rdev=rdev),
-            "snapshot",
+            "committed",
         )
 
     def mkdir(self, parent: int, name: bytes, mode: int, ctx: Ctx = ROOT_CTX) -> InodeAttr:
@@ -193,7 +199,7 @@ class NamespaceOps(SqlCore):
         full = stat.S_IFDIR | (mode & ~ctx.umask & 0o7777)
         ino = self._alloc("inode")
         return self._run(lambda tx: self._new_inode(tx, parent, name, ino, full, ctx, now_ns()),
-                         "snapshot")
+                         "committed")
 
     def create(
         self,
@@ -219,15 +225,16 @@ class NamespaceOps(SqlCore):
                 if attr.is_symlink:  # the caller follows it (the kernel does, before create)
                     raise FsError(E.EEXIST, f"{name!r} is a symbolic link", ino=attr.ino,
                                   name=name)
-                if self._b.dialect.row_locks:  # snapshot isolation: write what is read
-                    tx.put(S.TOUCH_INODE, (attr.ino,))
+                if self._b.dialect.row_locks:  # write what is read: see _new_inode
+                    tx.need(S.TOUCH_INODE, (attr.ino,),
+                            lambda: TxConflict(f"{name!r} was unlinked under an open"))
                 open_in_session(tx, session, attr.ino)
                 return attr
             attr = self._new_inode(tx, parent, name, ino, full, ctx, now_ns(), row=row)
             open_in_session(tx, session, ino)
             return attr
 
-        return self._run(txn, "snapshot")
+        return self._run(txn, "committed")
 
     def symlink(self, parent: int, name: bytes, target: bytes, ctx: Ctx = ROOT_CTX) -> InodeAttr:
         check_new_name(name)
@@ -243,7 +250,7 @@ class NamespaceOps(SqlCore):
             lambda tx: self._new_inode(
                 tx, parent, name, ino, mode, ctx, now_ns(), size=len(target), target=bytes(target)
             ),
-            "snapshot",
+            "committed",
         )
 
     def link(self, ino: int, new_parent: int, new_name: bytes, ctx: Ctx = ROOT_CTX) -> InodeAttr:
