@@ -21,21 +21,11 @@ scratch, so it must not keep state across attempts other than what it returns.
 Modes: ``"write"``, ``"read"`` (consistent snapshot), ``"single"`` (one
 read-only statement in autocommit: atomic by itself, no BEGIN/COMMIT round
 trips) and ``"autocommit"`` (one writing statement in autocommit).
-``"snapshot"`` is a write that PostgreSQL runs at ``REPEATABLE READ``
-(snapshot isolation) instead of SERIALIZABLE, for an operation whose every
-read is of a row it also writes or locks (``FOR SHARE``), or of a key its
-insert would collide with: such a transaction cannot take part in a write
-skew, so SERIALIZABLE adds nothing but its false conflicts (predicate locks
-are per index page; measured, 16 processes creating files in their own
-directories had 3 of 4 creates fail and retry). ``"committed"`` is a write
-PostgreSQL runs at ``READ COMMITTED``, for an operation that validates what
-it read in the statements that write (a conditional UPDATE, a sub-select
-that yields NULL into a NOT NULL column when the row changed): a writer of
-the same row then makes it wait and go on, instead of failing it (under
-snapshot isolation 16 processes creating in ONE directory had nearly every
-create fail and retry on the parent's row). SQLite runs both as "write".
-An operation raises ``TxConflict`` to be run again, as after a
-serialization failure.
+``"snapshot"`` and ``"committed"`` are writes PostgreSQL runs at
+``REPEATABLE READ`` and ``READ COMMITTED`` instead of SERIALIZABLE, for the
+operations docs/metadata.md argues safe there (every row read is also
+written, or the writes re-check what was read); SQLite runs them as
+"write". An operation raises ``TxConflict`` to be run again.
 
 A PostgreSQL connection lost before COMMIT was sent (a server restart, a
 killed backend, a stale pooled connection) is harmless: the transaction died
@@ -61,13 +51,8 @@ from typing import Any, Literal, Protocol, TypeVar
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from shinglefs.meta import schema
-from shinglefs.meta.errors import (
-    FsError,
-    MetaUnavailable,
-    MetaURLError,
-    NotFormatted,
-    TxConflict,
-)
+from shinglefs.meta.errors import FsError, MetaUnavailable, MetaURLError, NotFormatted, TxConflict
+from shinglefs.meta.pgerrors import connection_lost, pg_unavailable
 from shinglefs.meta.schema import Dialect, Rendered
 
 T = TypeVar("T")
@@ -424,44 +409,6 @@ class SqliteBackend:
 # ---- PostgreSQL ----------------------------------------------------------------------
 
 
-def _connection_lost(exc: BaseException) -> bool:
-    """The connection broke (as opposed to e.g. a statement timeout)."""
-    import psycopg
-
-    conn_closed = isinstance(exc, psycopg.errors.AdminShutdown | psycopg.errors.CrashShutdown)
-    text = str(exc)
-    return (
-        conn_closed
-        or "server closed the connection" in text
-        or "terminating connection" in text
-        or "connection is closed" in text
-        or "connection is lost" in text
-        or "consuming input failed" in text
-    )
-
-
-def pg_unavailable(url: str, exc: BaseException) -> MetaUnavailable:
-    parts = urlsplit(url)
-    host = parts.hostname or "localhost"
-    port = parts.port or 5432
-    db = parts.path.lstrip("/") or "(default)"
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if "does not exist" in text and "database" in text:
-        return MetaUnavailable(
-            f'PostgreSQL database "{db}" does not exist on {host}:{port}',
-            hint=f'create it: psql -h {host} -p {port} -c "CREATE DATABASE {db}"',
-        )
-    if "password" in text or "authentication" in text:
-        return MetaUnavailable(
-            f"PostgreSQL at {host}:{port} refused the credentials: {text}",
-            hint="fix user/password in the URL (postgresql://user:pass@host:port/db)",
-        )
-    return MetaUnavailable(
-        f"cannot reach PostgreSQL at {host}:{port}: {text}",
-        hint="start the server, or fix host/port in the URL (postgresql://user@host:port/db)",
-    )
-
-
 PG_PREPARED_MAX = 512
 """Prepared statements kept per connection (psycopg's default, 100, is about
 the number of the engine's statements: a long-running mount would evict and
@@ -611,7 +558,7 @@ class PostgresBackend:
             except psycopg.errors.IntegrityError as exc:
                 raise FsError(17, f"constraint violated in {self.where}: {exc}") from None
             except psycopg.OperationalError as exc:
-                if committing or lost >= LOST_CONNECTION_RETRIES or not _connection_lost(exc):
+                if committing or lost >= LOST_CONNECTION_RETRIES or not connection_lost(exc):
                     raise pg_unavailable(self.url, exc) from exc
                 lost += 1
                 _backoff(attempt)
