@@ -121,6 +121,7 @@ log = logging.getLogger(__name__)
 SPREAD = 0.1
 """Drives within this fraction of the freest one's free bytes are equally good."""
 GOAL_ENTRIES = 4096
+GOAL_LOOKUP_BYTES = 1 << 20  # a smaller reservation takes a known goal, else the default
 """Lifetime groups whose replication goal a client remembers."""
 FAILOVER_AFTER_S = 2.0
 """A read that has another replica to try waits this long for a server's answer
@@ -257,13 +258,13 @@ class ClusterNode:
 
     def reserve(self, nbytes: int, ino: int | None = None) -> None:
         """Take room for ``nbytes`` of accepted writes, or raise ``NodeFull`` (ENOSPC)
-        with nothing taken. ``ino``: the file whose goal the bytes take (its
-        inode's, inherited: ``goal_of``, one meta read per ``goal_ttl_s``), else
-        the default goal (``default_copies``). Admitted iff every byte held (``ReplicatedHolds``)
-        and these, each as many times as its goal asks of the live servers, fit
-        their free bytes with each copy on a distinct server
-        (``space.fits_replicated``); refused only on a fresh membership read."""
-        goal = self.goal_of(ino) if ino is not None else None
+        with nothing taken. ``ino``: the file whose goal the bytes take (``goal_of``;
+        under ``GOAL_LOOKUP_BYTES`` only a goal known already: a small file reads
+        none), else the default goal. Admitted iff every byte held and these, each
+        as many times as its goal asks, fit the live servers' free bytes with each
+        copy on a distinct server (``space.fits_replicated``); refused only on a
+        fresh membership read."""
+        goal = None if ino is None else self.goal_of(ino, lookup=nbytes >= GOAL_LOOKUP_BYTES)
         with self._lock:
             for force in (False, True):
                 self._refresh(force=force)
@@ -290,15 +291,15 @@ class ClusterNode:
                 return self._free(drive_id) >= nbytes
             return any(self._free(d) >= nbytes for d in self._live)
 
-    def goal_of(self, group: int) -> int | None:
-        """The replication goal of lifetime group ``group`` (an inode: a file, or
-        the directory of small files) as its directories set it, None when none
-        does; read from meta at most every ``goal_ttl_s`` per group."""
+    def goal_of(self, group: int, lookup: bool = True) -> int | None:
+        """The replication goal of lifetime group ``group`` (an inode: a file, or the
+        directory of small files) as its directories set it, None when none does;
+        read from meta at most every ``goal_ttl_s`` (without ``lookup``: never)."""
         now = time.monotonic()
         with self._lock:
             cached = self._goals.get(group)
-            if cached is not None and now - cached[1] < self._goal_ttl:
-                return cached[0]
+            if (cached is not None and now - cached[1] < self._goal_ttl) or not lookup:
+                return cached[0] if cached is not None else None
         goal = self._meta.replica_goals([group]).get(group)  # not under our lock
         with self._lock:
             self._goals[group] = (goal, now)
