@@ -9,8 +9,9 @@ procedures. One statement is the exception: ``lock_inodes`` (``SELECT ... FOR
 UPDATE``), which SQLite does not parse, is issued only where
 ``Dialect.row_locks`` is set (PostgreSQL and its relatives), to make writers
 that modify several inode rows queue in one order instead of deadlocking.
-Isolation itself comes from BEGIN IMMEDIATE on SQLite and SERIALIZABLE on
-PostgreSQL, not from the row locks (see docs/metadata.md).
+Isolation itself comes from BEGIN IMMEDIATE on SQLite and the isolation level
+on PostgreSQL (SERIALIZABLE but for the modes "snapshot" and "committed",
+``backend.py``), not from the row locks (see docs/metadata.md).
 
 Key layout (3FS style): an inode row keyed by ``ino``; directory entries keyed
 by ``(parent, name)`` so lookup is one point read and listing one range scan on
