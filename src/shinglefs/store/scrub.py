@@ -13,7 +13,8 @@ file every ``SAVE_INTERVAL_S`` and at the end of each zone (written to a
 temporary name and renamed); a scrub that starts with a state file continues
 from its position. A finished scrub removes the state file.
 
-Rate-limited: ``rate_bytes`` per second at most (sleeping between extents).
+Rate-limited: ``rate_bytes`` per second at most (``RateLimit``: sleeping before
+an extent until its turn).
 """
 
 from __future__ import annotations
@@ -65,20 +66,35 @@ class ScrubState:
 
 
 class RateLimit:
-    """Sleeps so that the bytes passed to ``spend`` average at most ``rate`` per second."""
+    """Paces reads to at most ``rate`` bytes per second: ``wait`` before a read
+    until its turn, ``spend`` after it. No credit builds up while idle (the next
+    read's turn is never earlier than the previous read's start plus its bytes
+    at ``rate``), so one ``RateLimit`` kept across calls (a storage server's
+    scrub requests of one drive) keeps the rate across them. ``rate`` None or 0:
+    no limit."""
+
+    POLL_S = 0.25  # a wait re-asks ``stop`` this often
 
     def __init__(self, rate_bytes: float | None) -> None:
         self.rate = rate_bytes
-        self.t0 = time.monotonic()
-        self.spent = 0
+        self.next_at = time.monotonic()
+        self._started = self.next_at
+
+    def wait(self, stop: Callable[[], bool] | None = None) -> bool:
+        """Sleep until the next read's turn; False when ``stop()`` became true first."""
+        if not self.rate:
+            return True
+        while (ahead := self.next_at - time.monotonic()) > 0:
+            if stop is not None and stop():
+                return False
+            time.sleep(min(ahead, self.POLL_S))
+        self._started = time.monotonic()
+        return True
 
     def spend(self, nbytes: int) -> None:
-        if not self.rate:
-            return
-        self.spent += nbytes
-        ahead = self.spent / self.rate - (time.monotonic() - self.t0)
-        if ahead > 0:
-            time.sleep(ahead)
+        """Account a read of ``nbytes`` that started at the last ``wait``'s return."""
+        if self.rate:
+            self.next_at = max(self.next_at, self._started) + nbytes / self.rate
 
 
 def _verify(store: SliceStore, sid: int, off: int, length: int, buf: memoryview) -> str | None:
@@ -96,16 +112,21 @@ def _verify(store: SliceStore, sid: int, off: int, length: int, buf: memoryview)
 
 def scrub_drive(store: SliceStore, state_path: Path, *, rate_bytes: float | None = None,
                 progress: Progress | None = None,
-                stop: Callable[[], bool] | None = None) -> ScrubState:
+                stop: Callable[[], bool] | None = None,
+                limit: RateLimit | None = None) -> ScrubState:
     """Verify every live extent of ``store``'s drive from the saved position on.
 
     Returns the final state (``finished`` unless ``stop()`` became true, in
-    which case the position is saved for the next run). Never modifies the
-    drive; a damaged slice stays where it is (the caller decides).
+    which case the position is saved for the next run; ``stop`` is asked
+    before each extent and while waiting for the rate). ``limit``: a
+    ``RateLimit`` to pace by instead of a fresh one of ``rate_bytes`` (kept by
+    a caller that scrubs one drive in several calls). Never modifies the
+    drive; a damaged slice stays where it is (the caller decides). Raises
+    ``OSError`` when the state file cannot be written.
     """
     log = store.slice_log
     state = ScrubState.load(state_path)
-    limit = RateLimit(rate_bytes)
+    limit = limit if limit is not None else RateLimit(rate_bytes)
     buf = memoryview(bytearray(MAX_SLICE_SIZE))
     saved = time.monotonic()
     for zone in range(log.first_seq_zone, log.nz):
@@ -114,7 +135,7 @@ def scrub_drive(store: SliceStore, state_path: Path, *, rate_bytes: float | None
         for sid, off, length, dev, _group in sorted(log.live_extents(zone), key=lambda e: e.dev):
             if dev < state.position or sid in state.damaged:
                 continue
-            if stop is not None and stop():
+            if (stop is not None and stop()) or not limit.wait(stop):
                 state.save(state_path)
                 return state
             why = _verify(store, sid, off, length, buf)
@@ -130,6 +151,7 @@ def scrub_drive(store: SliceStore, state_path: Path, *, rate_bytes: float | None
                 saved = time.monotonic()
         state.position = max(state.position, (zone + 1) * log.zs)
         state.save(state_path)
+    limit.wait(stop)  # the last extent's time at the rate, too (a stop cuts it short)
     state.finished = True
     state_path.unlink(missing_ok=True)
     return state
