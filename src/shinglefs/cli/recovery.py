@@ -4,7 +4,8 @@ The work lives in ``shinglefs.client.recovery`` (fsck, scrub, backups on the
 drives) and ``shinglefs.meta.dump``; this module parses, shows progress on
 stderr and turns outcomes into exit codes (docs/cli.md): 0 clean, 40 problems
 found and all repaired, 41 damage remains (found without ``--repair``, or not
-repairable; scrub: damaged files).
+repairable; scrub: damaged files), 42 (scrub) nothing damaged found but a
+storage server or one of its drives was not scrubbed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from shinglefs.errors import UsageError
 
 EXIT_REPAIRED = 40
 EXIT_DAMAGED = 41
+EXIT_NOT_SCRUBBED = 42
 MiB = 1024 * 1024
 SHOWN_PER_PASS = 20
 
@@ -98,9 +100,11 @@ def fsck_command(
 
 def scrub_command(
     meta_url: str = typer.Argument(..., help="metadata URL of the file system"),
-    rate: float = typer.Option(0.0, "--rate", help="read at most this many MiB/s (0: no limit)"),
+    rate: float = typer.Option(0.0, "--rate", help="read at most this many MiB/s per drive "
+                               "(0: no limit)"),
 ) -> None:
-    """Read every stored slice and verify its checksums; resumable; exit 41 if damaged."""
+    """Read every stored slice and verify its checksums; resumable; exit 41 if damaged,
+    42 if a storage server or drive was not scrubbed."""
     from shinglefs.client.recovery import scrub
 
     if rate < 0:
@@ -108,15 +112,47 @@ def scrub_command(
     with _progress(None, "bytes") as step:
         result = scrub(meta_url, rate_bytes=rate * MiB or None, progress=step)
     for path, why in sorted(result.damaged_files.items()):
-        typer.echo(f"damaged: {path}")
+        health = result.file_health.get(path)
+        typer.echo(f"damaged: {path}" + (f"  [{HEALTH_SAYS[health]}]" if health else ""))
         for line in why:
             typer.echo(f"  {line}")
     for sid in result.unreferenced:
         typer.echo(f"damaged slice {sid:#x} (no file uses it)")
-    total = sum(s.bytes_read for s in result.drives.values())
-    typer.echo(f"scrubbed {total / MiB:.1f} MiB on {len(result.drives)} drive(s)", err=True)
+    for server in result.servers.values():
+        if server.error is not None:
+            typer.echo(f"not scrubbed: server {server.label}: {server.error}")
+        for drive_id, refused in sorted(server.failed.items()):
+            typer.echo(f"not scrubbed: server {server.label} drive {drive_id}: {refused}")
+        for drive_id, last in sorted(server.drives.items()):
+            if not last.finished:
+                typer.echo(f"not scrubbed to its end: server {server.label} drive {drive_id}")
+    typer.echo(_scrub_summary(result), err=True)
     if result.damaged_files or result.unreferenced:
         raise typer.Exit(EXIT_DAMAGED)
+    if not result.finished:
+        raise typer.Exit(EXIT_NOT_SCRUBBED)
+
+
+HEALTH_SAYS = {
+    "lost": "beyond repair: a slice of it has no undamaged copy",
+    "unverified": "at risk: a slice's other copies were not scrubbed",
+    "degraded": "degraded: still readable, every damaged slice has a verified copy",
+}
+
+
+def _scrub_summary(result: Any) -> str:
+    line = f"scrubbed {result.bytes_read / MiB:.1f} MiB on {result.drive_count} drive(s)"
+    if not result.servers:
+        return line
+    scrubbed = sum(s.error is None for s in result.servers.values())
+    line += f" of {scrubbed} server(s)"
+    counts = [f"{n} {health}" for health in ("lost", "unverified", "degraded")
+              if (n := sum(h == health for h in result.file_health.values()))]
+    if counts:
+        line += f"; damaged files: {', '.join(counts)}"
+    if scrubbed < len(result.servers):
+        line += f"; {len(result.servers) - scrubbed} server(s) not scrubbed"
+    return line
 
 
 def dump_command(

@@ -4,7 +4,10 @@
   indexes as input; ``--repair`` refuses while a live session has the file
   system open (``FileSystemInUse``) unless forced.
 - ``scrub``: ``shinglefs.store.scrub`` on every drive, damaged slices mapped
-  to file paths through the chunk map.
+  to file paths through the chunk map; on a file system on storage servers
+  each server scrubs its own drives when asked (server/scrubbing.py) and
+  each damaged file is told lost, unverified or degraded by its slices'
+  other copies.
 - ``MetadataBackup``: a compressed dump of the metadata written to every
   drive's backup slots (``shinglefs.store.metabackup``); the client's
   maintenance thread calls ``maybe_write`` every pass, and it writes one
@@ -27,17 +30,24 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from shinglefs.client.config import ClientConfig
-from shinglefs.errors import ShingleError
+from shinglefs.errors import ShingleError, UsageError
 from shinglefs.meta import open_meta
 from shinglefs.meta.api import MetaStore
 from shinglefs.meta.backend import Tx
 from shinglefs.meta.check import CheckContext, path_of
 from shinglefs.meta.dump import backend_of, dump_backend, load_backend
 from shinglefs.meta.fsck import FsckReport, run_fsck
-from shinglefs.server.node import SliceNode, StorageNode, drive_path
+from shinglefs.server.node import SliceNode, StorageNode
+from shinglefs.server.scrubbing import (
+    DEFAULT_STEP_S,
+    MIN_RATE_BYTES,
+    ServerScrub,
+    scrub_server,
+    scrub_state_path,
+    scrub_timeout,
+)
 from shinglefs.store.metabackup import (
     BackupError,
     BackupSlot,
@@ -52,7 +62,6 @@ log = logging.getLogger(__name__)
 
 BACKUP_INTERVAL_S = 600.0
 FIRST_BACKUP_S = 30.0
-SCRUB_DIR_FOR_DEVICES = Path("/var/lib/shinglefs/scrub")
 
 
 class FileSystemInUse(ShingleError):
@@ -195,34 +204,55 @@ def _fsck_metadata(meta_url: str, *, repair: bool, force: bool,
 @dataclass
 class ScrubResult:
     """Per drive id its final scrub state; ``damaged_files`` maps a path to the
-    slices of it that failed; ``unreferenced`` are damaged slices no file uses."""
+    slices of it that failed; ``unreferenced`` are damaged slices no file uses.
+
+    A file system on storage servers: ``servers`` is each registered server's
+    part (``ServerScrub``: its drives' last steps, or why it was not
+    scrubbed), and ``file_health`` says of each damaged file whether it is
+    ``lost`` (a slice of it has no undamaged copy left), ``unverified`` (a
+    slice's other copies are on servers or drives not scrubbed) or
+    ``degraded`` (each damaged slice has a copy this scrub verified: still
+    readable)."""
 
     drives: dict[int, ScrubState] = field(default_factory=dict)
     damaged_files: dict[str, list[str]] = field(default_factory=dict)
     unreferenced: list[int] = field(default_factory=list)
+    servers: dict[int, ServerScrub] = field(default_factory=dict)
+    file_health: dict[str, str] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
-        return all(s.finished for s in self.drives.values())
+        return (all(s.finished for s in self.drives.values())
+                and all(s.finished for s in self.servers.values()))
+
+    @property
+    def bytes_read(self) -> int:
+        return (sum(s.bytes_read for s in self.drives.values())
+                + sum(s.bytes_read for s in self.servers.values()))
+
+    @property
+    def drive_count(self) -> int:
+        return len(self.drives) + sum(len(s.drives) for s in self.servers.values())
 
 
-def scrub_state_path(spec: str) -> Path:
-    """Where a drive's scrub position is kept: beside a drive file, or under
-    /var/lib/shinglefs/scrub for a block device."""
-    path = drive_path(spec)
-    if path.startswith("/dev/"):
-        base = SCRUB_DIR_FOR_DEVICES
-        base.mkdir(parents=True, exist_ok=True)
-        return base / (path.strip("/").replace("/", "_") + ".scrub")
-    return Path(path.rstrip("/") + ".scrub")
+HEALTH_ORDER = ("degraded", "unverified", "lost")  # a file is as bad as its worst slice
 
 
 def scrub(meta_url: str, *, rate_bytes: float | None = None,
           progress: Callable[[int], None] | None = None,
           stop: Callable[[], bool] | None = None) -> ScrubResult:
-    """Verify every slice on every drive; map damaged slices to file paths."""
+    """Verify every slice on every drive; map damaged slices to file paths.
+
+    On a file system on storage servers each live server scrubs its own
+    drives, in turn, at ``rate_bytes`` per drive (server/scrubbing.py); a
+    server down, stopped or unreachable is in ``servers`` with its reason and
+    the result is not ``finished``; ``UsageError`` there for a rate below
+    ``MIN_RATE_BYTES``. Raises ``DriveInUse`` while a local process holds the
+    drives (drives of its own), the metadata's errors otherwise."""
     from shinglefs.client.filesystem import recorded_drives
 
+    if _on_servers(meta_url):
+        return _scrub_servers(meta_url, rate_bytes=rate_bytes, progress=progress, stop=stop)
     meta, node = _opened(meta_url)
     result = ScrubResult()
     try:
@@ -243,25 +273,118 @@ def scrub(meta_url: str, *, rate_bytes: float | None = None,
             meta.close()
 
 
-def _files_of(meta: MetaStore, damaged: dict[int, str]) -> tuple[dict[str, list[str]], list[int]]:
-    """slice -> chunk map -> inode -> path, for the damaged slices."""
-    if not damaged:
+def _scrub_servers(meta_url: str, *, rate_bytes: float | None,
+                   progress: Callable[[int], None] | None,
+                   stop: Callable[[], bool] | None) -> ScrubResult:
+    """Every registered server's part (``scrub``), then the damage mapped to files."""
+    from shinglefs.server.errors import WireError
+    from shinglefs.server.process import cluster_key
+    from shinglefs.server.remote import RemoteNode
+
+    if rate_bytes and rate_bytes < MIN_RATE_BYTES:
+        raise UsageError(f"a scrub of storage servers reads at least {MIN_RATE_BYTES >> 20} "
+                         f"MiB/s per drive, not {rate_bytes / (1 << 20):g}",
+                         hint="e.g. --rate 50, or no --rate")
+    meta = open_meta(meta_url)
+    result = ScrubResult()
+    try:
+        key = cluster_key(meta)
+        now = time.time_ns()
+        for record in meta.list_servers():
+            outcome = result.servers[record.id] = ServerScrub(record.id, record.address)
+            if not record.live:
+                age = (now - record.heartbeat_ns) / 1e9
+                outcome.error = ("stopped" if record.stopped_ns
+                                 else f"down (no heartbeat for {age:.0f} s)")
+                continue
+            if stop is not None and stop():
+                outcome.error = "not reached (the scrub was stopped)"
+                continue
+            try:
+                with RemoteNode(record.address, key, connections=1,
+                                timeout=scrub_timeout(DEFAULT_STEP_S)) as remote:
+                    scrub_server(remote, outcome, progress=progress, stop=stop,
+                                 rate_bytes=int(rate_bytes or 0))
+            except WireError as exc:
+                outcome.error = f"{type(exc).__name__}: {exc}"
+        health = _slice_health(meta, result.servers)
+        files, result.unreferenced = _paths_of(meta, list(health))
+        for path, sids in files.items():
+            result.damaged_files[path] = [f"slice {sid:#x}: {health[sid][1]}" for sid in sids]
+            result.file_health[path] = max((health[sid][0] for sid in sids),
+                                           key=HEALTH_ORDER.index)
+        return result
+    finally:
+        meta.close()
+
+
+def _slice_health(meta: MetaStore, servers: dict[int, ServerScrub]) -> dict[int, tuple[str, str]]:
+    """Each damaged slice: ``(lost | unverified | degraded, what failed where)``,
+    from its damaged copies and the replicas meta records for it (a copy on a
+    drive scrubbed to its end and not found damaged is verified)."""
+    from shinglefs.meta.api import SLICE_RECORDS_BATCH
+
+    bad: dict[int, dict[tuple[int, int], str]] = {}
+    verified = set()
+    for server in servers.values():
+        for drive_id, step in server.drives.items():
+            if step.complete:
+                verified.add((server.server_id, drive_id))
+            for sid, why in step.damaged.items():
+                bad.setdefault(sid, {})[(server.server_id, drive_id)] = why
+    ids = sorted(bad)
+    records = {}
+    for i in range(0, len(ids), SLICE_RECORDS_BATCH):
+        records.update(meta.slice_records(ids[i:i + SLICE_RECORDS_BATCH]))
+    health = {}
+    for sid, copies in bad.items():
+        info = records.get(sid)
+        others = [] if info is None else [
+            (int(r.server), int(r.drive)) for r in info.replicas
+            if r.server.isdigit() and r.drive.isdigit()
+            and (int(r.server), int(r.drive)) not in copies]
+        good = [c for c in others if c in verified]
+        where = "; ".join(f"server {s} drive {d}: {why}" for (s, d), why in sorted(copies.items()))
+        if good:
+            health[sid] = ("degraded", f"degraded, still readable from server {good[0][0]} "
+                                       f"drive {good[0][1]} (verified): {where}")
+        elif others:
+            unseen = ", ".join(f"server {s} drive {d}" for s, d in others)
+            health[sid] = ("unverified", f"no verified copy left ({unseen} not scrubbed): "
+                                         f"{where}")
+        else:
+            health[sid] = ("lost", f"lost, every copy is damaged: {where}")
+    return health
+
+
+def _paths_of(meta: MetaStore, sids: list[int]) -> tuple[dict[str, list[int]], list[int]]:
+    """slice -> chunk map -> inode -> path: each path's slices among ``sids``, and
+    the slices no file uses."""
+    if not sids:
         return {}, []
 
-    def txn(tx: Tx) -> tuple[dict[str, list[str]], list[int]]:
-        files: dict[str, list[str]] = {}
+    def txn(tx: Tx) -> tuple[dict[str, list[int]], list[int]]:
+        files: dict[str, list[int]] = {}
         orphans = []
-        for sid, why in sorted(damaged.items()):
+        for sid in sorted(sids):
             inos = [r[0] for r in tx.all(
                 "SELECT DISTINCT ino FROM chunk_refs WHERE slice_id = ?", (sid,))]
             if not inos:
                 orphans.append(sid)
             for ino in inos:
-                files.setdefault(path_of(tx, ino), []).append(f"slice {sid:#x}: {why}")
+                files.setdefault(path_of(tx, ino), []).append(sid)
         return files, orphans
 
-    result: tuple[dict[str, list[str]], list[int]] = backend_of(meta).run(txn, "read")
+    result: tuple[dict[str, list[int]], list[int]] = backend_of(meta).run(txn, "read")
     return result
+
+
+def _files_of(meta: MetaStore, damaged: dict[int, str]) -> tuple[dict[str, list[str]], list[int]]:
+    """slice -> chunk map -> inode -> path, for the damaged slices: each path's
+    ``slice ID: what failed`` lines, and the damaged slices no file uses."""
+    files, orphans = _paths_of(meta, list(damaged))
+    return ({path: [f"slice {sid:#x}: {damaged[sid]}" for sid in sids]
+             for path, sids in files.items()}, orphans)
 
 
 # ---- metadata backups on the drives --------------------------------------------------------

@@ -7,7 +7,8 @@ per connection. All requests naming one slice go over the same connection
 (chosen by a hash of the slice id), so a slice's pieces reach the server in order;
 other slices spread over the others. The blocking methods (``write``,
 ``read``, ``flush``, ``delete``, ``length``, ``stats``, ``drive_ids``,
-``place``, ``ping``) mirror ``StorageNode``'s and wait for the answer.
+``place``, ``ping``) mirror ``StorageNode``'s and wait for the answer;
+``scrub_step`` asks the server to scrub one of its drives for a while.
 
 Errors, all typed (``server.errors``): the node's own (``SliceMissing``,
 ``NodeFull``, ``UnknownDrive``; any other as ``RemoteNodeError`` with the
@@ -53,6 +54,7 @@ from shinglefs.server.errors import (
     WireError,
 )
 from shinglefs.server.node import DriveStats, NodeStats
+from shinglefs.server.scrubbing import ScrubStep
 from shinglefs.server.wire import (
     HEADER_SIZE,
     NO_DRIVE,
@@ -460,6 +462,19 @@ class RemoteNode:
         """The server's ``StorageNode.stats`` (``node_stats_of`` its answer:
         any version's)."""
         return node_stats_of(decode_json(self._call(Kind.STATS)[1]))
+
+    def scrub_step(self, drive_id: int, *, rate_bytes: int = 0,
+                   budget_s: float = 0.0) -> ScrubStep:
+        """One step of the server's scrub of drive ``drive_id`` (SCRUB,
+        server/scrubbing.py): it verifies that drive's slices for about
+        ``budget_s`` (0: the server's default step) at no more than ``rate_bytes``
+        per second (0: no limit), from where the last step stopped, and answers
+        where the scrub stands. Give this client a ``timeout`` longer than the
+        budget (``scrubbing.scrub_timeout``). Raises ``ScrubBusy`` and the others
+        as ``RemoteNodeError``, ``UnknownDrive``, and the ``WireError``s."""
+        _, body = self._call(Kind.SCRUB, drive_id=drive_id, arg=max(0, int(rate_bytes)),
+                             offset=max(0, int(budget_s * 1000)))
+        return ScrubStep.from_json(decode_json(body))
 
     def ping(self) -> None:
         """One round trip on one connection (opening it if needed)."""

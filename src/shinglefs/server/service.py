@@ -57,6 +57,7 @@ from typing import Any, Protocol
 
 from shinglefs.errors import ShingleError
 from shinglefs.server.auth import FrameOpener, FrameSealer, check_secret, server_handshake
+from shinglefs.server.buffers import BufferPool
 from shinglefs.server.errors import (
     AuthFailed,
     FrameError,
@@ -67,6 +68,7 @@ from shinglefs.server.errors import (
 )
 from shinglefs.server.node import NodeStats, PieceFuture
 from shinglefs.server.reads import RUN_BYTES, DriveReads, ReadRequest, ReadStats, SchedulerClosed
+from shinglefs.server.scrubbing import serve_scrub
 from shinglefs.server.wire import (
     HEADER_SIZE,
     NO_DRIVE,
@@ -165,6 +167,8 @@ def dispatch(node: ServedNode, header: Header, payload: memoryview) -> tuple[int
         return 0, encode_json(node.drive_ids)
     if kind is Kind.PLACE:
         return node.place(header.slice_id, header.arg, header.offset), b""
+    if kind is Kind.SCRUB:  # a step of a scrub of one drive (server/scrubbing.py)
+        return serve_scrub(node, header)
     return header.arg, b""  # PING echoes its arg
 
 
@@ -209,46 +213,6 @@ class _SliceLanes:
                     del self._queued[slice_id]
                     return
                 task = waiting.popleft()
-
-
-class BufferPool:
-    """Payload buffers kept for reuse, by power-of-two size from ``POOL_MIN`` up.
-
-    A fresh MiB-sized buffer costs page faults on every byte's page (the
-    allocator hands large blocks back to the kernel); reusing one costs
-    nothing. A buffer comes back once its request is answered — for a PUT,
-    after ``StorageNode.write`` returned, when the store no longer holds it.
-    At most ``keep_bytes`` are kept idle."""
-
-    POOL_MIN = 64 * 1024
-
-    def __init__(self, keep_bytes: int) -> None:
-        self._keep = keep_bytes
-        self._lock = threading.Lock()
-        self._free: dict[int, list[bytearray]] = {}
-        self._kept = 0
-
-    def take(self, nbytes: int) -> tuple[memoryview, bytearray | None]:
-        """A view of exactly ``nbytes`` and the buffer to ``give`` back (None: not pooled)."""
-        if nbytes < self.POOL_MIN:
-            return memoryview(bytearray(nbytes)), None
-        size = 1 << (nbytes - 1).bit_length()
-        with self._lock:
-            free = self._free.get(size)
-            buf = free.pop() if free else None
-            if buf is not None:
-                self._kept -= size
-        if buf is None:
-            buf = bytearray(size)
-        return memoryview(buf)[:nbytes], buf
-
-    def give(self, buf: bytearray | None) -> None:
-        if buf is None:
-            return
-        with self._lock:
-            if self._kept + len(buf) <= self._keep:
-                self._free.setdefault(len(buf), []).append(buf)
-                self._kept += len(buf)
 
 
 class _Budget:

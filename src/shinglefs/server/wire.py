@@ -11,8 +11,8 @@ Every frame, in both directions, is one 72-byte header followed by
      8      8    seq          per-direction frame counter, 0, 1, 2... (replay/stale check)
     16      8    request_id   chosen by the client, echoed by the response
     24      8    slice_id
-    32      8    offset       byte offset in the slice
-    40      8    arg          group (PUT), length (READ), size hint (PLACE), result (responses)
+    32      8    offset       byte offset in the slice; size hint (PLACE), time budget (SCRUB)
+    40      8    arg          group (PUT, PLACE), length (READ), rate (SCRUB), result (answers)
     48      4    drive        drive id, -1 for "any / not given" (signed)
     52      4    payload_len  bytes that follow; bounded per kind (``Limits``)
     56     16    mac          HMAC-SHA256(direction key, header[0:56]) truncated to 16 bytes
@@ -74,6 +74,7 @@ class Kind(enum.IntEnum):
     STATS = 16
     DRIVES = 17
     PLACE = 18  # arg: lifetime group; offset: size hint
+    SCRUB = 19  # drive: the drive; arg: rate limit, bytes/s (0: none); offset: time budget, ms
     ERROR = 63  # sent as ERROR | 64 in answer to any request: JSON body of a typed error
 
     @property
@@ -83,7 +84,7 @@ class Kind(enum.IntEnum):
 
 RESPONSE_BIT = 64
 REQUESTS = frozenset({Kind.PING, Kind.PUT, Kind.FLUSH, Kind.READ, Kind.LENGTH,
-                      Kind.DELETE, Kind.STATS, Kind.DRIVES, Kind.PLACE})
+                      Kind.DELETE, Kind.STATS, Kind.DRIVES, Kind.PLACE, Kind.SCRUB})
 HANDSHAKE = frozenset({Kind.HELLO, Kind.CHALLENGE, Kind.PROOF, Kind.WELCOME})
 
 
@@ -150,6 +151,8 @@ def payload_bound(kind: int, limits: Limits) -> int:
     if kind == Kind.PROOF:
         return PROOF_SIZE
     if kind & ~RESPONSE_BIT in (Kind.FLUSH, Kind.STATS, Kind.DRIVES, Kind.ERROR):
+        return MAX_CONTROL_PAYLOAD
+    if kind == Kind.SCRUB.response:  # the request's parameters are in its (MACed) header
         return MAX_CONTROL_PAYLOAD
     return 0
 
