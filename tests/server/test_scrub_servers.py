@@ -155,12 +155,30 @@ def test_a_stopped_server_is_reported_not_scrubbed_exit_42(
     assert f"server {stopped} drive 0 not scrubbed" in out
 
 
+def test_a_killed_server_still_counted_live_is_reported_unreachable(
+        cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    cluster.start(2)
+    (both,) = cluster.write("/d/f.bin", os.urandom(5 * MiB))
+    killed = min(both)
+    proc = cluster.procs[killed].proc
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    # its last heartbeat is fresh (15 s count): scrub finds it live and cannot reach it
+    assert {s.id: s.live for s in cluster.meta.list_servers()}[killed]
+    assert cli("scrub", cluster.meta_url) == EXIT_NOT_SCRUBBED
+    assert f"not scrubbed: server {killed} (" in capsys.readouterr().out
+    result = scrub(cluster.meta_url)
+    assert (result.servers[killed].error or "").startswith("ServerUnreachable")
+    assert result.servers[max(both)].finished
+
+
 def test_the_rate_reaches_each_server(cluster: Cluster,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHINGLEFS_LOG", "INFO")  # the servers log each scrub step
     cluster.start(2)
     cluster.write("/d/f.bin", os.urandom(3 * MiB))
     assert cli("scrub", "--rate", "64", cluster.meta_url) == 0
+    assert cli("scrub", "--rate", "0.5", cluster.meta_url) == 2  # below 1 MiB/s per drive
     result = scrub(cluster.meta_url, rate_bytes=24 * MiB)
     assert result.finished
     assert {step.rate_bytes for s in result.servers.values() for step in s.drives.values()} \

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 from shinglefs.server.errors import FrameError, NodeError, UnknownDrive, WireError
 from shinglefs.server.node import StorageNode, drive_path
 from shinglefs.server.wire import NO_DRIVE, Header, encode_json
-from shinglefs.store.scrub import RateLimit, ScrubState, scrub_drive
+from shinglefs.store.scrub import RateLimit, scrub_drive
 from shinglefs.store.slice_store import SliceStore
 
 if TYPE_CHECKING:
@@ -288,9 +288,3 @@ def scrub_server(remote: RemoteNode, outcome: ServerScrub, *, rate_bytes: int = 
                 progress(step.read)
             if step.finished or (stop is not None and stop()):
                 break
-
-
-def step_state(step: ScrubStep) -> ScrubState:
-    """A step as the ``ScrubState`` a local scrub of the drive would have returned."""
-    return ScrubState(step.position, step.bytes_read, dict(step.damaged),
-                      finished=step.finished)
