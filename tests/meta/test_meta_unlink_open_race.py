@@ -1,0 +1,227 @@
+"""unlink racing open(O_CREAT) of the same existing name, through the Python API.
+
+One client unlinks ``/d/f`` while another opens it with ``O_CREAT`` (no
+``O_EXCL``), over and over, on SQLite and on PostgreSQL metadata, from two
+threads of one client (one session) and from two clients (two sessions: the
+second reaches the drives through the first's share). POSIX allows one of two
+outcomes per round, and nothing else:
+
+- the open found the old inode before the unlink: the opener holds it
+  (unlinked-but-open): it reads the old bytes, its writes read back, and the
+  name is gone afterwards; the inode is freed at its last close;
+- the unlink came first: the open created a fresh, empty file, which the
+  name then names, holding what the opener wrote.
+
+Neither call may fail (the name exists before the round, nothing else
+removes it, and the directory stays). Afterwards no session still holds an
+open record once every handle is closed, ``check_consistency`` finds nothing
+(no dangling entry, no inode without links left behind) and fsck is clean.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from tests.support.polling import wait_until
+
+from shinglefs.client.api import ShingleFS, connect
+from shinglefs.client.filesystem import format_filesystem, open_filesystem
+from shinglefs.client.recovery import fsck
+from shinglefs.meta import open_meta
+from shinglefs.meta.api import MetaStore
+from shinglefs.meta.check import check_consistency
+
+GiB = 1024**3
+ROUNDS = 60
+STEP_S = 0.0001
+"""How far the head start moves after each round (see ``_round``)."""
+OLD = b"old:" + bytes(range(256)) * 12  # 3 KiB: an inline file (no drive flush)
+BIG_OLD = OLD * 2  # 6 KiB: a slice on the drive (every fourth round)
+NEW = b"new:" + bytes(range(255, -1, -1)) * 8
+
+
+@dataclass
+class Outcomes:
+    """What the rounds saw: outcome counts, and every broken promise."""
+
+    seen: Counter[str] = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)
+    lead: float = 0.0
+    """Seconds the opener starts after the unlinker in the next round."""
+
+
+@dataclass
+class Pair:
+    """The two sides of the race: ``opener`` and ``unlinker`` (perhaps one client)."""
+
+    opener: ShingleFS
+    unlinker: ShingleFS
+    clients: list[ShingleFS]
+    meta: MetaStore
+    """The metadata, opened apart from the clients, to look at."""
+
+    def held(self) -> dict[int, tuple[int, ...]]:
+        """Per session, the inodes meta says it holds open."""
+        return {s.id: s.open_inodes for s in self.meta.list_sessions() if s.open_inodes}
+
+    def settle(self) -> None:
+        """With every handle closed: wait until every deferred close reached meta
+        (``CloseQueue.drain``, and a batch the maintenance thread may be closing
+        meanwhile), so no session holds an open record any more."""
+        for fs in self.clients:
+            fs.vfs.jobs.closes.drain()
+        wait_until(lambda: not self.held(), "every open record closed")
+
+
+@pytest.fixture
+def fs_url(meta_url: str, tmp_path: Path) -> str:
+    data = tmp_path / "data"
+    data.mkdir()
+    format_filesystem(meta_url, [f"emulated:{data / 'smr0.img'}:{4 * GiB}"], name="race")
+    return meta_url
+
+
+@pytest.fixture(params=["threads", "clients"])
+def pair(request: pytest.FixtureRequest, fs_url: str) -> Iterator[Pair]:
+    meta = open_meta(fs_url)
+    first = connect(fs_url)
+    clients = [first]
+    try:
+        if request.param == "threads":
+            yield Pair(first, first, clients, meta)
+            return
+        # A second session in this process: connect() would share the first's
+        # file system, so the second client joins through the drives' share.
+        second = ShingleFS(open_filesystem(fs_url, join=True))
+        clients.append(second)
+        assert second.vfs.session != first.vfs.session
+        yield Pair(second, first, clients, meta)
+    finally:
+        for fs in reversed(clients):
+            fs.close()
+        meta.close()
+
+
+def _open_side(fs: ShingleFS, flags: int, old_ino: int, old_data: bytes,
+               barrier: threading.Barrier, delay: float, out: Outcomes,
+               result: dict[str, int]) -> None:
+    barrier.wait()
+    time.sleep(delay)  # not a spin: that would hold the GIL from the other side
+    try:
+        raw = fs.open_raw("/d/f", flags)
+    except OSError as exc:
+        out.problems.append(f"open(O_CREAT) failed: {exc!r}")
+        return
+    try:
+        result["ino"] = raw.ino
+        old = raw.ino == old_ino
+        first = raw.read(len(old_data) + 10)
+        want = old_data if old and not flags & os.O_TRUNC else b""
+        if first != want:
+            out.problems.append(f"{'old' if old else 'fresh'} inode {raw.ino} read "
+                                f"{len(first)} bytes, expected {len(want)}")
+        raw.seek(0)
+        raw.write(NEW)
+        raw.seek(0)
+        again = raw.read(len(NEW) + len(old_data))
+        want = NEW + (old_data[len(NEW):] if old and not flags & os.O_TRUNC else b"")
+        if again != want:
+            out.problems.append(f"inode {raw.ino}: its own writes read back wrong "
+                                f"({len(again)} bytes)")
+    except OSError as exc:
+        out.problems.append(f"I/O on the opened inode {raw.ino} failed: {exc!r}")
+    finally:
+        try:
+            raw.close()
+        except OSError as exc:
+            out.problems.append(f"close of inode {raw.ino} failed: {exc!r}")
+
+
+def _unlink_side(fs: ShingleFS, barrier: threading.Barrier, delay: float,
+                 out: Outcomes) -> None:
+    barrier.wait()
+    time.sleep(delay)  # not a spin: that would hold the GIL from the other side
+    try:
+        fs.unlink("/d/f")
+    except OSError as exc:
+        out.problems.append(f"unlink of an existing name failed: {exc!r}")
+
+
+def _round(pair: Pair, i: int, rng: random.Random, out: Outcomes) -> None:
+    old_data = BIG_OLD if i % 4 == 3 else OLD
+    with pair.unlinker.open("/d/f", "wb") as f:  # the existing name, closed
+        f.write(old_data)
+    old_ino = int(pair.unlinker.stat("/d/f").st_ino)
+    # Open nowhere, as a file closed long ago: else the writer's deferred close
+    # keeps it alive through the unlink and the race never frees it.
+    pair.settle()
+    flags = os.O_RDWR | os.O_CREAT | (os.O_TRUNC if i % 3 == 2 else 0)
+    barrier = threading.Barrier(2)
+    result: dict[str, int] = {}
+    # The opener starts ``out.lead`` seconds after the unlinker (before it when
+    # negative), give or take a little. The lead walks towards the instant
+    # where either may win (one STEP_S against the side that won): most
+    # rounds land where the two transactions overlap.
+    delay = out.lead + rng.gauss(0.0, STEP_S)
+    sides: list[Callable[[], None]] = [
+        lambda: _open_side(pair.opener, flags, old_ino, old_data, barrier, max(delay, 0.0),
+                           out, result),
+        lambda: _unlink_side(pair.unlinker, barrier, max(-delay, 0.0), out),
+    ]
+    threads = [threading.Thread(target=side) for side in sides]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    if "ino" not in result:
+        return
+    try:
+        now = pair.unlinker.stat("/d/f")
+    except FileNotFoundError:
+        now = None
+    if result["ino"] == old_ino:
+        out.seen["old inode"] += 1
+        out.lead += STEP_S
+        if now is not None:
+            out.problems.append(f"round {i}: the old inode was opened and unlinked, "
+                                f"yet the name names inode {now.st_ino}")
+        return
+    out.seen["fresh file"] += 1
+    out.lead -= STEP_S
+    if now is None or now.st_ino != result["ino"]:
+        out.problems.append(f"round {i}: a fresh inode {result['ino']} was created after "
+                            f"the unlink, but the name names "
+                            f"{'nothing' if now is None else now.st_ino}")
+    elif pair.unlinker.read_bytes("/d/f") != NEW:
+        out.problems.append(f"round {i}: the fresh file does not hold what was written")
+    pair.unlinker.unlink("/d/f")  # the next round begins from a new file
+
+
+def test_unlink_racing_open_creat_of_the_same_name(pair: Pair, fs_url: str) -> None:
+    pair.unlinker.makedirs("/d", exist_ok=True)
+    rng = random.Random(7)
+    out = Outcomes()
+    for i in range(ROUNDS):
+        _round(pair, i, rng, out)
+    assert out.problems == [], "\n".join(out.problems[:20])
+    assert sum(out.seen.values()) == ROUNDS
+    # Both orders happened (else the test raced nothing).
+    assert out.seen["old inode"] > 0 and out.seen["fresh file"] > 0, out.seen
+
+    # Every handle is closed: once the deferred closes reach meta no session
+    # holds any inode open, and no inode without a link is left.
+    pair.settle()
+    problems = check_consistency(pair.meta)
+    assert problems == [], "\n".join(f"{p.check}: {p.detail}" for p in problems)
+    for fs in reversed(pair.clients):
+        fs.close()
+    report = fsck(fs_url)
+    assert report.clean, {k: [f.detail for f in v] for k, v in report.found.items() if v}
