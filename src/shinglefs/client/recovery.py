@@ -277,7 +277,7 @@ def _scrub_servers(meta_url: str, *, rate_bytes: float | None,
                    progress: Callable[[int], None] | None,
                    stop: Callable[[], bool] | None) -> ScrubResult:
     """Every registered server's part (``scrub``), then the damage mapped to files."""
-    from shinglefs.server.errors import WireError
+    from shinglefs.server.errors import ConnectionLost, WireError
     from shinglefs.server.process import cluster_key
     from shinglefs.server.remote import RemoteNode
 
@@ -307,6 +307,8 @@ def _scrub_servers(meta_url: str, *, rate_bytes: float | None,
                                  rate_bytes=int(rate_bytes or 0))
             except WireError as exc:
                 outcome.error = f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, ConnectionLost) and not outcome.drives:
+                    outcome.error += " (a server older than this client closes at a SCRUB)"
         health = _slice_health(meta, result.servers)
         files, result.unreferenced = _paths_of(meta, list(health))
         for path, sids in files.items():

@@ -63,7 +63,7 @@ MAX_STEP_S = 10.0  # the longest step a server runs, whatever the request asks
 # the lowest rate (a 64 MiB slice at 1 MiB/s) and its read on a slow drive
 STEP_SLACK_S = 120.0
 MIN_RATE_BYTES = 1 << 20  # a rate limit below 1 MiB/s is refused (a drive would take months)
-MAX_REPORTED = 1000  # damaged slices listed in one answer (all are counted)
+MAX_REPORTED = 500  # damaged slices listed in one answer (all are counted): < 1 MiB of JSON
 MAX_WHY = 300  # characters of one damaged slice's reason in an answer
 SCRUB_DIR_FOR_DEVICES = Path("/var/lib/shinglefs/scrub")
 
