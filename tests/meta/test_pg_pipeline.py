@@ -188,3 +188,36 @@ def test_a_connection_past_descriptor_1024_works(pg_cluster: PgCluster) -> None:
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+REFUSING_UPDATE = (
+    "{refuse_empty_open}UPDATE t SET n = n + 1 WHERE k = ? RETURNING k, n{refuse_empty_close}"
+)
+
+
+def test_last_answers_after_the_commit_in_the_same_flight(backend: PostgresBackend) -> None:
+    def txn(tx: Tx):
+        tx.put("INSERT INTO t (k, v, n) VALUES (?, ?, ?)", (1, None, 1))
+        row = tx.later(REFUSING_UPDATE, (1,), lambda: FsError(errno.ENOENT, "no row 1"))
+        with pytest.raises(RuntimeError):
+            row()  # not answered yet: it is read when the transaction ends
+        return row
+
+    row = backend.run(txn, "write")
+    assert row() == (1, 2)
+    assert rows(backend) == [(1, None, 2)]
+
+
+def test_a_refusing_last_raises_fail_and_commits_nothing(backend: PostgresBackend) -> None:
+    def txn(tx: Tx):
+        tx.put("INSERT INTO t (k, v, n) VALUES (?, ?, ?)", (1, None, 1))
+        return tx.later(REFUSING_UPDATE, (7,), lambda: FsError(errno.ENOENT, "no row 7"))
+
+    for _ in range(3):  # the connection is back to idle each time
+        with pytest.raises(FsError) as info:
+            backend.run(txn, "write")
+        assert info.value.errno == errno.ENOENT
+    assert rows(backend) == []
+    backend.run(lambda tx: tx.put("INSERT INTO t (k, v, n) VALUES (?, ?, ?)", (3, b"", 3)),
+                "write")
+    assert rows(backend) == [(3, b"", 3)]

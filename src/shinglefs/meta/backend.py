@@ -88,7 +88,20 @@ class Tx(Protocol):
     find), the one ``missing()`` returns: raised at once on SQLite; on
     PostgreSQL at the next statement that waits, or by the commit (which the
     violation turned into a rollback). It costs no round trip of its own even
-    before COMMIT, unlike ``need``."""
+    before COMMIT, unlike ``need``.
+
+    ``later`` is a write whose answer (a ``RETURNING`` row) the operation
+    reads only after the commit, with the function it returns: on PostgreSQL
+    it is sent without waiting and answered in the same flight as COMMIT, so
+    a transaction of ``put``, ``insert`` and ``later`` statements costs one
+    round trip. Such a statement must refuse by itself where its effect
+    would have to undo the transaction: written inside
+    ``{refuse_empty_open}``/``{refuse_empty_close}`` (``Dialect.refuse_empty``),
+    it fails where it returns no row, and then the exception ``fail()``
+    returns is raised (on PostgreSQL at the next statement that waits, at
+    the latest by the commit, which the failure turned into a rollback);
+    ``fail`` must not ask the database (the transaction is over). On SQLite
+    ``later`` is ``one``, and no row raises ``fail()`` at once."""
 
     def one(self, sql: str, params: Sequence[Any] = ()) -> Any: ...
     def all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]: ...
@@ -97,6 +110,8 @@ class Tx(Protocol):
     def need(self, sql: str, params: Sequence[Any], fail: Callable[[], BaseException]) -> None: ...
     def insert(self, sql: str, params: Sequence[Any], violated: Callable[[], BaseException],
                missing: Callable[[], BaseException] | None = None) -> None: ...
+    def later(self, sql: str, params: Sequence[Any],
+             fail: Callable[[], BaseException]) -> Callable[[], Any]: ...
 
 
 class Backend(Protocol):
@@ -157,6 +172,13 @@ class _SqliteTx:
             if missing is not None and str(exc).startswith("NOT NULL"):
                 raise missing() from None
             raise violated() from None
+
+    def later(self, sql: str, params: Sequence[Any],
+             fail: Callable[[], BaseException]) -> Callable[[], Any]:
+        row = self.one(sql, params)
+        if row is None:
+            raise fail()
+        return lambda: row
 
 
 def _sqlite_busy(exc: BaseException) -> bool:

@@ -12,7 +12,8 @@ the pool, connecting, ``sync()``, errors (its exception classes, looked up by
 SQLSTATE), and row loading (its ``Transformer``, in C).
 
 How a transaction runs (``PipelinedTx``): the connection enters libpq's
-pipeline mode; BEGIN, every ``put`` and COMMIT are queued without waiting;
+pipeline mode; BEGIN, every ``put``, ``insert`` and ``later`` and COMMIT are
+queued without waiting (a ``later`` statement's answer is read at the end);
 a statement whose answer is needed (``one``, ``all``, ``run``) is followed
 by a flush request and waits for the answers up to its own (each earlier
 answer is checked: the first error is raised there). COMMIT is followed by a
@@ -49,6 +50,7 @@ _PREPARE = 2  # a statement being prepared: forgotten again if that fails
 _NEED = 3  # a write that must touch a row (``need``)
 _SYNC = 4  # a sync point: the end of an (implicit) transaction's messages
 _INSERT = 5  # a write whose constraint violation is the operation's error (``insert``)
+_LATER = 6  # a write answered by the end (``later``): its rows go to a box
 
 _INT8, _BYTEA, _BOOL, _FLOAT8, _UNKNOWN = 20, 17, 16, 701, 0
 _WAIT_MS = 1000  # poll() timeout: a wait stays interruptible
@@ -93,6 +95,29 @@ def _violation(res: pq.abc.PGresult) -> bool:
 def _not_null(res: pq.abc.PGresult) -> bool:
     """Whether ``res`` is a NOT NULL violation (SQLSTATE 23502)."""
     return res.error_field(pq.DiagnosticField.SQLSTATE) == b"23502"
+
+
+def _refused(res: pq.abc.PGresult) -> bool:
+    """Whether ``res`` is a ``later`` statement's refusal (``division_by_zero``,
+    how ``Dialect.refuse_empty`` says that it found no row)."""
+    return res.status == pq.ExecStatus.FATAL_ERROR and (
+        res.error_field(pq.DiagnosticField.SQLSTATE) == b"22012")
+
+
+class _Box:
+    """Where a ``later`` statement's answer lands when it is read."""
+
+    __slots__ = ("fail", "rows")
+
+    def __init__(self, fail: Callable[[], BaseException]) -> None:
+        self.fail = fail
+        self.rows: list[Any] | None = None
+
+    def row(self) -> Any:
+        """The statement's first row (None for none); only once answered."""
+        if self.rows is None:
+            raise RuntimeError("a later statement's row is read before its transaction ended")
+        return self.rows[0] if self.rows else None
 
 
 def _param(value: Any) -> tuple[bytes | None, int, int]:
@@ -184,6 +209,13 @@ class PipelinedTx:
                missing: Callable[[], BaseException] | None = None) -> None:
         self._send(sql, params)
         self._pending.append((_INSERT, (violated, missing)))
+
+    def later(self, sql: str, params: Sequence[Any],
+             fail: Callable[[], BaseException]) -> Callable[[], Any]:
+        box = _Box(fail)
+        self._send(sql, params)
+        self._pending.append((_LATER, box))
+        return box.row
 
     # ---- ending ----------------------------------------------------------------------------
 
@@ -290,6 +322,10 @@ class PipelinedTx:
             res = self._read(kind, extra)
             if kind == _SYNC:
                 continue
+            if kind == _LATER and res is not None and _refused(res):
+                self._answered_error = True
+                self._drain_quietly()
+                raise extra.fail()
             if kind == _INSERT and res is not None and _violation(res):
                 self._answered_error = True
                 self._drain_quietly()
@@ -301,6 +337,8 @@ class PipelinedTx:
             assert res is not None
             if kind == _WANT:
                 wanted = res
+            elif kind == _LATER:
+                extra.rows = self._rows_of(res)
             elif kind == _NEED and not int(res.command_tuples or 0):
                 self._drain()  # the rest first: ``fail`` may ask the database
                 raise extra()

@@ -250,6 +250,13 @@ class Dialect:
     for_share: str = ""
     """`` FOR SHARE`` where row locks exist: a snapshot-isolated writer locks a
     row it read but does not write (see ``backend`` mode "snapshot")."""
+    refuse_empty: tuple[str, str] = ("", "")
+    """Put around a ``RETURNING`` write used as ``Tx.last``: where the write
+    finds no row the statement fails with ``division_by_zero`` (PostgreSQL:
+    the write in a CTE, its row joined to ``1 / count(*)``, the preserved side
+    of a LEFT JOIN so that it is always evaluated). Nothing on SQLite, where
+    ``last`` waits for the answer. (The join condition uses the quotient:
+    a column nobody reads is not computed.)"""
     rendered: Rendered = field(init=False, repr=False, compare=False)
     """Every statement used so far, rendered for this backend (``Rendered``)."""
 
@@ -263,7 +270,8 @@ class Dialect:
     def _render(self, text: str) -> str:
         rendered = text.format(
             blob=self.blob, greatest=self.greatest, without_rowid=self.without_rowid,
-            for_share=self.for_share,
+            for_share=self.for_share, refuse_empty_open=self.refuse_empty[0],
+            refuse_empty_close=self.refuse_empty[1],
         )
         if self.placeholder != "?":
             rendered = rendered.replace("?", self.placeholder)
@@ -286,6 +294,9 @@ POSTGRES = Dialect(
     greatest="GREATEST",
     without_rowid="",
     for_share=" FOR SHARE",
+    refuse_empty=("WITH u AS (",
+                  ") SELECT u.* FROM (SELECT 1 / count(*) AS one FROM u) refuse "
+                  "LEFT JOIN u ON refuse.one = 1"),
 )
 
 
@@ -453,9 +464,12 @@ LIST_XATTR = "SELECT name FROM xattrs WHERE ino = ? ORDER BY name"
 DEL_XATTR = "DELETE FROM xattrs WHERE ino = ? AND name = ?"
 
 # ---- content map ---------------------------------------------------------------------
+# A slice commit's last statement (``Tx.last``): refused where ``ino`` is no
+# regular file (32768: S_IFREG, 61440: S_IFMT), which rolls the commit back.
 GROW_FILE_ATTR = (
-    "UPDATE inodes SET size = {greatest}(size, ?), mtime_ns = ?, ctime_ns = ? WHERE ino = ? "
-    f"RETURNING {INODE_COLS}"
+    "{refuse_empty_open}UPDATE inodes SET size = {greatest}(size, ?), mtime_ns = ?, "
+    "ctime_ns = ? WHERE ino = ? AND (mode & 61440) = 32768 "
+    f"RETURNING {INODE_COLS}{{refuse_empty_close}}"
 )
 # The statfs counters grow by what a file grows by, read from the inode row
 # before GROW_FILE_ATTR changes it (no inode: no change; the operation fails).
@@ -509,17 +523,21 @@ INS_SLICE = (
     "INSERT INTO slices (id, length, grp, state, refcount, created_ns) VALUES (?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (id) DO NOTHING"
 )
+# REF_SLICE and REF_REGISTERED_SLICE are ``Tx.later`` statements: refused
+# (the commit rolled back) where they touch no row.
 REF_SLICE = (
-    "INSERT INTO slices (id, length, grp, state, refcount, created_ns) "
+    "{refuse_empty_open}INSERT INTO slices (id, length, grp, state, refcount, created_ns) "
     "VALUES (?, ?, ?, 'committed', ?, ?) "
     "ON CONFLICT (id) DO UPDATE SET refcount = slices.refcount + ?, state = 'committed', "
-    "length = {greatest}(slices.length, ?) WHERE slices.state <> 'to_delete'"
+    "length = {greatest}(slices.length, ?) WHERE slices.state <> 'to_delete' "
+    "RETURNING id{refuse_empty_close}"
 )
 # The reference of a slice its writer registered (add_slice): only an UPDATE,
 # so a record discarded and removed meanwhile is never re-created.
 REF_REGISTERED_SLICE = (
-    "UPDATE slices SET refcount = refcount + ?, state = 'committed', "
-    "length = {greatest}(length, ?) WHERE id = ? AND state <> 'to_delete'"
+    "{refuse_empty_open}UPDATE slices SET refcount = refcount + ?, state = 'committed', "
+    "length = {greatest}(length, ?) WHERE id = ? AND state <> 'to_delete' "
+    "RETURNING id{refuse_empty_close}"
 )
 DEREF_SLICE = "UPDATE slices SET refcount = refcount - ? WHERE id = ? RETURNING refcount"
 DOOM_SLICE = "UPDATE slices SET state = 'to_delete' WHERE id = ?"

@@ -19,16 +19,17 @@ from __future__ import annotations
 
 import errno as E
 import itertools
+import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from shinglefs.meta import schema as S
 from shinglefs.meta.api import SLICE_RECORDS_BATCH
-from shinglefs.meta.backend import Tx
+from shinglefs.meta.backend import Mode, Tx
 from shinglefs.meta.engine.core import SqlCore, attr_of, enoent, now_ns
-from shinglefs.meta.errors import ChunkChanged, FsError, SliceStateError
+from shinglefs.meta.errors import ChunkChanged, FsError, SliceStateError, TxConflict
 from shinglefs.meta.overlay import resolve
 from shinglefs.meta.records import (
     ChunkInfo,
@@ -42,6 +43,9 @@ from shinglefs.meta.records import (
     SliceState,
     is_inline_slice,
 )
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def slice_info(tx: Tx, slice_id: int) -> SliceInfo | None:
@@ -68,6 +72,33 @@ def _file_row(row: Any, ino: int) -> InodeAttr:
     if not a.is_file:
         raise FsError(E.EINVAL, f"inode {ino} is not a regular file", ino=ino)
     return a
+
+
+MAX_REFUSALS = 3
+"""Times a commit is run again at most when a statement refused it but the
+cause is gone when read (an inode or a slice never goes back: only a damaged
+or hand-edited database gets here)."""
+
+
+class _Refused(Exception):
+    """A statement of a commit refused it (``Tx.later``): nothing committed.
+    ``explain`` reads, in a transaction of its own, why."""
+
+    def __init__(self, what: str, key: int) -> None:
+        super().__init__(f"{what} {key} refused a commit")
+        self.what = what
+        self.key = key
+
+    def explain(self, tx: Tx) -> None:
+        """Raise the precise error: ENOENT, EISDIR or EINVAL for an inode that
+        is no regular file, ``SliceStateError`` (ESTALE) for a slice queued for
+        deletion or gone; return if the cause is not there any more."""
+        if self.what == "inode":
+            file_attr(tx, self.key)
+            return
+        row = tx.one(S.SEL_SLICE_STATE, (self.key,))
+        if row is None or row[0] == SliceState.TO_DELETE.value:
+            raise SliceStateError(self.key, row[0] if row else "gone", "reference it")
 
 
 class ChunkOps(SqlCore):
@@ -123,19 +154,19 @@ class ChunkOps(SqlCore):
         ``registered`` (``add_slice``) must still have its record: one that is
         gone (discarded by the janitor, its bytes deleted and the deletion
         acked) is refused the same way, never recorded anew; an unregistered
-        one is registered here if new. One statement either way (one round
-        trip on PostgreSQL, checked at the end of the pipeline), which writes
-        the one slice row it reads (safe under mode "snapshot")."""
+        one is registered here if new. One statement either way (``Tx.later``:
+        no round trip of its own on PostgreSQL; ``_Refused`` when refused, raised
+        by the end of the transaction), which writes the one slice row it reads
+        (safe under mode "snapshot")."""
         length = slice_length if slice_length is not None else piece.slice_offset + piece.length
 
-        def refused() -> SliceStateError:
-            state = tx.one(S.SEL_SLICE_STATE, (piece.slice_id,))
-            return SliceStateError(piece.slice_id, state[0] if state else "gone", "reference it")
+        def refused() -> _Refused:
+            return _Refused("slice", piece.slice_id)
 
         if registered:
-            tx.need(S.REF_REGISTERED_SLICE, (1, length, piece.slice_id), refused)
+            tx.later(S.REF_REGISTERED_SLICE, (1, length, piece.slice_id), refused)
         else:
-            tx.need(S.REF_SLICE, (piece.slice_id, length, group, 1, now_ns(), 1, length), refused)
+            tx.later(S.REF_SLICE, (piece.slice_id, length, group, 1, now_ns(), 1, length), refused)
 
     # ---- commits -----------------------------------------------------------------------
 
@@ -168,13 +199,25 @@ class ChunkOps(SqlCore):
         # a stable sort keeps one file's slices in their order.
         order = sorted(range(len(commits)), key=lambda i: commits[i].ino)
 
-        def txn(tx: Tx) -> list[InodeAttr]:
-            out: list[InodeAttr | None] = [None] * len(commits)
+        def txn(tx: Tx) -> list[Callable[[], Any]]:
+            rows: list[Callable[[], Any]] = [lambda: None] * len(commits)
             for i in order:
-                out[i] = self._commit_in(tx, commits[i])
-            return [a for a in out if a is not None]
+                rows[i] = self._commit_in(tx, commits[i])
+            return rows
 
-        return self._run(txn, "snapshot")
+        return [attr_of(row()) for row in self._run_refusable(txn, "snapshot")]
+
+    def _run_refusable(self, txn: Callable[[Tx], T], mode: Mode = "write") -> T:
+        """``_run(txn, mode)`` for a transaction with ``later`` statements that
+        raise ``_Refused``: the refusal is explained (its precise error raised)
+        in a read transaction of its own; run again if its cause is gone."""
+        for _ in range(MAX_REFUSALS):
+            try:
+                return self._run(txn, mode)
+            except _Refused as refusal:
+                self._run(refusal.explain, "read")
+                log.warning("%s: the cause is gone when read; committing again", refusal)
+        raise TxConflict(f"a commit refused {MAX_REFUSALS} times")
 
     def _check_commit(self, c: SliceCommit) -> None:
         self._check_piece(c.piece)
@@ -196,7 +239,7 @@ class ChunkOps(SqlCore):
         if c.new_size < piece_end:
             raise FsError(E.EINVAL, f"new size {c.new_size} ends before the piece ({piece_end})")
 
-    def _commit_in(self, tx: Tx, c: SliceCommit) -> InodeAttr:
+    def _commit_in(self, tx: Tx, c: SliceCommit) -> Callable[[], Any]:
         """One slice reference into the chunk map, inside ``tx``.
 
         Safe under snapshot isolation (mode "snapshot"): every row it reads it
@@ -204,7 +247,10 @@ class ChunkOps(SqlCore):
         the chunk row (bumped, then its version read for the reference), the
         slice row (its state checked by the upsert, or for a registered slice
         the UPDATE, that takes the reference);
-        the replica and inline rows it writes are the slice's own."""
+        the replica and inline rows it writes are the slice's own.
+        Returns the function that gives the grown inode row once committed;
+        ``_Refused`` (on PostgreSQL by the end of the transaction) when ``c.ino``
+        is no regular file or the slice is queued for deletion: nothing commits."""
         now = now_ns()
         mtime = now if c.mtime_ns is None else c.mtime_ns
         p = c.piece
@@ -219,9 +265,10 @@ class ChunkOps(SqlCore):
             tx.put(S.DEL_REPLICAS, (p.slice_id,))
         for rep in c.replicas:
             tx.put(S.INS_REPLICA, (p.slice_id, rep.server, rep.drive))
-        # Last, so that one round trip carries the whole commit; no inode, a
-        # directory or a special file fails the transaction here.
-        return _file_row(tx.one(S.GROW_FILE_ATTR, (c.new_size, mtime, now, c.ino)), c.ino)
+        # Last, so that one round trip carries the whole commit with its COMMIT;
+        # no inode, a directory or a special file fails the transaction here.
+        return tx.later(S.GROW_FILE_ATTR, (c.new_size, mtime, now, c.ino),
+                        lambda: _Refused("inode", c.ino))
 
     # ---- size changes ------------------------------------------------------------------
 
@@ -343,7 +390,7 @@ class ChunkOps(SqlCore):
             self._deref(tx, Counter(r[2] for r in old), now)
             return ChunkMap(ino, chunk_index, new_version, tuple(pieces))
 
-        return self._run(txn)
+        return self._run_refusable(txn)
 
 
 def _with_inline_bytes(tx: Tx, pieces: list[ReadPiece]) -> list[ReadPiece]:
