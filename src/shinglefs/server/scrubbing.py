@@ -137,10 +137,12 @@ class ScrubStep:
 
     @classmethod
     def from_json(cls, info: Any) -> ScrubStep:
-        """A SCRUB answer's JSON; ``FrameError`` when it does not describe a step."""
+        """A SCRUB answer's JSON (a key this client does not know, a newer
+        server's, is left out); ``FrameError`` when it does not describe a step."""
         try:
             damaged = {int(k): str(v) for k, v in info.pop("damaged").items()}
-            step = cls(damaged=damaged, **info)
+            known = {k: v for k, v in info.items() if k in cls.__dataclass_fields__}
+            step = cls(damaged=damaged, **known)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise FrameError(f"a SCRUB answer does not describe a scrub step: {exc}") from None
         for name in ("drive_id", "position", "bytes_read", "read", "damaged_total",
