@@ -10,7 +10,7 @@ the promises of docs/architecture.md ("Ordered commits"):
 - a file whose ``close()`` returned reads back exactly (``closed``; for the
   power-cut loop only what was fsynced is promised, the rest is intact,
   absent or shorter);
-- a file being written is absent, or a prefix of its content;
+- a file being written (or fsynced) is absent, or a prefix of its content;
 - an fsynced file and an fsynced rename survive;
 - the O_APPEND corpus holds every acknowledged record, whole and in order,
   followed at most by a prefix of the next;
@@ -169,6 +169,7 @@ def run(ops: PosixOps, journal_path: str, tag: str, *, progress: Callable[[], No
             note("closed", f"big/{name}", size)
         if n % 4 == 0:
             size = rng.choice([10, 5000, 3 << 20])
+            note("begin", f"synced/{name}", size)  # mid-write or mid-fsync: a prefix
             ops.write(f"synced/{name}", content(name, size), fsync=True)
             note("synced", f"synced/{name}", size)
         ops.append("corpus.bin", record(seq))
@@ -222,6 +223,7 @@ def verify(read: Callable[[str], bytes | None], journal: Path, *, closed_promise
             begun.pop(words[1], None)
         elif kind in ("synced", "committed"):
             durable[words[1]] = int(words[2])
+            begun.pop(words[1], None)
         elif kind == "begin":
             begun[words[1]] = int(words[2])
         elif kind == "appended":
