@@ -168,6 +168,13 @@ class DirAttrs(_DirMemo[int]):
         """``attr`` was just read from meta (kept only for a directory)."""
         self._put(attr.ino, attr)
 
+    def last_seen(self, ino: int) -> InodeAttr | None:
+        """Directory ``ino``'s attributes as last read here, however old: a hint
+        only (``MetaStore.create``'s ``parent_seen``); None if not remembered."""
+        with self._lock:
+            hit = self._entries.get(ino)
+        return None if hit is None else hit[0]
+
     def touched(self, parent: int, when_ns: int, links: int = 0) -> None:
         """This client made an entry in ``parent`` at ``when_ns`` (``links``: 1
         for a subdirectory); the remembered attributes follow, their expiry not."""
@@ -389,6 +396,11 @@ class InodeTable:
 
     def note_parent(self, ino: int, parent: int) -> None:
         self._parents[ino] = parent
+
+    def note_made(self, attr: InodeAttr, parent: int, links: int = 0) -> None:
+        """This client made ``attr`` in ``parent`` (``links``: 1 for a directory)."""
+        self._parents[attr.ino] = parent
+        self.dirs.touched(parent, attr.ctime_ns, links)
 
     def caps_absent(self, ino: int, now: float) -> bool:
         """Is ``security.capability`` known to be absent from ``ino`` at ``now``?"""

@@ -83,8 +83,10 @@ class OpenFiles:
         Without O_EXCL an existing regular file is opened instead (``ctx`` must
         be allowed ``flags``' access to it); an existing symbolic link: EEXIST."""
         started = time.time_ns()
+        seen = self.inodes.dirs.last_seen(parent)  # a hint: meta checks it as it writes
         attr = self.meta.create(
-            parent, name, mode, ctx, exclusive=bool(flags & os.O_EXCL), session=self._session()
+            parent, name, mode, ctx, exclusive=bool(flags & os.O_EXCL), session=self._session(),
+            parent_seen=None if seen is None else (seen.mode, seen.uid, seen.gid),
         )
         self.inodes.note_parent(attr.ino, parent)
         made = attr.ctime_ns >= started  # else an existing file was opened

@@ -191,6 +191,7 @@ class VFS:
         attr = self.meta.lookup(parent, name, ctx)
         if name not in (b".", b".."):
             self.inodes.note_parent(attr.ino, parent)
+        self.inodes.dirs.put(attr)  # a directory's, as read: creates in it start from it
         return self.writes.with_buffered_size(attr)
 
     def forget(self, ino: int, nlookup: int) -> None:
@@ -247,15 +248,13 @@ class VFS:
     def mknod(self, parent: int, name: bytes, mode: int, rdev: int, ctx: Ctx = ROOT_CTX) -> InodeAttr:
         self._check_open()
         attr = self.meta.mknod(parent, name, mode, rdev, ctx)
-        self.inodes.note_parent(attr.ino, parent)
-        self.inodes.dirs.touched(parent, attr.ctime_ns)
+        self.inodes.note_made(attr, parent)
         return attr
 
     def mkdir(self, parent: int, name: bytes, mode: int, ctx: Ctx = ROOT_CTX) -> InodeAttr:
         self._check_open()
         attr = self.meta.mkdir(parent, name, mode, ctx)
-        self.inodes.note_parent(attr.ino, parent)
-        self.inodes.dirs.touched(parent, attr.ctime_ns, links=1)
+        self.inodes.note_made(attr, parent, links=1)
         return attr
 
     def unlink(self, parent: int, name: bytes, ctx: Ctx = ROOT_CTX) -> None:
@@ -275,8 +274,7 @@ class VFS:
     def symlink(self, parent: int, name: bytes, target: bytes, ctx: Ctx = ROOT_CTX) -> InodeAttr:
         self._check_open()
         attr = self.meta.symlink(parent, name, target, ctx)
-        self.inodes.note_parent(attr.ino, parent)
-        self.inodes.dirs.touched(parent, attr.ctime_ns)
+        self.inodes.note_made(attr, parent)
         return attr
 
     def rename(

@@ -327,6 +327,7 @@ class MetaStore(ServerRegistry):
         *,
         exclusive: bool = True,
         session: int | None = None,
+        parent_seen: tuple[int, int, int] | None = None,
     ) -> InodeAttr:
         """Create a regular file and return its attributes.
 
@@ -334,7 +335,10 @@ class MetaStore(ServerRegistry):
         existing regular file is returned as is (EISDIR for a directory).
         When ``session`` is given, the file is also opened for that session in
         the same transaction (see ``open_file``), so it can never be freed
-        between create and open.
+        between create and open. ``parent_seen``: the parent's (mode, uid,
+        gid) as the caller last saw them (a hint: the result is the same with
+        or without it; right, it saves reading the parent -- a round trip on
+        PostgreSQL).
         """
 
     @abstractmethod
