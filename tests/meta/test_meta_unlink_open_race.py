@@ -40,7 +40,7 @@ from shinglefs.meta.api import MetaStore
 from shinglefs.meta.check import check_consistency
 
 GiB = 1024**3
-ROUNDS = 60
+ROUNDS = int(os.environ.get("SHINGLEFS_RACE_ROUNDS", "60"))  # more: a longer hunt
 STEP_S = 0.0001
 """How far the head start moves after each round (see ``_round``)."""
 OLD = b"old:" + bytes(range(256)) * 12  # 3 KiB: an inline file (no drive flush)
