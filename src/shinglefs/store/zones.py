@@ -237,14 +237,15 @@ class LogZones:
         """An EMPTY zone; reclaims dead zones, then runs GC, before raising StoreFull.
 
         Reserves: data streams leave ``gc_reserve_zones`` free zones (at least
-        2), the metadata stream leaves one (for GC), the GC stream may take the
-        last zone -- so deletes and GC can still make room on a full drive.
+        2; a continuing slice one less), the GC and metadata streams may take
+        the last zone -- so deletes and GC can still make room on a full drive.
+        (The metadata stream left one for GC: after a continuing slice took a
+        reserve zone, no tombstone could be written and the drive stayed full
+        whatever was deleted.)
         """
         privileged = key in (GC_STREAM, META_STREAM)
-        if key == GC_STREAM:
+        if privileged:
             reserve = 0
-        elif key == META_STREAM:
-            reserve = 1
         else:
             reserve = max(2, self.config.gc_reserve_zones) - (1 if self._continuing else 0)
         for _attempt in range(64):
