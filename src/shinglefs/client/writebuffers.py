@@ -4,8 +4,10 @@
 (``total_buffer_bytes``: back-pressure, spilling idle writers' pending bytes);
 :class:`OpenSlice` is the slice a :class:`~shinglefs.client.writer.FileWriter`
 is filling, with its :class:`PendingBytes` (written, not yet submitted) and
-its pieces in flight. They hold state only: what is submitted, stored and
-committed, and when, is the writer's (client/writer.py).
+its pieces in flight; ``write_would_wait`` asks whether a write fits them
+without waiting (the writer's ``wait=False`` path). They hold state only:
+what is submitted, stored and committed, and when, is the writer's
+(client/writer.py).
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ import weakref
 from collections import deque
 from typing import Protocol
 
-from shinglefs.server.node import PieceFuture
+from shinglefs.client.commit import FinishedSlice
+from shinglefs.client.config import ClientConfig
+from shinglefs.client.settling import SettlingSlices
+from shinglefs.server.node import PieceFuture, SliceNode
 
 
 class Spiller(Protocol):
@@ -123,8 +128,10 @@ class OpenSlice:
     """The slice a writer is filling: ``[start, start + length)`` of the file."""
 
     __slots__ = (
+        "aborted",
         "chunk_index",
         "drive_id",
+        "failure",
         "group",
         "inflight",
         "length",
@@ -146,6 +153,12 @@ class OpenSlice:
         self.group: int | None = None
         self.registered = False
         self.inflight: deque[tuple[PieceFuture, int]] = deque()
+        # The first failure of one of its pieces: the slice is never committed,
+        # no further piece of it is sent, and the failures of pieces sent
+        # before it are its consequences (a refused slice's later pieces meet
+        # an order error on the server), never reported.
+        self.failure: BaseException | None = None
+        self.aborted = False  # dropped, its stored bytes deleted (FileWriter._abort)
 
     @property
     def end(self) -> int:
@@ -154,9 +167,48 @@ class OpenSlice:
     def inflight_bytes(self) -> int:
         return sum(n for f, n in self.inflight if not f.done())
 
+    def finished(self, ino: int, chunk_size: int, durable: bool,
+                 replica_drives: tuple[int, ...]) -> FinishedSlice:
+        """This slice, every byte stored, as its commit names it (``drive_id`` and
+        ``group`` set by its first piece)."""
+        assert self.drive_id is not None and self.group is not None
+        return FinishedSlice(
+            ino=ino, chunk_index=self.chunk_index,
+            chunk_offset=self.start - self.chunk_index * chunk_size, slice_id=self.slice_id,
+            length=self.length, drive_id=self.drive_id, group=self.group,
+            registered=self.registered, durable=durable, replica_drives=replica_drives)
+
     def fits_inline(self, limit: int, committed_size: int) -> bool:
         """Is this a whole file of at most ``limit`` bytes written at once: it
         starts the file, covers every byte committed before (``committed_size``),
         and none of it has left the buffer? (``FileWriter._commit_inline``)"""
         return 0 < self.length <= limit and self.start == 0 == self.submitted and (
             committed_size <= self.end)
+
+
+def write_would_wait(s: OpenSlice | None, offset: int, n: int, *, config: ClientConfig,
+                     chunk_size: int, budget: WriteBudget, settling: SettlingSlices,
+                     node: SliceNode) -> bool:
+    """Could a writer whose open slice is ``s`` wait for budget, a piece or a slice
+    to ``write(offset, n bytes)``? (``FileWriter.write(wait=False)``)"""
+    if not budget.has_room(n):
+        return True
+    sequential = s is not None and s.end == offset and s.chunk_index == offset // chunk_size
+    pending = len(s.pending) if sequential and s is not None else 0
+    in_flight = s.inflight_bytes() if sequential and s is not None and s.inflight else 0
+    if in_flight + pending + n > config.file_buffer_bytes:
+        return True  # the per-file bound: write() would reap its oldest piece
+    # Slices this write ends: the open one if it does not continue it, and
+    # one for every chunk end it reaches.
+    ends = (offset + n) // chunk_size - offset // chunk_size
+    ends += 1 if s is not None and not sequential else 0
+    if ends and settling.running() + ends > config.max_settling_slices:
+        return True
+    # Room in the drive's queue for what is submitted: the pieces this write
+    # fills and the last pieces of the slices it ends (the open slice's
+    # pending bytes included). A slice not placed yet may go to any drive.
+    if pending + n >= config.piece_size or ends:
+        queued = n + (len(s.pending) if s is not None else 0)
+        drive = s.drive_id if s is not None else None
+        return not node.has_room(drive, queued)
+    return False

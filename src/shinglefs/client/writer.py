@@ -21,6 +21,11 @@ this writer (write, flush, fsync, close) as the original typed error, like
 Linux reports write-back errors; the failed slice is never committed. So is
 a refused commit: ESTALE for a slice a janitor discarded while this writer
 was silent past the abandoned age (its bytes are gone; ``client.commit``).
+A slice is dead from its first failed piece: none of its pieces is sent
+after it, none is ever sent twice, and what its pieces sent before meet is
+never reported; running out of space (a storage server refused a piece) is
+sticky for writes: every later ``write`` raises ENOSPC, a flush or close
+reports it once (client/writefailures.py, ``WriteFailures``).
 
 Thread safety: every public method takes the writer's lock, so one file's
 writes are serialised; different files proceed in parallel.
@@ -36,7 +41,8 @@ from concurrent.futures import Executor, Future
 from shinglefs.client.commit import FinishedSlice
 from shinglefs.client.config import ClientConfig
 from shinglefs.client.settling import SettlingSlices
-from shinglefs.client.writebuffers import OpenSlice, WriteBudget
+from shinglefs.client.writebuffers import OpenSlice, WriteBudget, write_would_wait
+from shinglefs.client.writefailures import WriteFailures
 from shinglefs.server.errors import NodeFull
 from shinglefs.server.node import Declined, SliceNode, wait_piece
 from shinglefs.zoned.model import Buffer
@@ -84,7 +90,7 @@ class FileWriter:
         self._committed_size = committed_size
         self._written_end = 0
         self._appended = 0  # bytes taken into pending buffers, ever (reservation bookkeeping)
-        self._error: BaseException | None = None
+        self._failures = WriteFailures()
         self.slices_committed = 0
         self.pieces_submitted = 0
         self._settling = SettlingSlices(settler)
@@ -134,15 +140,20 @@ class FileWriter:
         """The file was truncated to ``size`` (call with the writer lock held)."""
         self._committed_size = size
         self._written_end = min(self._written_end, size)
+        self._failures.truncated(size)
 
-    def _raise_pending_error(self) -> None:
-        if self._error is not None:
-            error, self._error = self._error, None
-            s = self.open_slice
-            if s is not None:  # its bytes are partly lost: drop it rather than commit a gap
-                self.open_slice = None
-                self._abort(s)
-            raise error
+    def _raise_pending_error(self, *, writing: bool = False) -> None:
+        """Raise what ``WriteFailures.due`` says is due (``writing``: the sticky
+        ENOSPC too); drop the open slice then (its bytes are partly lost: rather
+        than commit a gap)."""
+        s = self.open_slice
+        error = self._failures.due(s, writing=writing)
+        if error is None:
+            return
+        if s is not None:
+            self.open_slice = None
+            self._abort(s)
+        raise error
 
     # ------------------------------------------------------------------ writing
     def _release(self, n: int) -> None:
@@ -170,7 +181,7 @@ class FileWriter:
         if not wait:
             return self._write_at_once(offset, view)
         with self.lock:
-            self._raise_pending_error()
+            self._raise_pending_error(writing=True)
             if not view:
                 return 0
             self._node.reserve(len(view), self.ino)
@@ -182,7 +193,9 @@ class FileWriter:
         if not n or not self.lock.acquire(blocking=False):
             raise Declined("the file's writer is busy" if n else "an empty write")
         try:
-            if self._error is not None or self._would_wait(offset, n):
+            if not self._failures.healthy(self.open_slice) or write_would_wait(
+                    self.open_slice, offset, n, config=self._config, chunk_size=self._chunk_size,
+                    budget=self._budget, settling=self._settling, node=self._node):
                 raise Declined("the write would wait")
             try:
                 self._node.reserve(n, self.ino)
@@ -221,33 +234,6 @@ class FileWriter:
             pos += n
             view = view[n:]
 
-    def _would_wait(self, offset: int, n: int) -> bool:
-        """Could ``write(offset, n bytes)`` wait for budget, a piece or a slice?"""
-        config = self._config
-        if not self._budget.has_room(n):
-            return True
-        s = self.open_slice
-        sequential = s is not None and s.end == offset and s.chunk_index == (
-            offset // self._chunk_size)
-        pending = len(s.pending) if sequential and s is not None else 0
-        in_flight = s.inflight_bytes() if sequential and s is not None and s.inflight else 0
-        if in_flight + pending + n > config.file_buffer_bytes:
-            return True  # the per-file bound: write() would reap its oldest piece
-        # Slices this write ends: the open one if it does not continue it, and
-        # one for every chunk end it reaches.
-        ends = (offset + n) // self._chunk_size - offset // self._chunk_size
-        ends += 1 if s is not None and not sequential else 0
-        if ends and self._settling.running() + ends > config.max_settling_slices:
-            return True
-        # Room in the drive's queue for what is submitted: the pieces this write
-        # fills and the last pieces of the slices it ends (the open slice's
-        # pending bytes included). A slice not placed yet may go to any drive.
-        if pending + n >= config.piece_size or ends:
-            queued = n + (len(s.pending) if s is not None else 0)
-            drive = s.drive_id if s is not None else None
-            return not self._node.has_room(drive, queued)
-        return False
-
     def _append(self, s: OpenSlice, data: memoryview) -> None:
         piece = self._config.piece_size
         while data:
@@ -274,6 +260,13 @@ class FileWriter:
         return self.group
 
     def _submit_pending(self, s: OpenSlice, *, durable: bool, ending: bool) -> None:
+        """Send the pending bytes of ``s`` as its next piece. A dead slice sends
+        nothing more: its failure is raised (``_raise_pending_error``, which
+        drops it); so is a ``submit`` that fails at once (its bytes never left:
+        given back)."""
+        if s.failure is not None:
+            self._raise_pending_error()
+            raise s.failure  # (only the open slice is ever submitted: never reached)
         n = len(s.pending)
         if n == 0:
             return
@@ -281,15 +274,22 @@ class FileWriter:
             s.group = self._decide_group(s, ending)
         data = s.pending.take()
         first = s.drive_id is None
-        drive_id, future = self._node.submit(  # reserved: released in _done
-            s.slice_id, s.submitted, data, s.group, drive_id=s.drive_id, durable=durable,
-            reserved=True)
-        release = self._release
+        try:
+            drive_id, future = self._node.submit(  # reserved: released in _done
+                s.slice_id, s.submitted, data, s.group, drive_id=s.drive_id, durable=durable,
+                reserved=True)
+        except BaseException as exc:
+            self._release(n)
+            self._failures.piece_failed(s, exc)
+            self._raise_pending_error()
+            raise
+        release, failures = self._release, self._failures
 
         def _done(f: Future[None], n: int = n) -> None:
             release(n)
-            if not f.cancelled() and f.exception() is not None and self._error is None:
-                self._error = f.exception()
+            exc = None if f.cancelled() else f.exception()
+            if exc is not None:
+                failures.piece_failed(s, exc)
 
         future.add_done_callback(_done)
         s.inflight.append((future, n))
@@ -324,7 +324,7 @@ class FileWriter:
                 self._settling.wait_oldest()
         except BaseException:
             self.open_slice = None
-            self._error = None  # reported now, by this raise
+            self._failures.error = None  # reported now, by this raise
             self._abort(s)
             raise
         self._settling.submit(
@@ -346,6 +346,8 @@ class FileWriter:
         try:
             while s.inflight:
                 self._reap_oldest(s)
+            if s.failure is not None:
+                raise s.failure
             self._commit(self._finished(s, durable), s.end)
         except BaseException:
             self._abort(s)
@@ -354,19 +356,9 @@ class FileWriter:
         self._node.forget(s.slice_id)
 
     def _finished(self, s: OpenSlice, durable: bool) -> FinishedSlice:
-        assert s.drive_id is not None and s.group is not None
-        return FinishedSlice(
-            ino=self.ino,
-            chunk_index=s.chunk_index,
-            chunk_offset=s.start - s.chunk_index * self._chunk_size,
-            slice_id=s.slice_id,
-            length=s.length,
-            drive_id=s.drive_id,
-            group=s.group,
-            registered=s.registered,
-            durable=durable,
-            replica_drives=self._node.replicas_of(s.slice_id, s.drive_id),
-        )
+        assert s.drive_id is not None  # a dead slice is never committed (s.failure)
+        return s.finished(self.ino, self._chunk_size, durable,
+                          self._node.replicas_of(s.slice_id, s.drive_id))
 
     def _finish_inline(self, s: OpenSlice) -> None:
         """End slice ``s`` in the caller's thread (flush/close/fsync): commit this
@@ -426,7 +418,7 @@ class FileWriter:
     def _drop_open(self, s: OpenSlice) -> None:
         """The open slice ``s`` failed: forget it and delete what it stored."""
         self.open_slice = None
-        self._error = None  # reported now, by the caller's raise
+        self._failures.error = None  # reported now, by the caller's raise
         self._abort(s)
 
     def _commit_open(self, s: OpenSlice, durable: bool) -> None:
@@ -447,7 +439,7 @@ class FileWriter:
         if not self.lock.acquire(blocking=False):
             raise Declined("the file's writer is busy")
         try:
-            if self._error is not None or self._settling:
+            if not self._failures.healthy(self.open_slice) or self._settling:
                 raise Declined("slices are settling")
             s = self.open_slice
             if s is None:
@@ -479,9 +471,13 @@ class FileWriter:
             self.lock.release()
 
     def _abort(self, s: OpenSlice) -> None:
-        """Drop a failed slice's bytes from its drive (best effort). In-flight pieces
-        are left to complete (their futures belong to the store: never cancel
-        them); the delete removes whatever they wrote."""
+        """Drop a failed slice's bytes from its drive (best effort; once). In-flight
+        pieces are left to complete (their futures belong to the store: never
+        cancel them); the delete removes whatever they wrote, and their failures
+        are not reported (``WriteFailures.piece_failed``)."""
+        if s.aborted:
+            return
+        s.aborted = True
         if s.pending:
             self._release(len(s.pending))
             s.pending.take()
@@ -503,6 +499,10 @@ class FileWriter:
             s = self.open_slice
             if s is not None and s.pending:
                 self._submit_pending(s, durable=False, ending=False)
+        except BaseException as exc:
+            if own:
+                raise
+            self._failures.keep(exc)  # this writer's failure, for its own next call
         finally:
             if not own:
                 self.lock.release()
@@ -528,10 +528,15 @@ class FileWriter:
             return
         with self.lock:
             s = self.open_slice
-            if s is not None:
+            if s is not None and s.failure is None:
                 self._finish_inline(s)
             else:
-                self._settling.wait_all()
+                try:
+                    self._settling.wait_all()
+                finally:
+                    if s is not None:  # dead: dropped (its failure was reported)
+                        self.open_slice = None
+                        self._abort(s)
             self._raise_pending_error()
 
     def abandon(self) -> None:

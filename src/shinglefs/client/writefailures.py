@@ -1,0 +1,79 @@
+"""What one file's writer has to report: failures of its pieces, and running out of space.
+
+A :class:`~shinglefs.client.writer.FileWriter` sends pieces in the background;
+a piece that fails is reported by the writer's next call (write, flush,
+fsync, close), as Linux reports write-back errors. :class:`WriteFailures`
+keeps that state:
+
+- the failure not reported yet (``error``), the first of any slice;
+- a slice is dead from its first failed piece (``OpenSlice.failure``); the
+  failures of pieces of it already sent are consequences (a server that
+  refused one answers the next with an order error: EINVAL) and never
+  reported;
+- running out of space is *sticky* for writes: from a piece that failed with
+  ENOSPC (a storage server refused it: another client took the room this
+  one's reservation counted on) every later ``write`` raises ENOSPC, since
+  bytes ``write`` had accepted are lost and the file would go on past a gap;
+  a truncation at or below the first lost byte ends it.
+
+Thread safety: ``piece_failed`` runs on whatever thread completes a piece;
+the rest under the writer's lock. Each field is one assignment, and a race
+between two failures only chooses which one is reported.
+"""
+
+from __future__ import annotations
+
+import errno
+
+from shinglefs.client.writebuffers import OpenSlice
+from shinglefs.server.errors import NodeFull
+
+__all__ = ["WriteFailures"]
+
+
+class WriteFailures:
+    """The failures one writer has to report (module docstring)."""
+
+    __slots__ = ("error", "full", "lost_from")
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None  # not reported yet
+        self.full: BaseException | None = None  # the first ENOSPC of a piece: sticky
+        self.lost_from = 0  # with ``full``: the file offset of the first byte lost
+
+    def piece_failed(self, s: OpenSlice, exc: BaseException) -> None:
+        """A piece of ``s`` failed: the first failure kills the slice and is to be
+        reported; later ones (and any of a slice dropped already) are not."""
+        if s.failure is not None or s.aborted:
+            return
+        s.failure = exc
+        if getattr(exc, "errno", None) == errno.ENOSPC and self.full is None:
+            self.full, self.lost_from = exc, s.start
+        if self.error is None:
+            self.error = exc
+
+    def keep(self, exc: BaseException) -> None:
+        """Report ``exc`` at the writer's next call (unless one is waiting already)."""
+        if self.error is None:
+            self.error = exc
+
+    def healthy(self, s: OpenSlice | None) -> bool:
+        """Nothing to report, not full, and no dead open slice ``s``."""
+        return self.error is None and self.full is None and (s is None or s.failure is None)
+
+    def due(self, s: OpenSlice | None, *, writing: bool) -> BaseException | None:
+        """What the writer's call must raise now, taken (reported once), or None:
+        the failure not reported yet; else (``writing``) the sticky ENOSPC; else
+        the failure of the dead open slice ``s``."""
+        error, self.error = self.error, None
+        if error is None and writing and self.full is not None:
+            error = NodeFull(s.slice_id if s is not None else 0, None,
+                             f"bytes of this file were refused earlier ({self.full})")
+        if error is None and s is not None:
+            error = s.failure
+        return error
+
+    def truncated(self, size: int) -> None:
+        """The file was cut to ``size``: below the lost bytes, writing may go on."""
+        if self.full is not None and size <= self.lost_from:
+            self.full = None
