@@ -38,9 +38,11 @@ from shinglefs.client.recovery import fsck
 from shinglefs.meta import open_meta
 from shinglefs.meta.api import MetaStore
 from shinglefs.meta.check import check_consistency
+from shinglefs.meta.records import Ctx
 
 GiB = 1024**3
 ROUNDS = int(os.environ.get("SHINGLEFS_RACE_ROUNDS", "60"))  # more: a longer hunt
+ACCESS_ROUNDS = 600
 STEP_S = 0.0001
 """How far the head start moves after each round (see ``_round``)."""
 OLD = b"old:" + bytes(range(256)) * 12  # 3 KiB: an inline file (no drive flush)
@@ -225,3 +227,43 @@ def test_unlink_racing_open_creat_of_the_same_name(pair: Pair, fs_url: str) -> N
         fs.close()
     report = fsck(fs_url)
     assert report.clean, {k: [f.detail for f in v] for k, v in report.found.items() if v}
+
+
+def test_open_creat_of_an_existing_file_is_access_checked_while_its_ctime_moves(
+        fs_url: str) -> None:
+    """open(O_CREAT) without O_EXCL of another user's read-only file must fail
+    with EACCES, also when the file's ctime moves during the open (its owner
+    chmods it over and over): the client once took "ctime at or after the
+    call began" for "created by this call" and skipped the access check."""
+    root = connect(fs_url)
+    user = ShingleFS(root.vfs, Ctx(uid=1000, gid=1000), release=lambda: None)
+    try:
+        root.makedirs("/d", exist_ok=True)
+        root.chmod("/d", 0o777)
+        root.write_bytes("/d/mine", b"root's")
+        root.chmod("/d/mine", 0o444)
+        stop = threading.Event()
+
+        def chmod_loop() -> None:
+            while not stop.is_set():
+                root.chmod("/d/mine", 0o444)  # the same mode: only the ctime moves
+
+        bumper = threading.Thread(target=chmod_loop)
+        bumper.start()
+        opened = 0
+        try:
+            for _ in range(ACCESS_ROUNDS):
+                try:
+                    raw = user.open_raw("/d/mine", os.O_WRONLY | os.O_CREAT)
+                except PermissionError:
+                    continue
+                opened += 1
+                raw.close()
+        finally:
+            stop.set()
+            bumper.join(60)
+        assert opened == 0, f"{opened} of {ACCESS_ROUNDS} opens for writing were let through"
+        assert root.read_bytes("/d/mine") == b"root's"
+    finally:
+        user.close()
+        root.close()
