@@ -11,7 +11,9 @@ the promises of docs/architecture.md ("Ordered commits"):
   power-cut loop only what was fsynced is promised, the rest is intact,
   absent or shorter);
 - a file being written (or fsynced) is absent, or a prefix of its content;
-- an fsynced file and an fsynced rename survive;
+- an fsynced file and an fsynced rename survive; a name replaced by an
+  fsynced rename (``ckpt/latest``) holds the last one replaced, or the one
+  replacing it at the crash;
 - the O_APPEND corpus holds every acknowledged record, whole and in order,
   followed at most by a prefix of the next;
 - no file anywhere reads EIO.
@@ -181,6 +183,14 @@ def run(ops: PosixOps, journal_path: str, tag: str, *, progress: Callable[[], No
             ops.rename(f"ckpt/.tmp-{name}", f"ckpt/step-{name}")
             ops.fsync_dir("ckpt")
             note("committed", f"ckpt/step-{name}", size)
+            # The checkpoint commit over a name that exists: ckpt/latest is
+            # replaced, the previous one freed.
+            size = rng.choice([4096, 70_000, 1 << 20])
+            ops.write("ckpt/.latest.tmp", content(f"latest-{name}", size), fsync=True)
+            note("replacing", f"latest-{name}", size)
+            ops.rename("ckpt/.latest.tmp", "ckpt/latest")
+            ops.fsync_dir("ckpt")
+            note("replaced", f"latest-{name}", size)
         if progress is not None:
             progress()
 
@@ -216,6 +226,10 @@ def verify(read: Callable[[str], bytes | None], journal: Path, *, closed_promise
     durable: dict[str, int] = {}
     begun: dict[str, int] = {}
     appended = -1
+    # ckpt/latest may hold: the last one replaced, or one whose rename a crash
+    # interrupted since (absent while none was ever replaced).
+    latest: list[tuple[str, int]] = []
+    replaced = False
     for words in journal_lines(journal):
         kind = words[0]
         if kind == "closed":
@@ -228,6 +242,10 @@ def verify(read: Callable[[str], bytes | None], journal: Path, *, closed_promise
             begun[words[1]] = int(words[2])
         elif kind == "appended":
             appended = int(words[1])
+        elif kind == "replacing":
+            latest.append((words[1], int(words[2])))
+        elif kind == "replaced":
+            latest, replaced = [(words[1], int(words[2]))], True
 
     def load(rel: str) -> bytes | None:
         v.files_checked += 1
@@ -261,6 +279,12 @@ def verify(read: Callable[[str], bytes | None], journal: Path, *, closed_promise
             v.problems.append(f"{rel}: mid-write file is not a prefix ({len(data)} bytes)")
         else:
             v.partial_ok += 1
+    if latest:
+        data = load("ckpt/latest")
+        allowed = [content(name, size) for name, size in latest]
+        if data not in allowed and not (data is None and not replaced):
+            v.problems.append(f"ckpt/latest: {None if data is None else len(data)} bytes, "
+                              f"neither the last replaced checkpoint nor the one replacing it")
     corpus = load("corpus.bin") or b""
     whole, tail = divmod(len(corpus), RECORD)
     for seq in range(whole):
