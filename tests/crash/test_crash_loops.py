@@ -5,6 +5,8 @@ files mid-write, fsynced files, an O_APPEND corpus, rename-committed
 checkpoints) in a child process, crashes the file system at a random instant,
 brings it back and checks every acknowledged promise — with no file reading
 EIO. The default run makes a few trials of each; ``-m slow`` runs long loops.
+The SIGKILL loop itself (with fsck after each kill and remount) is
+tests/support/crashloop.py, shared with test_crash_loops_postgres.py.
 """
 
 from __future__ import annotations
