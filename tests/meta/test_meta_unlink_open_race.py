@@ -24,6 +24,7 @@ from the ctime alone).
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import threading
@@ -42,6 +43,7 @@ from shinglefs.client.recovery import fsck
 from shinglefs.meta import open_meta
 from shinglefs.meta.api import MetaStore
 from shinglefs.meta.check import check_consistency
+from shinglefs.meta.errors import FsError
 from shinglefs.meta.records import Ctx
 
 GiB = 1024**3
@@ -271,3 +273,36 @@ def test_open_creat_of_an_existing_file_is_access_checked_while_its_ctime_moves(
     finally:
         user.close()
         root.close()
+
+
+def test_an_open_of_an_inode_another_client_freed_is_stale_not_absent(fs_url: str) -> None:
+    """A mount opens by inode number, from an entry the kernel cached: if
+    another client unlinked that name (or renamed another file over it) and
+    the inode is freed, the open must fail with ESTALE, on which the kernel
+    looks the name up again and retries (opening or creating what is there
+    now). ENOENT reached the application for open(O_CREAT) of a name, and for
+    a plain open of a name that exists (checkpoint ``latest`` replaced on
+    another host), for up to the entry timeout."""
+    first = connect(fs_url)
+    second = ShingleFS(open_filesystem(fs_url, join=True))
+    try:
+        first.makedirs("/d", exist_ok=True)
+        for victim in ("unlinked", "renamed over"):
+            first.write_bytes("/d/latest", b"v1")
+            cached = first.stat("/d/latest").st_ino  # the entry a kernel would keep
+            if victim == "unlinked":
+                second.unlink("/d/latest")
+            else:
+                second.write_bytes("/d/tmp", b"v2")
+                second.replace("/d/tmp", "/d/latest")
+            second.vfs.jobs.closes.drain()
+            first.vfs.jobs.closes.drain()
+            wait_until(lambda: all(not s.open_inodes for s in first.vfs.meta.list_sessions()),
+                       "every open record closed")
+            for flags in (os.O_RDONLY, os.O_RDWR | os.O_CREAT):
+                with pytest.raises(FsError) as failed:
+                    first.vfs.open(int(cached), flags)
+                assert failed.value.errno == errno.ESTALE, (victim, flags, failed.value)
+    finally:
+        second.close()
+        first.close()

@@ -74,12 +74,24 @@ class OpenFiles:
         self._wake = wake
 
     def open(self, ino: int, flags: int, ctx: Ctx) -> int:
-        """Open ``ino`` with ``flags`` (O_TRUNC truncates); returns a file handle."""
-        attr = self.meta.getattr(ino)
-        if attr.is_dir:
-            raise FsError(errno.EISDIR, f"inode {ino} is a directory", ino=ino)
-        self._access_for_flags(ino, flags, ctx)
-        self.meta.open_file(self._session(), ino)
+        """Open ``ino`` with ``flags`` (O_TRUNC truncates); returns a file handle.
+
+        ESTALE when ``ino`` no longer exists: the caller's name for it is
+        stale (another client unlinked it, or renamed another file over it,
+        since the kernel looked the name up). On ESTALE the kernel looks the
+        name up again and retries the open once (``do_filp_open``), which
+        then opens what the name is now, or creates it (O_CREAT); ENOENT
+        would reach the application although the name exists."""
+        try:
+            attr = self.meta.getattr(ino)
+            if attr.is_dir:
+                raise FsError(errno.EISDIR, f"inode {ino} is a directory", ino=ino)
+            self._access_for_flags(ino, flags, ctx)
+            self.meta.open_file(self._session(), ino)
+        except FsError as exc:
+            if exc.errno != errno.ENOENT:
+                raise
+            raise FsError(errno.ESTALE, f"inode {ino} no longer exists", ino=ino) from exc
         try:
             if flags & os.O_TRUNC and (flags & os.O_ACCMODE) != os.O_RDONLY:
                 attr = self._truncate_on_open(attr, ctx)
