@@ -79,3 +79,14 @@ def test_a_guess_that_is_no_directory_falls_back(meta, check):
     made = meta.create(d.ino, b"x", 0o644, USER, parent_seen=(stat.S_IFREG | 0o777, 0, 0))
     assert meta.lookup(d.ino, b"x") == made
     check()
+
+
+def test_create_file_says_whether_it_made_the_file(meta, check):
+    d = meta.mkdir(ROOT_INO, b"d", 0o777)
+    for guess in (None, seen(meta, d.ino)):
+        name = b"f" if guess is None else b"g"
+        first = meta.create_file(d.ino, name, 0o644, USER, exclusive=False, parent_seen=guess)
+        again = meta.create_file(d.ino, name, 0o644, USER, exclusive=False, parent_seen=guess)
+        assert first.made and not again.made
+        assert again.attr.ino == first.attr.ino
+    check()

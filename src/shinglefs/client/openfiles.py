@@ -32,18 +32,6 @@ from shinglefs.meta.errors import FsError
 __all__ = ["OpenFiles"]
 
 
-def _made_by_this_call(attr: InodeAttr, started: int, ctx: Ctx) -> bool:
-    """Did a non-exclusive ``create`` that began at ``started`` make ``attr``
-    (else it opened a file that existed)? A new inode is ``ctx``'s, empty, one
-    link, its three times one instant after ``started``. A ctime after
-    ``started`` alone is not enough: another client's chmod, write or truncate
-    of an existing file moves it, and that file would skip the access check.
-    What still passes for new: a file of the same user that another process
-    made, empty and untouched, in the same instant."""
-    return (attr.ctime_ns >= started and attr.atime_ns == attr.mtime_ns == attr.ctime_ns
-            and attr.uid == ctx.uid and attr.size == 0 and attr.nlink == 1)
-
-
 class OpenFiles:
     """Opens and releases files of one client (thread-safe).
 
@@ -106,15 +94,14 @@ class OpenFiles:
         """Create (O_EXCL: exclusively) and open a regular file in one transaction.
         Without O_EXCL an existing regular file is opened instead (``ctx`` must
         be allowed ``flags``' access to it); an existing symbolic link: EEXIST."""
-        started = time.time_ns()
         seen = self.inodes.dirs.last_seen(parent)  # a hint: meta checks it as it writes
-        attr = self.meta.create(
+        created = self.meta.create_file(
             parent, name, mode, ctx, exclusive=bool(flags & os.O_EXCL), session=self._session(),
             parent_seen=None if seen is None else (seen.mode, seen.uid, seen.gid),
         )
+        attr, made = created.attr, created.made
         self.inodes.note_parent(attr.ino, parent)
-        made = _made_by_this_call(attr, started, ctx)  # else an existing file was opened
-        if made:  # no xattrs
+        if made:  # no xattrs; else an existing file was opened: its access is checked
             self.inodes.note_no_caps(attr.ino, time.monotonic())
             self.inodes.dirs.touched(parent, attr.ctime_ns)
         try:

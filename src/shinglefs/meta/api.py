@@ -64,6 +64,7 @@ from shinglefs.meta.records import (
     ChunkInfo,
     ChunkMap,
     ChunkPiece,
+    Created,
     Ctx,
     DirEntry,
     DirPolicy,
@@ -340,6 +341,22 @@ class MetaStore(ServerRegistry):
         or without it; right, it saves reading the parent -- a round trip on
         PostgreSQL).
         """
+
+    @abstractmethod
+    def create_file(
+        self,
+        parent: int,
+        name: bytes,
+        mode: int,
+        ctx: Ctx = ROOT_CTX,
+        *,
+        exclusive: bool = True,
+        session: int | None = None,
+        parent_seen: tuple[int, int, int] | None = None,
+    ) -> Created:
+        """``create``, saying whether this call made the file (``Created.made``)
+        or opened one that existed (without ``exclusive``): the caller checks
+        its access to an existing file, never to the one it made."""
 
     @abstractmethod
     def unlink(self, parent: int, name: bytes, ctx: Ctx = ROOT_CTX) -> UnlinkResult:
@@ -673,7 +690,7 @@ __all__ = [
     "ROOT_CTX", "ROOT_INO", "R_OK", "SERVER_HEARTBEAT_S", "SERVER_TIMEOUT_S",
     "SLICE_RECORDS_BATCH", "SYMLINK_MAX", "TIERS", "UTIME_NOW", "UTIME_OMIT", "W_OK",
     "XATTR_CREATE", "XATTR_NAME_MAX", "XATTR_REPLACE", "XATTR_SIZE_MAX", "X_OK", "ChunkInfo",
-    "ChunkMap", "ChunkPiece", "Ctx", "DirEntry", "DirPolicy", "DriveRecord", "FormatInfo",
+    "ChunkMap", "ChunkPiece", "Created", "Ctx", "DirEntry", "DirPolicy", "DriveRecord", "FormatInfo",
     "InodeAttr", "MetaStore", "ReadPiece", "RenameResult", "Replica", "ServerDrive",
     "ServerRecord", "ServerRegistry", "Session", "SessionInfo", "SliceCommit", "SliceInfo",
     "SliceRef", "SliceState", "StatFs", "UnlinkResult", "is_inline_slice",

@@ -407,6 +407,15 @@ class DirPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class Created:
+    """What ``create_file`` did: the file's attributes, and whether this call
+    made it (else it opened a regular file that existed: no O_EXCL)."""
+
+    attr: InodeAttr
+    made: bool
+
+
+@dataclass(frozen=True, slots=True)
 class UnlinkResult:
     """What ``unlink``/``rmdir`` did: the attributes of the inode after losing the
     entry (``nlink`` may be 0) and whether it was freed (slices queued)."""

@@ -36,6 +36,7 @@ from shinglefs.meta.records import (
     SYMLINK_MAX,
     W_OK,
     X_OK,
+    Created,
     Ctx,
     DirEntry,
     InodeAttr,
@@ -230,13 +231,27 @@ class NamespaceOps(SqlCore):
         session: int | None = None,
         parent_seen: tuple[int, int, int] | None = None,
     ) -> InodeAttr:
+        return self.create_file(parent, name, mode, ctx, exclusive=exclusive, session=session,
+                                parent_seen=parent_seen).attr
+
+    def create_file(
+        self,
+        parent: int,
+        name: bytes,
+        mode: int,
+        ctx: Ctx = ROOT_CTX,
+        *,
+        exclusive: bool = True,
+        session: int | None = None,
+        parent_seen: tuple[int, int, int] | None = None,
+    ) -> Created:
         check_new_name(name)
         full = stat.S_IFREG | (mode & ~ctx.umask & 0o7777)
         ino = self._alloc("inode")
         if parent_seen is not None:
             try:
-                return self._create_on_seen(parent, name, ino, full, ctx, exclusive, session,
-                                            parent_seen)
+                return Created(self._create_on_seen(parent, name, ino, full, ctx, exclusive,
+                                                    session, parent_seen), True)
             except _NotAsSeen:
                 pass  # read the parent and the name: as if nothing had been seen
 
@@ -259,7 +274,8 @@ class NamespaceOps(SqlCore):
             open_in_session(tx, session, ino)
             return attr
 
-        return self._run(txn, "committed")
+        attr = self._run(txn, "committed")
+        return Created(attr, attr.ino == ino)  # ``ino`` is this call's: no one else has it
 
     def _create_on_seen(self, parent: int, name: bytes, ino: int, mode: int, ctx: Ctx,
                         exclusive: bool, session: int | None,
