@@ -306,3 +306,36 @@ def test_an_open_of_an_inode_another_client_freed_is_stale_not_absent(fs_url: st
     finally:
         second.close()
         first.close()
+
+
+def test_api_open_of_a_name_replaced_meanwhile_opens_what_is_there(fs_url: str) -> None:
+    """``open`` resolves the path, then opens the inode: a rename over the
+    name in between (a checkpoint's ``latest`` replaced) frees that inode.
+    The API resolves again and opens once more, as the kernel does on ESTALE:
+    the reader always gets one whole version, never an error."""
+    fs = connect(fs_url)
+    stop = threading.Event()
+    versions = {b"v%d" % i * 512 for i in range(8)}
+    try:
+        fs.makedirs("/d", exist_ok=True)
+        fs.write_bytes("/d/latest", b"v0" * 512)
+
+        def replace_forever() -> None:
+            i = 0
+            while not stop.is_set():
+                i = (i + 1) % 8
+                fs.write_bytes("/d/tmp", b"v%d" % i * 512)
+                fs.replace("/d/tmp", "/d/latest")
+
+        writer = threading.Thread(target=replace_forever, daemon=True)
+        writer.start()
+        seen = set()
+        for _ in range(400):
+            with fs.open("/d/latest", "rb") as f:
+                seen.add(f.read())
+        stop.set()
+        writer.join(timeout=30)
+        assert seen <= versions and len(seen) > 1, sorted(v[:2] for v in seen)
+    finally:
+        stop.set()
+        fs.close()

@@ -353,7 +353,18 @@ class ShingleFS:
         return file
 
     def open_raw(self, path: str, flags: int, perm: int = 0o644) -> ShingleRawFile:
-        """Open with ``os.open``-style flags; returns the unbuffered raw file."""
+        """Open with ``os.open``-style flags; returns the unbuffered raw file.
+        The inode a name led to may be gone by the time it is opened (another
+        client unlinked it or renamed a file over it: ESTALE): the path is
+        resolved again and opened once more, as the kernel does."""
+        try:
+            return self._open_raw_once(path, flags, perm)
+        except OSError as exc:
+            if exc.errno != errno.ESTALE:
+                raise
+        return self._open_raw_once(path, flags, perm)
+
+    def _open_raw_once(self, path: str, flags: int, perm: int) -> ShingleRawFile:
         if flags & os.O_CREAT and not flags & os.O_EXCL:
             # Create or open in one transaction; a symbolic link there (EEXIST)
             # is followed below.

@@ -318,45 +318,33 @@ class MetaStore(ServerRegistry):
         the parent's DirPolicy and its S_ISGID group. EEXIST, EACCES, ENOENT,
         ENOTDIR, EMLINK (parent at LINK_MAX)."""
 
-    @abstractmethod
     def create(
-        self,
-        parent: int,
-        name: bytes,
-        mode: int,
-        ctx: Ctx = ROOT_CTX,
-        *,
-        exclusive: bool = True,
-        session: int | None = None,
+        self, parent: int, name: bytes, mode: int, ctx: Ctx = ROOT_CTX, *,
+        exclusive: bool = True, session: int | None = None,
         parent_seen: tuple[int, int, int] | None = None,
     ) -> InodeAttr:
-        """Create a regular file and return its attributes.
-
-        ``exclusive`` (O_EXCL): EEXIST if the name exists. Without it an
-        existing regular file is returned as is (EISDIR for a directory).
-        When ``session`` is given, the file is also opened for that session in
-        the same transaction (see ``open_file``), so it can never be freed
-        between create and open. ``parent_seen``: the parent's (mode, uid,
-        gid) as the caller last saw them (a hint: the result is the same with
-        or without it; right, it saves reading the parent -- a round trip on
-        PostgreSQL).
-        """
+        """``create_file``'s attributes of the file."""
+        return self.create_file(parent, name, mode, ctx, exclusive=exclusive, session=session,
+                                parent_seen=parent_seen).attr
 
     @abstractmethod
     def create_file(
-        self,
-        parent: int,
-        name: bytes,
-        mode: int,
-        ctx: Ctx = ROOT_CTX,
-        *,
-        exclusive: bool = True,
-        session: int | None = None,
+        self, parent: int, name: bytes, mode: int, ctx: Ctx = ROOT_CTX, *,
+        exclusive: bool = True, session: int | None = None,
         parent_seen: tuple[int, int, int] | None = None,
     ) -> Created:
-        """``create``, saying whether this call made the file (``Created.made``)
-        or opened one that existed (without ``exclusive``): the caller checks
-        its access to an existing file, never to the one it made."""
+        """Create a regular file: its attributes, and whether this call made it.
+
+        ``exclusive`` (O_EXCL): EEXIST if the name exists. Without it an
+        existing regular file is opened as is (EISDIR for a directory;
+        ``Created.made`` False: the caller checks its access to it, never to
+        the file it made). When ``session`` is given, the file is also opened
+        for that session in the same transaction (see ``open_file``), so it
+        can never be freed between create and open. ``parent_seen``: the
+        parent's (mode, uid, gid) as the caller last saw them (a hint: the
+        result is the same with or without it; right, it saves reading the
+        parent -- a round trip on PostgreSQL).
+        """
 
     @abstractmethod
     def unlink(self, parent: int, name: bytes, ctx: Ctx = ROOT_CTX) -> UnlinkResult:

@@ -220,20 +220,6 @@ class NamespaceOps(SqlCore):
         return self._run(lambda tx: self._new_inode(tx, parent, name, ino, full, ctx, now_ns()),
                          "committed")
 
-    def create(
-        self,
-        parent: int,
-        name: bytes,
-        mode: int,
-        ctx: Ctx = ROOT_CTX,
-        *,
-        exclusive: bool = True,
-        session: int | None = None,
-        parent_seen: tuple[int, int, int] | None = None,
-    ) -> InodeAttr:
-        return self.create_file(parent, name, mode, ctx, exclusive=exclusive, session=session,
-                                parent_seen=parent_seen).attr
-
     def create_file(
         self,
         parent: int,
