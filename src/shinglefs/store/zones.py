@@ -237,14 +237,18 @@ class LogZones:
         """An EMPTY zone; reclaims dead zones, then runs GC, before raising StoreFull.
 
         Reserves: data streams leave ``gc_reserve_zones`` free zones (at least
-        2; a continuing slice one less), the GC and metadata streams may take
-        the last zone -- so deletes and GC can still make room on a full drive.
-        (The metadata stream left one for GC: after a continuing slice took a
-        reserve zone, no tombstone could be written and the drive stayed full
-        whatever was deleted.)
+        2; a continuing slice one less), the metadata stream may take the last
+        zone, GC too once the metadata stream has a zone with room -- so deletes
+        and GC can still make room on a full drive. (The metadata stream left
+        one for GC: once a continuing slice, then GC, had taken the reserve, no
+        tombstone could be written and the drive stayed full whatever was
+        deleted.)
         """
         privileged = key in (GC_STREAM, META_STREAM)
-        if privileged:
+        if key == GC_STREAM:
+            meta = self._streams.get(META_STREAM)
+            reserve = 0 if meta is not None and self.room(meta) >= MIN_ROOM else 1
+        elif key == META_STREAM:
             reserve = 0
         else:
             reserve = max(2, self.config.gc_reserve_zones) - (1 if self._continuing else 0)
