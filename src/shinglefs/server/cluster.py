@@ -606,14 +606,14 @@ class ClusterNode:
 
     # ------------------------------------------------------------------ stats and closing
     def stats(self) -> NodeStats:
-        """The live servers' drives as they last reported them (no round trip):
-        ``drives`` their raw figures; ``capacity_bytes`` and ``free_bytes`` what
-        can be written at the default goal (``default_copies``), each copy on a
-        distinct server (``space.replicated_room`` of each server's drives
-        summed) -- what ``statfs`` (df) shows; ``live_bytes`` raw."""
+        """The live servers' drives as last reported (no round trip): ``drives`` their
+        raw figures; ``capacity_bytes`` and ``free_bytes`` what can be written at the
+        default goal (``default_copies``), each copy on a distinct server
+        (``space.replicated_room``), free less what this client sent since (as
+        ``reserve`` counts) -- what ``statfs`` (df) shows; ``live_bytes`` raw."""
         with self._lock:
             self._refresh()
-            return _reported_stats(self._live, self._servers, self._copies(None))
+            return _reported_stats(self._live, self._servers, self._copies(None), self._free)
 
     def close(self) -> None:
         """Close every connection (writes answered are on the servers; nothing to flush
@@ -672,9 +672,9 @@ def _settle_into(out: Future[int], sent: Future[int]) -> None:
 
 
 def _reported_stats(live: dict[int, tuple[int, int]], servers: dict[int, ServerRecord],
-                    copies: int) -> NodeStats:
-    """``NodeStats`` of the live drives ``{cluster drive id: (capacity, free)}``
-    from what their servers last reported, totals at ``copies`` (``stats``)."""
+                    copies: int, free_of: Callable[[int], int]) -> NodeStats:
+    """``NodeStats`` of the live drives ``{cluster drive id: (capacity, free)}`` as
+    their servers reported them, totals at ``copies``, free by ``free_of`` (``stats``)."""
     drives = []
     for drive_id, (capacity, free) in sorted(live.items()):
         server, local = split_drive_id(drive_id)
@@ -686,7 +686,7 @@ def _reported_stats(live: dict[int, tuple[int, int]], servers: dict[int, ServerR
                                  max(0, free), store))
     return NodeStats(
         capacity_bytes=replicated_room(server_frees(live, lambda d: live[d][0]), copies),
-        free_bytes=replicated_room(server_frees(live, lambda d: live[d][1]), copies),
+        free_bytes=replicated_room(server_frees(live, free_of), copies),
         live_bytes=sum(d.store.live_bytes for d in drives),
         user_bytes_written=0, device_bytes_written=0, drives=drives)
 
