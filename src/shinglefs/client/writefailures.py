@@ -9,7 +9,10 @@ keeps that state:
 - a slice is dead from its first failed piece (``OpenSlice.failure``); the
   failures of pieces of it already sent are consequences (a server that
   refused one answers the next with an order error: EINVAL) and never
-  reported;
+  reported. Answers may come out of order: an order error while an earlier
+  piece is unanswered kills the slice but is not reported, the earlier
+  piece's failure is (the writer waits for a dead slice's pieces before it
+  reports);
 - running out of space is *sticky* for writes: from a piece that failed with
   ENOSPC (a storage server refused it: another client took the room this
   one's reservation counted on) every later ``write`` raises ENOSPC, since
@@ -24,9 +27,12 @@ between two failures only chooses which one is reported.
 from __future__ import annotations
 
 import errno
+import itertools
+from concurrent import futures
 
 from shinglefs.client.writebuffers import OpenSlice
-from shinglefs.server.errors import NodeFull
+from shinglefs.server.errors import NodeFull, RemoteNodeError
+from shinglefs.store.errors import SliceOrderError
 
 __all__ = ["WriteFailures"]
 
@@ -41,16 +47,38 @@ class WriteFailures:
         self.full: BaseException | None = None  # the first ENOSPC of a piece: sticky
         self.lost_from = 0  # with ``full``: the file offset of the first byte lost
 
-    def piece_failed(self, s: OpenSlice, exc: BaseException) -> None:
+    def piece_failed(self, s: OpenSlice, exc: BaseException, *, behind: bool = False) -> None:
         """A piece of ``s`` failed: the first failure kills the slice and is to be
-        reported; later ones (and any of a slice dropped already) are not."""
-        if s.failure is not None or s.aborted:
+        reported; later ones (and any of a slice dropped already) are not.
+        ``behind``: an earlier piece of ``s`` is not answered yet; an order error
+        then only kills the slice (module docstring)."""
+        if s.aborted or exc is s.failure or (
+                s.failure is not None and not _out_of_order(s.failure)):
+            return
+        if behind and _out_of_order(exc):
+            if s.failure is None:
+                s.failure = exc
             return
         s.failure = exc
         if getattr(exc, "errno", None) == errno.ENOSPC and self.full is None:
             self.full, self.lost_from = exc, s.start
         if self.error is None:
             self.error = exc
+
+    def piece_done(self, s: OpenSlice, f: futures.Future[None]) -> None:
+        """``f``, a piece of ``s``, completed (its done callback): note its failure."""
+        exc = None if f.cancelled() else f.exception()
+        if exc is not None:
+            earlier = itertools.takewhile(lambda g: g is not f, [g for g, _n in list(s.inflight)])
+            self.piece_failed(s, exc, behind=not all(g.done() for g in earlier))
+
+    def all_answered(self, s: OpenSlice) -> None:
+        """Wait for every piece of the dead slice ``s`` in flight; the failure of the
+        first that failed is then its own (callbacks may not have run yet)."""
+        futures.wait([f for f, _n in s.inflight])
+        first = next((f.exception() for f, _n in s.inflight if f.exception()), None)
+        if first is not None:
+            self.piece_failed(s, first)
 
     def keep(self, exc: BaseException) -> None:
         """Report ``exc`` at the writer's next call (unless one is waiting already)."""
@@ -77,3 +105,9 @@ class WriteFailures:
         """The file was cut to ``size``: below the lost bytes, writing may go on."""
         if self.full is not None and size <= self.lost_from:
             self.full = None
+
+
+def _out_of_order(exc: BaseException) -> bool:
+    """Is ``exc`` a store's answer to a piece not at its slice's length?"""
+    return isinstance(exc, SliceOrderError) or (
+        isinstance(exc, RemoteNodeError) and exc.kind == SliceOrderError.__name__)

@@ -147,6 +147,8 @@ class FileWriter:
         ENOSPC too); drop the open slice then (its bytes are partly lost: rather
         than commit a gap)."""
         s = self.open_slice
+        if s is not None and s.failure is not None:
+            self._failures.all_answered(s)  # report the first failed piece's failure
         error = self._failures.due(s, writing=writing)
         if error is None:
             return
@@ -287,9 +289,7 @@ class FileWriter:
 
         def _done(f: Future[None], n: int = n) -> None:
             release(n)
-            exc = None if f.cancelled() else f.exception()
-            if exc is not None:
-                failures.piece_failed(s, exc)
+            failures.piece_done(s, f)
 
         future.add_done_callback(_done)
         s.inflight.append((future, n))
@@ -534,9 +534,8 @@ class FileWriter:
                 try:
                     self._settling.wait_all()
                 finally:
-                    if s is not None:  # dead: dropped (its failure was reported)
-                        self.open_slice = None
-                        self._abort(s)
+                    if s is not None:  # dead: dropped, its failure raised if not yet
+                        self._raise_pending_error()
             self._raise_pending_error()
 
     def abandon(self) -> None:
