@@ -76,7 +76,8 @@ class WriteFailures:
         """Wait for every piece of the dead slice ``s`` in flight; the failure of the
         first that failed is then its own (callbacks may not have run yet)."""
         futures.wait([f for f, _n in s.inflight])
-        first = next((f.exception() for f, _n in s.inflight if f.exception()), None)
+        failed = (f.exception() for f, _n in s.inflight if not f.cancelled())
+        first = next((exc for exc in failed if exc is not None), None)
         if first is not None:
             self.piece_failed(s, first)
 
