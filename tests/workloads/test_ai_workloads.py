@@ -161,3 +161,41 @@ def test_file_unlinked_while_open_by_a_reader(mnt: Path) -> None:
         os.unlink(mnt / "ephemeral.pt")
         assert not (mnt / "ephemeral.pt").exists()
         assert_same_tensors(torch.load(f, weights_only=True), sd)
+
+
+def test_hf_datasets_save_load_map_cache_and_parquet(mnt: Path, monkeypatch: pytest.MonkeyPatch
+                                                     ) -> None:
+    """Hugging Face ``datasets`` with everything on the mount: ``save_to_disk`` in
+    shards and ``load_from_disk`` (Arrow files memory-mapped back), ``map`` writing
+    its cache file there (a temporary file renamed into place, lock files),
+    the cache reused by a second ``map``, ``to_parquet`` and ``load_dataset``
+    of it with the mount as ``cache_dir``."""
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    rows = 5000
+    table = {"id": list(range(rows)), "text": [f"sample {i} " * (1 + i % 7) for i in range(rows)],
+             "tokens": [[i % 251, (i * 7) % 251, (i * 13) % 251] for i in range(rows)]}
+    saved = datasets.Dataset.from_dict(table)
+    saved.save_to_disk(str(mnt / "saved"), num_shards=4)
+    drop_caches()
+    loaded = datasets.load_from_disk(str(mnt / "saved"))
+    assert loaded.to_dict() == table
+    calls = {"n": 0}
+
+    def longer(batch: dict[str, list[object]]) -> dict[str, list[object]]:
+        calls["n"] += 1
+        return {"length": [len(t) for t in batch["text"]]}  # type: ignore[arg-type]
+
+    cache = str(mnt / "map-cache.arrow")
+    mapped = loaded.map(longer, batched=True, cache_file_name=cache)
+    assert mapped["length"] == [len(t) for t in table["text"]]
+    first_calls = calls["n"]
+    again = loaded.map(longer, batched=True, cache_file_name=cache)  # served from the cache
+    assert calls["n"] == first_calls
+    assert again["length"] == mapped["length"]
+    saved.to_parquet(str(mnt / "data.parquet"))
+    drop_caches()
+    parquet = datasets.load_dataset("parquet", data_files=str(mnt / "data.parquet"),
+                                    cache_dir=str(mnt / "hf-cache"), split="train")
+    assert parquet.to_dict() == table
