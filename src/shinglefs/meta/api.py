@@ -131,6 +131,20 @@ class ServerRegistry(ABC):
         with it. Idempotent."""
 
     @abstractmethod
+    def forget_server(self, server_id: int, timeout_s: float = SERVER_TIMEOUT_S) -> int:
+        """Take a server that is not live (``timeout_s``) out for good, in bounded
+        transactions (meta/engine/servers.py): its replicas leave every slice record
+        (as acknowledged deletions for TO_DELETE ones), then its drive states and its
+        registration go. Returns the records changed. EBUSY while live; ENOENT for an
+        id never registered. Idempotent: a rerun completes an interrupted one."""
+
+    @abstractmethod
+    def server_slices(self, server_id: int, after: int = 0, limit: int = 500) -> list[SliceInfo]:
+        """The records (any state, every replica) of the slices with a replica on server
+        ``server_id`` and an id above ``after``, by id, at most ``limit`` (EINVAL past
+        ``SLICE_RECORDS_BATCH``). Read-only: pages of what forgetting it changes."""
+
+    @abstractmethod
     def set_drive_state(self, server_id: int, drive_id: int, state: str | None) -> None:
         """Record the state of drive ``drive_id`` of server ``server_id``:
         ``"offline"`` (left out of placement from the clients' next membership

@@ -40,6 +40,26 @@ with ``ON CONFLICT DO NOTHING``, so of a claim and a commit of the same id
 (whose upsert refuses a ``to_delete`` row) exactly one wins, on SQLite and on
 PostgreSQL alike. The statements are this module's (``schema`` holds the
 others').
+
+Forgetting a server (``forget_server``, ``shinglefs forget-server``) takes a
+stopped one out for good, in transactions of at most ``SLICE_RECORDS_BATCH``
+slices so that no transaction or memory grows with the cluster: page after
+page of the slices with a replica on it (a range scan of the replicas'
+primary key from the last id done: ``(slice_id, server, drive)``, nothing
+is held between pages), its replicas leave the records -- readers stop
+trying it, and the repair pass copies the slices under their goal from the
+remaining copies -- and a TO_DELETE slice is treated as if the server had
+acknowledged its deletion (``ack_replica_deletions``: with no replica left
+its record and queue entry go, else its lease ends for the other holders).
+A COMMITTED slice left with no replica keeps its record, replica-less: its
+bytes are lost (reads fail, ``ReplicationHealth.lost`` counts it). Last, in
+one transaction that finds no replica naming the server any more and the
+server still not live, its drive states and its registration go. Each step
+is idempotent, so a forget interrupted anywhere is completed by running it
+again; run again after it completed, it cleans what named the id since (a
+repairer that read the record before it, say) and changes nothing else.
+A server started again with the same drives finds no registration sharing
+a drive with it and registers under a new id (ids are never reused).
 """
 
 from __future__ import annotations
@@ -50,6 +70,7 @@ import logging
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import fields, replace
+from functools import partial
 from typing import Any
 
 from shinglefs.meta import schema as S
@@ -96,6 +117,90 @@ QUEUE_ORPHAN = (
     "INSERT INTO deletions (slice_id, queued_ns, lease_ns) VALUES (?, ?, ?) "
     "ON CONFLICT (slice_id) DO NOTHING"
 )
+# ---- forgetting a server (module docstring) --------------------------------------
+SEL_SERVER_ROW = "SELECT heartbeat_ns, stopped_ns FROM servers WHERE id = ?"
+SEL_NEXT_SERVER_ID = "SELECT next_id FROM ids WHERE name = 'server'"
+# Replica rows on server ? above slice id ?, in key order: a range scan of the
+# primary key that stops at the limit (a page of ``server_slices``/``forget_server``).
+SEL_SLICES_ON = (
+    "SELECT slice_id FROM slice_replicas WHERE slice_id > ? AND server = ? "
+    "ORDER BY slice_id LIMIT ?"
+)
+SEL_ANY_ON = "SELECT slice_id FROM slice_replicas WHERE server = ? LIMIT 1"
+
+
+def _marks(count: int) -> str:
+    return ", ".join("?" * count)
+
+
+def _del_replicas_on(count: int) -> str:
+    return f"DELETE FROM slice_replicas WHERE server = ? AND slice_id IN ({_marks(count)})"
+
+
+def _sel_emptied(count: int) -> str:
+    """The TO_DELETE slices among ``count`` ids that no replica row names any more."""
+    return (f"SELECT id FROM slices WHERE state = 'to_delete' AND id IN ({_marks(count)}) "
+            "AND NOT EXISTS (SELECT 1 FROM slice_replicas r WHERE r.slice_id = slices.id)")
+
+
+def _del_deletions(count: int) -> str:
+    return f"DELETE FROM deletions WHERE slice_id IN ({_marks(count)})"
+
+
+def _del_slices(count: int) -> str:
+    return f"DELETE FROM slices WHERE id IN ({_marks(count)})"
+
+
+def _end_leases(count: int) -> str:
+    return f"UPDATE deletions SET lease_ns = 0 WHERE slice_id IN ({_marks(count)})"
+
+
+def _infos(rows: Sequence[Any]) -> dict[int, SliceInfo]:
+    """The records in rows of ``_sel_slice_records``, by id."""
+    out: dict[int, SliceInfo] = {}
+    for sid, length, grp, state, refcount, server, drive in rows:
+        info = out.get(sid)
+        if info is None:
+            info = out[sid] = SliceInfo(sid, length, grp, SliceState(state), refcount, ())
+        if server is not None:
+            out[sid] = replace(info, replicas=(*info.replicas, Replica(server, drive)))
+    return out
+
+
+def _forget_replicas(tx: Tx, server: str, after: int) -> list[int]:
+    """One page of ``forget_server``: the replicas on ``server`` of the next
+    ``SLICE_RECORDS_BATCH`` slice ids above ``after`` leave their records, as
+    ``ack_replica_deletions`` would for TO_DELETE ones; the ids done."""
+    ids = sorted({int(r[0]) for r in tx.all(SEL_SLICES_ON, (after, server, SLICE_RECORDS_BATCH))})
+    if not ids:
+        return ids
+    tx.run(_del_replicas_on(len(ids)), (server, *ids))
+    emptied = [int(r[0]) for r in tx.all(_sel_emptied(len(ids)), ids)]
+    if emptied:
+        tx.run(_del_deletions(len(emptied)), emptied)
+        tx.run(_del_slices(len(emptied)), emptied)
+    tx.run(_end_leases(len(ids)), ids)  # the others' holders may take them at once
+    return ids
+
+
+def _forgettable(tx: Tx, server_id: int, timeout_s: float) -> bool:
+    """Whether server ``server_id`` is registered (False: forgotten already).
+    EBUSY while it is live; ENOENT for an id never handed out."""
+    row = tx.one(SEL_SERVER_ROW, (server_id,))
+    if row is None:
+        counter = tx.one(SEL_NEXT_SERVER_ID)
+        if counter is None or not 0 < server_id < int(counter[0]):
+            raise FsError(E.ENOENT, f"no storage server {server_id} was ever registered",
+                          hint="server ids as `shinglefs status URL --servers` lists them")
+        return False
+    heartbeat_ns, stopped_ns = int(row[0]), int(row[1])
+    age_s = (now_ns() - heartbeat_ns) / 1e9
+    if stopped_ns == 0 and age_s <= timeout_s:
+        raise FsError(E.EBUSY, f"storage server {server_id} is up (last heartbeat "
+                               f"{max(age_s, 0.0):.1f} s ago)",
+                      hint="stop its `shinglefs server` process first (SIGTERM), "
+                           "then run this again")
+    return True
 
 
 def _check_batch(count: int) -> None:
@@ -178,9 +283,10 @@ def _same_server(rows: Sequence[Any], address: str,
 
 
 class ServerOps(SqlCore):
-    """register_server, heartbeat_server, list_servers, unregister_server, drive
-    states (set_drive_state, drive_states), cluster_secret, and the orphan
-    sweep's slice_records and claim_orphans."""
+    """register_server, heartbeat_server, list_servers, unregister_server,
+    forget_server and server_slices, drive states (set_drive_state,
+    drive_states), cluster_secret, and the orphan sweep's slice_records and
+    claim_orphans."""
 
     def register_server(self, address: str, drives: Sequence[ServerDrive],
                         labels: Mapping[str, str] | None = None) -> int:
@@ -262,15 +368,41 @@ class ServerOps(SqlCore):
         _check_batch(len(ids))
         if not ids:
             return {}
-        rows = self._run(lambda tx: tx.all(_sel_slice_records(len(ids)), ids), "read")
-        out: dict[int, SliceInfo] = {}
-        for sid, length, grp, state, refcount, server, drive in rows:
-            info = out.get(sid)
-            if info is None:
-                info = out[sid] = SliceInfo(sid, length, grp, SliceState(state), refcount, ())
-            if server is not None:
-                out[sid] = replace(info, replicas=(*info.replicas, Replica(server, drive)))
-        return out
+        return _infos(self._run(lambda tx: tx.all(_sel_slice_records(len(ids)), ids), "read"))
+
+    def server_slices(self, server_id: int, after: int = 0,
+                      limit: int = SLICE_RECORDS_BATCH) -> list[SliceInfo]:
+        _check_batch(limit)
+
+        def txn(tx: Tx) -> list[Any]:
+            ids = sorted({int(r[0]) for r in tx.all(SEL_SLICES_ON, (after, str(server_id), limit))})
+            return tx.all(_sel_slice_records(len(ids)), ids) if ids else []
+
+        return sorted(_infos(self._run(txn, "read")).values(), key=lambda i: i.id)
+
+    def forget_server(self, server_id: int, timeout_s: float = SERVER_TIMEOUT_S) -> int:
+        server = str(server_id)
+        self._run(lambda tx: _forgettable(tx, server_id, timeout_s), "read")
+        changed = 0
+
+        def last(tx: Tx) -> bool:
+            registered = _forgettable(tx, server_id, timeout_s)
+            if tx.one(SEL_ANY_ON, (server,)) is not None:  # named since: another round
+                return False
+            if registered:
+                tx.run(S.DEL_DRIVE_STATES_OF, (server_id,))
+                tx.run(S.DEL_SERVER, (server_id,))
+            return True
+
+        while True:
+            after = 0
+            while done := self._run(partial(_forget_replicas, server=server, after=after)):
+                changed += len(done)
+                after = done[-1]
+            if self._run(last):
+                log.info("storage server %d forgotten: %d slice records named it", server_id,
+                         changed)
+                return changed
 
     def claim_orphans(self, server_id: int, drive_id: int, lengths: Mapping[int, int],
                       hold_s: float) -> list[int]:
