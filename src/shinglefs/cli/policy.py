@@ -1,30 +1,37 @@
-"""The ``policy`` and ``drive`` commands: a directory's policy (replication goal,
-tier, retention) and a storage server's drive states, straight in the
-metadata database (no drive opened, no mount needed).
+"""The ``policy``, ``drive`` and ``forget-server`` commands: a directory's policy
+(replication goal, tier, retention), a storage server's drive states, and a
+storage server taken out of the cluster for good, straight in the metadata
+database (no drive opened, no mount needed).
 
 ``shinglefs policy URL PATH`` shows a directory's own policy and the goal its
 files get (inherited when it sets none); with ``--replicas``, ``--tier`` or
 ``--retention`` it changes those and keeps the rest. ``shinglefs drive
 offline URL SERVER:DRIVE`` takes a drive out of placement and has the servers
-drain it; ``drive online`` puts it back. Errors are typed (``FsError``: exit
-1 with the errno's message; a malformed argument: exit 2), printed by the
-boundary in ``cli.main``.
+drain it; ``drive online`` puts it back. ``shinglefs forget-server URL
+SERVER`` removes a stopped server's replicas from every slice record, its
+drive states and its registration (``MetaStore.forget_server``), after
+counting what it alone holds: a verb of its own because ``server`` is the
+command that runs one. Errors are typed (``FsError``: exit 1 with the
+errno's message; a malformed argument: exit 2), printed by the boundary in
+``cli.main``.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import typer
 
-from shinglefs.errors import UsageError
+from shinglefs.errors import ShingleError, UsageError
 
 if TYPE_CHECKING:
     from shinglefs.meta.api import MetaStore
+    from shinglefs.meta.backend import Tx
 
 drive_app = typer.Typer(name="drive", help="A storage server's drive states (offline drains it).",
                         no_args_is_help=True)
@@ -148,6 +155,142 @@ def drive_online(
     _set_state(meta_url, ref, None)
 
 
+LOST_SHOWN = 5
+"""Slices that would be lost named (with their files) by ``forget-server``."""
+
+
+class SlicesWouldBeLost(ShingleError):
+    """``forget-server`` without ``--force`` of a server holding the only present
+    copy of committed slices: nothing was changed."""
+
+    errno = errno.EBUSY
+    exit_code = 1
+
+
+@dataclass
+class Holdings:
+    """What the slice records name on one server, before it is forgotten: by the
+    record's state, and the committed slices with no replica on another present
+    server (lost once it is forgotten; the first ``LOST_SHOWN`` by id and file)."""
+
+    server: int
+    registered: bool
+    slices: int = 0
+    committed: int = 0
+    queued: int = 0
+    writing: int = 0
+    lost: int = 0
+    lost_slices: list[int] = field(default_factory=list)
+    lost_files: list[str] = field(default_factory=list)
+
+
+def _holdings(meta: MetaStore, server_id: int, registered: bool) -> Holdings:
+    """Page through the records naming ``server_id`` (``server_slices``): bounded
+    memory, one read a page. Present as the repair pass counts it: running and
+    heartbeated within the servers' default ``--repair-after``."""
+    from shinglefs.meta.api import REPAIR_AFTER_S, SliceState
+
+    present = {str(s.id) for s in meta.list_servers(REPAIR_AFTER_S)
+               if s.live and s.id != server_id}
+    out = Holdings(server_id, registered)
+    after = 0
+    while page := meta.server_slices(server_id, after):
+        for info in page:
+            out.slices += 1
+            if info.state == SliceState.TO_DELETE:
+                out.queued += 1
+            elif info.state == SliceState.WRITING:
+                out.writing += 1
+            else:
+                out.committed += 1
+                if not any(r.server in present for r in info.replicas):
+                    out.lost += 1
+                    if len(out.lost_slices) < LOST_SHOWN:
+                        out.lost_slices.append(info.id)
+        after = page[-1].id
+    out.lost_files = _files_of(meta, out.lost_slices)
+    return out
+
+
+def _files_of(meta: MetaStore, slice_ids: list[int]) -> list[str]:
+    """The paths of the files referencing ``slice_ids`` (a few): one read, a scan
+    of the chunk map (no index by slice), then each inode's path."""
+    if not slice_ids:
+        return []
+    from shinglefs.meta.check import path_of
+    from shinglefs.meta.dump import backend_of
+
+    marks = ", ".join("?" * len(slice_ids))
+
+    def txn(tx: Tx) -> list[str]:
+        inos = [r[0] for r in tx.all(
+            f"SELECT DISTINCT ino FROM chunk_refs WHERE slice_id IN ({marks})", slice_ids)]
+        return sorted(path_of(tx, ino) for ino in inos)
+
+    files: list[str] = backend_of(meta).run(txn, "read")
+    return files
+
+
+def _server_ref(text: str) -> int:
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    raise UsageError(f"{text!r} is not a storage server id",
+                     hint="ids as `shinglefs status URL --servers` lists them, e.g. 3")
+
+
+def _named(held: Holdings) -> str:
+    what = ", ".join(held.lost_files) or ", ".join(f"{s:#x}" for s in held.lost_slices)
+    more = held.lost - len(held.lost_slices)
+    return (f"{'files' if held.lost_files else 'slices'} {what}"
+            + (f" (and the files of {more} more slice(s))" if more > 0 else ""))
+
+
+def forget_server_command(
+    meta_url: str = typer.Argument(..., help="metadata URL of a formatted file system"),
+    server: str = typer.Argument(..., metavar="SERVER", help="the server id"),
+    force: bool = typer.Option(False, "--force",
+                               help="forget it even if slices have no other present copy "
+                                    "(their bytes are lost)"),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Take a stopped storage server out of the cluster for good (its records)."""
+    from shinglefs.meta.errors import FsError
+
+    server_id = _server_ref(server)
+    with _meta(meta_url) as meta:
+        record = next((s for s in meta.list_servers() if s.id == server_id), None)
+        if record is not None and record.live:
+            raise FsError(errno.EBUSY, f"storage server {server_id} ({record.address}) is up",
+                          hint="stop its `shinglefs server` process first (SIGTERM), "
+                               "then run this again")
+        # Not registered: forgotten before (what still names it is no present
+        # copy to anyone), or never (ENOENT from forget_server, before any scan).
+        held = (_holdings(meta, server_id, True) if record is not None
+                else Holdings(server_id, registered=False))
+        if held.lost and not force:
+            raise SlicesWouldBeLost(
+                f"{held.lost} committed slice(s) have no copy on another present server "
+                f"and would be lost with server {server_id}: {_named(held)}",
+                hint=f"start server {server_id} again and wait until `shinglefs status URL "
+                     "--servers` shows nothing under its goal, or pass --force to lose them")
+        changed = meta.forget_server(server_id)
+    if as_json:
+        typer.echo(json.dumps({**asdict(held), "forgotten": True, "records_changed": changed}))
+        return
+    if not held.registered:
+        typer.echo(f"server {server_id} was forgotten already; {changed} slice record(s) "
+                   "named it still, now none")
+        return
+    typer.echo(f"server {server_id} forgotten: {changed} slice record(s) no longer name it "
+               f"({held.committed} committed, {held.queued} queued for deletion, "
+               f"{held.writing} being written); the servers copy what is under its goal "
+               "(`shinglefs status URL --servers` shows what is left)")
+    if held.lost:
+        typer.echo(f"lost: {held.lost} slice(s) had no other copy; reads of their bytes fail "
+                   f"(EIO): {_named(held)}")
+
+
 def register(app: typer.Typer) -> None:
     app.command("policy")(policy_command)
     app.add_typer(drive_app)
+    app.command("forget-server")(forget_server_command)
