@@ -43,6 +43,9 @@ def test_bench_cluster_quick_on_loopback_reports_every_figure(tmp_path: Path) ->
         assert isinstance(result[key], int | float) and result[key] > 0, (key, result[key])
     assert set(result["targets_met"]) == set(TARGETS)
     assert len(result["samples"]) == result["rounds"] == 1
+    assert set(result["cpu_busy"]) == {"write_1", "write_4", "write_16", "read_1", "read_8",
+                                       "read_16"}
+    assert all(0.0 < busy <= 1.0 for busy in result["cpu_busy"].values()), result["cpu_busy"]
 
 
 def test_a_zone_switch_is_a_change_of_group_or_a_full_zone() -> None:

@@ -38,6 +38,12 @@ starts; then, all at once:
   PostgreSQL (``meta_url``, where a fresh database is created; else a
   private durable server: fsync on) and whose data is on three servers on
   loopback. ``pg_durability`` states the metadata's durability setting.
+- ``cpu_busy`` (with ``cpus``): per phase (``write_1``, ``write_4``,
+  ``write_16``, ``read_1``...), the fraction of this machine's CPUs busy from
+  the start signal to the last worker's answer (/proc/stat: every process on
+  it, servers, clients and the kernel's network and page-cache work), the
+  median of the rounds: a phase near 1.0 is bound by the CPUs, not by the
+  drives or the protocol.
 - ``failover_read_s``: two files of the 16-writer phase whose first slices
   have their first replica (the one a reader tries first) on one server S;
   a fresh client reads the first 4 MiB of one (now connected to S), S is
@@ -67,9 +73,10 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
+from shinglefs.bench.meta import cpu_ticks
 from shinglefs.errors import UsageError
 
 MiB = 1024 * 1024
@@ -303,23 +310,30 @@ def worker_main(argv: Sequence[str] | None = None) -> None:
 # ---- phases ---------------------------------------------------------------------------
 
 
+class Phase(NamedTuple):
+    mib_s: float  # every byte over (last end - first start)
+    cpu_busy: float  # the machine's CPUs busy meanwhile, 0..1 (every process on it)
+
+
 def _phase(hosts: Hosts, url: str, mode: str, paths: Sequence[str], size: int,
-           tag: str) -> float:
-    """MiB/s of ``len(paths)`` workers at once (one path each, client hosts in
-    turn): every byte over (last end - first start)."""
+           tag: str) -> Phase:
+    """``len(paths)`` workers at once (one path each, client hosts in turn)."""
     procs = [hosts.spawn(CLIENTS[i % len(CLIENTS)], [*WORKER, mode, url, path, str(size)],
                          f"{tag}-{i}") for i, path in enumerate(paths)]
     try:
         for proc in procs:
             proc.wait_line("ready")
+        busy0, total0 = cpu_ticks()
         for proc in procs:
             proc.go()
         results = [proc.result() for proc in procs]
+        busy1, total1 = cpu_ticks()
     finally:
         for proc in procs:
             proc.kill()
     elapsed = max(r["end"] for r in results) - min(r["start"] for r in results)
-    return sum(r["bytes"] for r in results) / MiB / elapsed
+    busy = (busy1 - busy0) / (total1 - total0) if total1 > total0 else 0.0
+    return Phase(sum(r["bytes"] for r in results) / MiB / elapsed, busy)
 
 
 def _drop_caches() -> bool:
@@ -468,14 +482,15 @@ def _round(hosts: Hosts, plan: Plan, url: str, base: Path, r: int) -> dict[str, 
         for n in WRITERS:
             before = servers.runs() if n == WRITERS[-1] else {}
             paths = [f"/w{n}/f{i:02d}" for i in range(n)]
-            out[f"write_mib_s_{n}"] = _phase(hosts, url, "write", paths, plan.file_bytes,
-                                             f"r{r}-write{n}")
+            phase = _phase(hosts, url, "write", paths, plan.file_bytes, f"r{r}-write{n}")
+            out[f"write_mib_s_{n}"], out[f"cpu_busy_write_{n}"] = phase
             if n == WRITERS[-1]:
                 out.update(run_figures(before, servers.runs()))
         for n in READERS:
             out["cold_reads"] = float(_drop_caches())
             paths = [f"/w{WRITERS[-1]}/f{i:02d}" for i in range(n)]
-            out[f"read_mib_s_{n}"] = _phase(hosts, url, "read", paths, 0, f"r{r}-read{n}")
+            phase = _phase(hosts, url, "read", paths, 0, f"r{r}-read{n}")
+            out[f"read_mib_s_{n}"], out[f"cpu_busy_read_{n}"] = phase
         files = [f"/w{WRITERS[-1]}/f{i:02d}" for i in range(WRITERS[-1])]
         out.update(_failover(hosts, url, servers, files, f"r{r}"))
     finally:
@@ -563,7 +578,7 @@ def pg_small_files(workdir: Path, pg: PgServer | None, n: int,
         stack.callback(hosts.close)
         servers = _start_servers(hosts, url, base, 1024 * MiB, "pg")
         stack.callback(servers.stop)
-        rate = _phase(hosts, url, "small", ["/small"], n, "pg-small") * MiB / SMALL_FILE
+        rate = _phase(hosts, url, "small", ["/small"], n, "pg-small").mib_s * MiB / SMALL_FILE
     return {"pg_small_files_per_s": round(rate, 1), "pg_small_files": n,
             "pg_durability": durability, "pg_source": pg.source, "pg_hosts": "loopback"}
 
@@ -637,6 +652,9 @@ def run(quick: bool, workdir: Path, meta_url: str | None = None, hosts: str = "a
     result["scaling_16"] = _median(samples, "scaling_16", 3)
     result["read_scaling_8"] = _median(samples, "read_scaling_8", 3)
     result["cold_reads"] = all(s["cold_reads"] for s in samples)
+    result["cpu_busy"] = {key[len("cpu_busy_"):]: _median(samples, key, 3)
+                          for key in samples[0] if key.startswith("cpu_busy_")}
+    result["cpus"] = os.cpu_count()
     result.update(_protocol(plan.wire_bytes, plan.rounds))
     if all("failover_read_s" in s for s in samples):
         result["failover_read_s"] = _median(samples, "failover_read_s", 3)

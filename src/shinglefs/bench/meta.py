@@ -236,7 +236,7 @@ def _client(url: str, index: int, n: int, barrier: Any, out: Any) -> None:
     store.close()
 
 
-def _cpu_ticks() -> tuple[int, int]:
+def cpu_ticks() -> tuple[int, int]:
     """(busy, total) jiffies of the whole machine so far (/proc/stat; zeros elsewhere)."""
     try:
         with open("/proc/stat") as f:
@@ -262,12 +262,12 @@ def _concurrent_creates(url: str, clients: int, n_per_client: int) -> tuple[floa
     for p in procs:
         p.start()
     barrier.wait(timeout=300)
-    busy0, total0 = _cpu_ticks()
+    busy0, total0 = cpu_ticks()
     t0 = time.perf_counter()
     for _ in procs:
         out.get(timeout=900)
     wall = time.perf_counter() - t0
-    busy1, total1 = _cpu_ticks()
+    busy1, total1 = cpu_ticks()
     for p in procs:
         p.join(60)
     busy = (busy1 - busy0) / (total1 - total0) if total1 > total0 else 0.0
