@@ -14,7 +14,9 @@ this layer never calls the store). Passes added here:
 - ``unknown_slices``: a drive holds a slice the metadata has no row for
   (written after the metadata backup that was loaded, or by a writer that
   crashed before registering it): re-attached as ``/lost+found/slice-<id>``;
-- ``replica_drives``: a slice's replica rows name drives that do not hold it;
+- ``replica_drives``: a slice's replica rows name drives that do not hold it
+  (a replica names a drive as ``("local", id)`` or, written through the
+  owner's sharing server by another process, as that server's drive);
 - ``slice_ids``: the next slice id is not past every id in use (a loaded
   backup would otherwise hand out ids the drives already hold).
 
@@ -26,6 +28,7 @@ this layer never calls the store). Passes added here:
 from __future__ import annotations
 
 import functools
+import json
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -169,13 +172,31 @@ def _adopt_slices(ctx: CheckContext, found: list[Finding]) -> None:
                        f"/lost+found/{name.decode()} ({length} bytes)")
 
 
+def _shared_drives(tx: Tx) -> dict[tuple[str, str], str]:
+    """(server id, its drive id) -> this file system's own drive id, for the
+    storage server an owner registered to share its drives (server/share.py),
+    matched by drive uuid: a ``connect()`` or second mount in another process
+    records its slices' replicas on that server's drives."""
+    by_uuid = {r[0]: str(i) for i, r in enumerate(tx.all("SELECT uuid FROM drives ORDER BY id"))
+               if r[0] is not None}
+    shared = {}
+    for server, drives in tx.all("SELECT id, drives FROM servers"):
+        for d in json.loads(drives):
+            if d.get("uuid") in by_uuid:
+                shared[(str(server), str(d["drive_id"]))] = by_uuid[d["uuid"]]
+    return shared
+
+
 def _replica_drives(tx: Tx, ctx: CheckContext) -> list[Finding]:
     if ctx.held is None:
         return []
+    shared = _shared_drives(tx)
     recorded: dict[int, set[str]] = {}
-    for sid, drive in tx.all("SELECT slice_id, drive FROM slice_replicas "
-                             f"WHERE server = '{LOCAL_SERVER}'"):
-        recorded.setdefault(sid, set()).add(drive)
+    for sid, server, drive in tx.all("SELECT slice_id, server, drive FROM slice_replicas"):
+        if server == LOCAL_SERVER:
+            recorded.setdefault(sid, set()).add(drive)
+        elif (server, drive) in shared:
+            recorded.setdefault(sid, set()).add(shared[(server, drive)])
     out = []
     for (sid,) in tx.all("SELECT id FROM slices WHERE state = 'committed'"):
         holders = {str(d) for d, slices in ctx.held.items() if sid in slices}
