@@ -6,6 +6,10 @@ emulated SMR drives as sparse files in a directory), mounts it by running
 ``os.path.ismount`` until it serves, and always unmounts (``fusermount3 -u``,
 then SIGTERM/SIGKILL, then a lazy unmount) when stopped, so a failing test
 never leaves a mount behind.
+
+``UpMount`` does the same for ``shinglefs up DATA_DIR MOUNTPOINT
+--foreground``, the one-command daemon users run: it formats on first use
+and serves its drives to the host's other processes (server/share.py).
 """
 
 from __future__ import annotations
@@ -191,6 +195,41 @@ class MountedFileSystem:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+class UpMount(MountedFileSystem):
+    """``shinglefs up DATA_DIR MOUNTPOINT --foreground`` in a child process.
+
+    The child is the daemon: its pid (``daemon_pid``) is the one SIGKILL
+    (``kill``) must reach, and its stderr goes to ``DATA_DIR/mount.log`` as
+    ``up``'s own log would. ``format`` only creates the directories: the
+    first ``start`` formats (``up``'s drives and sizes), as it does for a user.
+    Metadata: ``sqlite3://DATA_DIR/meta.db`` (``up``'s). Stopping and cleaning
+    are ``MountedFileSystem``'s.
+    """
+
+    def __init__(self, data_dir: Path, mountpoint: Path, *, env: dict[str, str] | None = None,
+                 extra_args: list[str] | None = None) -> None:
+        super().__init__(data_dir, mountpoint, env=env, extra_args=extra_args)
+
+    @property
+    def daemon_pid(self) -> int | None:
+        """The pid of the running daemon (None when not started or stopped)."""
+        return self.process.pid if self.process is not None else None
+
+    def format(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.mountpoint.mkdir(parents=True, exist_ok=True)
+
+    def command(self) -> list[str]:
+        """The child's command line: ``up`` in the foreground."""
+        return [*shinglefs_command(), "up", str(self.data_dir), str(self.mountpoint),
+                "--foreground", *self.extra_args]
+
+    def __enter__(self) -> UpMount:
+        self.format()
+        self.start()
+        return self
 
 
 def drop_caches() -> bool:
