@@ -18,8 +18,10 @@ the promises of docs/architecture.md ("Ordered commits"):
   followed at most by a prefix of the next;
 - no file anywhere reads EIO.
 
-Usage (child): ``python crashload.py posix MOUNT JOURNAL TAG`` or
-``python crashload.py api-power-cut META_URL JOURNAL TAG SECONDS``.
+Usage (child): ``python crashload.py posix MOUNT JOURNAL TAG``,
+``python crashload.py api-power-cut META_URL JOURNAL TAG SECONDS`` or
+``python crashload.py api-shared META_URL JOURNAL TAG`` (``run_shared``: the
+workload through ``connect()`` in a process that does not own the drives).
 """
 
 from __future__ import annotations
@@ -325,10 +327,67 @@ def power_cut_after(fs, delay: float, seed: str) -> None:  # type: ignore[no-unt
     timer.start()
 
 
+def run_shared(url: str, journal_path: str, tag: str) -> None:
+    """The workload through ``shinglefs.connect(url)`` in a process beside the one
+    that owns the drives (``shinglefs up``, server/share.py), which is killed.
+
+    Journals ``connected TAG`` once open, then runs the workload until an
+    operation fails (the owner died): ``failed TAG ERRNO``. While the owner is
+    dead it probes the same handle once, a read of ``corpus.bin`` and a new
+    300 KB file (``dead-read``/``dead-write TAG ok|ERRNO``; a write that
+    returns is journaled ``closed``), then waits for ``JOURNAL.TAG.resume``
+    (the owner is back) and writes ``after/TAG`` through the same handle
+    (``closed`` or ``stale TAG ERRNO``). An exception that is not an
+    ``OSError`` ends the process with a traceback (exit 1)."""
+    import time
+
+    import shinglefs
+
+    journal = open(journal_path, "a", buffering=1)  # noqa: SIM115 - lives until exit
+
+    def note(*words: object) -> None:
+        journal.write(" ".join(str(w) for w in words) + "\n")
+
+    def name(exc: OSError) -> str:
+        return errno.errorcode.get(exc.errno or 0, str(exc.errno))
+
+    fs = shinglefs.connect(url)
+    ops = ApiOps(fs)
+    note("connected", tag)
+    try:
+        run(ops, journal_path, tag)
+    except OSError as exc:
+        note("failed", tag, name(exc))
+    try:
+        fs.read_bytes("/corpus.bin")
+        note("dead-read", tag, "ok")
+    except OSError as exc:
+        note("dead-read", tag, name(exc))
+    try:
+        ops.write(f"closed/{tag}-dead", content(f"{tag}-dead", 300_000), fsync=False)
+        note("closed", f"closed/{tag}-dead", 300_000)
+        note("dead-write", tag, "ok")
+    except OSError as exc:
+        note("dead-write", tag, name(exc))
+    resume = Path(f"{journal_path}.{tag}.resume")
+    while not resume.exists():
+        time.sleep(0.05)
+    try:
+        ops.makedirs("after")
+        ops.write(f"after/{tag}", content(tag, 3 << 20), fsync=False)
+        note("closed", f"after/{tag}", 3 << 20)
+    except OSError as exc:
+        note("stale", tag, name(exc))
+    fs.close()
+
+
 def main(argv: list[str]) -> None:
     kind, where, journal, tag, *rest = argv
     if kind == "posix":
         run(PosixOps(where), journal, tag)
+        return
+    if kind == "api-shared":
+        run_shared(where, journal, tag)
         return
     import shinglefs
 

@@ -5,7 +5,9 @@ process against a real mount, SIGKILLs the mount's daemon at a random
 instant, mounts again, checks every promise (``crashload.verify``), unmounts
 cleanly; ``shinglefs fsck``'s check runs on the metadata right after the kill
 and after the clean unmount: it must report nothing but what a crash is
-documented to leave (``CRASH_LEFTOVERS``).
+documented to leave (``CRASH_LEFTOVERS``). ``shared_sigkill_trials`` kills a
+``shinglefs up`` daemon while another process writes through ``connect()``
+(the drives' owner dies under a client it serves).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from tests.support import crashload
 
 from shinglefs.cli.recovery import EXIT_DAMAGED
 from shinglefs.client.recovery import fsck as check_filesystem
-from shinglefs.fuse.harness import MountedFileSystem
+from shinglefs.fuse.harness import MountedFileSystem, UpMount
 
 WORKLOAD = str(Path(crashload.__file__).resolve())
 
@@ -41,10 +43,16 @@ CRASH_LEFTOVERS = {
 per crash so far (nothing repairs them between trials)."""
 
 
-def start_workload(*args: str) -> subprocess.Popen[bytes]:
-    """``crashload.py ARGS`` as a child process in its own process group."""
-    return subprocess.Popen([sys.executable, WORKLOAD, *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
+def start_workload(*args: str, stderr: Path | None = None) -> subprocess.Popen[bytes]:
+    """``crashload.py ARGS`` as a child process in its own process group; its
+    stderr to a pipe, or appended to the file ``stderr`` (a child that logs
+    while the test waits on it cannot fill a pipe and block)."""
+    if stderr is None:
+        return subprocess.Popen([sys.executable, WORKLOAD, *args], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, start_new_session=True)
+    with open(stderr, "ab") as err:
+        return subprocess.Popen([sys.executable, WORKLOAD, *args], stdout=subprocess.DEVNULL,
+                                stderr=err, start_new_session=True)
 
 
 def stop(child: subprocess.Popen[bytes]) -> None:
@@ -117,6 +125,100 @@ def sigkill_trials(fs: MountedFileSystem, journal: Path, trials: int, seed: int,
             assert not outcome.unexpected(trial + 1), (
                 f"trial {trial}: fsck after the remount found {outcome.unexpected(trial + 1)}")
             results.append(Trial(verdict, crashed, outcome))
+    finally:
+        fs.stop()
+    return results
+
+
+LIMIT_S = 120.0
+"""How long the loop waits for a child's next step: a bound against a hang,
+not a timing assertion."""
+
+
+def journaled(journal: Path, kind: str, tag: str) -> list[str] | None:
+    """The words of the first journal line ``KIND TAG ...`` (or ``closed``
+    of a file of ``tag``), None while there is none."""
+    for words in crashload.journal_lines(journal):
+        if words[0] == kind and (words[1] == tag or words[1].split("/")[-1].startswith(tag + "-")):
+            return words
+    return None
+
+
+def wait_journaled(journal: Path, kind: str, tag: str, child: subprocess.Popen[bytes],
+                   stderr: Path) -> list[str]:
+    """Wait (at most ``LIMIT_S``) for ``journaled(journal, kind, tag)``; fails
+    with the child's ``stderr`` file if it exits or hangs first."""
+    deadline = time.monotonic() + LIMIT_S
+    while (words := journaled(journal, kind, tag)) is None:
+        if child.poll() is not None or time.monotonic() > deadline:
+            stop(child)
+            raise AssertionError(f"{tag}: no '{kind}' in the journal (child exit "
+                                 f"{child.returncode}):\n{tail(stderr)}")
+        time.sleep(0.01)
+    return words
+
+
+def tail(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")[-3000:]
+    except OSError:
+        return ""
+
+
+@dataclass
+class SharedTrial(Trial):
+    """A trial of ``shared_sigkill_trials``: also what the ``connect()``
+    client journaled while the daemon was dead (``failed``/``dead-read``/
+    ``dead-write`` errno names or ``ok``)."""
+
+    seen: dict[str, str] = field(default_factory=dict)
+
+
+def shared_sigkill_trials(fs: UpMount, journal: Path, trials: int, seed: int
+                          ) -> list[SharedTrial]:
+    """``trials`` rounds of: ``up``, the workload through ``connect()`` in another
+    process (``crashload.run_shared``) until it has closed a file, SIGKILL of
+    the daemon 0.3-2.5 s later, the client's first failure and its probes of
+    the dead owner (each bounded by ``LIMIT_S``), fsck, ``up`` again, the
+    same client handle writes once more, verify every promise through the new
+    mount, unmount, fsck. Fails (AssertionError) at the first broken promise,
+    unexpected fsck finding, non-``OSError`` failure or hang."""
+    rng = random.Random(seed)
+    results = []
+    try:
+        for trial in range(trials):
+            tag = f"s{trial}"
+            fs.start()
+            err = journal.with_name(f"{journal.name}.{tag}.stderr")
+            child = start_workload("api-shared", fs.meta_url, str(journal), tag, stderr=err)
+            try:
+                wait_journaled(journal, "closed", tag, child, err)  # a new connect() works
+                time.sleep(rng.uniform(0.3, 2.5))
+                fs.kill()
+                seen = {kind: wait_journaled(journal, kind, tag, child, err)[2]
+                        for kind in ("failed", "dead-read", "dead-write")}
+                crashed = run_fsck(fs.meta_url)
+                assert not crashed.unexpected(trial + 1), (
+                    f"trial {trial}: fsck after the kill found {crashed.unexpected(trial + 1)}")
+                fs.start()
+                Path(f"{journal}.{tag}.resume").touch()
+                child.wait(LIMIT_S)
+                assert child.returncode == 0, (f"trial {trial}: client exit {child.returncode}"
+                                               f"\n{tail(err)}")
+                stale = journaled(journal, "stale", tag)
+                assert stale is None, f"trial {trial}: the client's handle after up: {stale}"
+            finally:
+                stop(child)
+            verdict = crashload.verify(crashload.posix_reader(fs.mountpoint), journal,
+                                       closed_promised=True)
+            assert not verdict.problems, (f"trial {trial}: {verdict.problems[:10]}\n"
+                                          f"{fs.log_text()[-3000:]}")
+            code = fs.stop()
+            assert code == 0, f"trial {trial}: up exited {code}\n{fs.log_text()}"
+            outcome = run_fsck(fs.meta_url)
+            assert not outcome.unexpected(trial + 1), (
+                f"trial {trial}: fsck after the restart found {outcome.unexpected(trial + 1)}")
+            results.append(SharedTrial(verdict, crashed, outcome, seen))
     finally:
         fs.stop()
     return results
