@@ -192,7 +192,8 @@ def test_the_only_copy_of_a_file_is_refused_until_forced_and_then_reads_eio(
     err = capsys.readouterr().err
     assert (f"error: 2 committed slice(s) have no copy on another present server and would "
             f"be lost with server {holder_id}: files /only.bin") in err
-    assert "or pass --force to lose them" in err
+    assert "(--force: forget it all the same)" in err
+    assert f"hint: start server {holder_id} again, wait until" in err
     assert holder_id in {s.id for s in meta.list_servers()}  # nothing changed
     assert len(named(meta, holder_id)) == 3
 

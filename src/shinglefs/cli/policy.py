@@ -270,9 +270,10 @@ def forget_server_command(
         if held.lost and not force:
             raise SlicesWouldBeLost(
                 f"{held.lost} committed slice(s) have no copy on another present server "
-                f"and would be lost with server {server_id}: {_named(held)}",
-                hint=f"start server {server_id} again and wait until `shinglefs status URL "
-                     "--servers` shows nothing under its goal, or pass --force to lose them")
+                f"and would be lost with server {server_id}: {_named(held)} (--force: forget "
+                "it all the same)",
+                hint=f"start server {server_id} again, wait until `shinglefs status URL "
+                     "--servers` shows nothing under its goal, then run this again")
         changed = meta.forget_server(server_id)
     if as_json:
         typer.echo(json.dumps({**asdict(held), "forgotten": True, "records_changed": changed}))
