@@ -32,10 +32,11 @@ both get the one that committed first.
 
 A storage server's orphan sweep (server/sweep.py) asks what records a batch
 of the slices its drives hold (``slice_records``: one read transaction, an
-index lookup of the ids in ``slices`` and one in ``slice_replicas``), and claims those with no record
-(``claim_orphans``): in one transaction, each id without a row and below the
-``slice`` id counter gets a ``to_delete`` row naming the server's drive as its
-replica and a deletion-queue entry leased for ``hold_s``. The row is inserted
+index lookup of the ids in ``slices`` and one in ``slice_replicas``), and
+claims those with no record (``claim_orphans``): in one transaction, each id
+without a row and below the ``slice`` id counter gets a ``to_delete`` row
+naming the server's drive as its replica and a deletion-queue entry leased
+for ``hold_s``. The row is inserted
 with ``ON CONFLICT DO NOTHING``, so of a claim and a commit of the same id
 (whose upsert refuses a ``to_delete`` row) exactly one wins, on SQLite and on
 PostgreSQL alike. The statements are this module's (``schema`` holds the
@@ -134,6 +135,8 @@ SEL_SLICES_ON = (
     "ORDER BY slice_id LIMIT ?"
 )
 SEL_ANY_ON = "SELECT slice_id FROM slice_replicas WHERE server = ? LIMIT 1"
+FIRST_PAGE = -(1 << 63)
+"""The ``after`` of a forget's first page: below every 64-bit slice id."""
 
 
 def _marks(count: int) -> str:
@@ -403,7 +406,7 @@ class ServerOps(SqlCore):
             return True
 
         while True:
-            after = 0
+            after = FIRST_PAGE  # any row SEL_ANY_ON can find, whatever its id
             while done := self._run(partial(_forget_replicas, server=server, after=after)):
                 changed += len(done)
                 after = done[-1]
