@@ -45,7 +45,10 @@ the record, and the new copy of a slice deleted while it was being copied,
 are named by no record: that server's orphan sweep deletes them after its
 grace period (server/sweep.py). What is not handled: a slice with no
 present replica is lost (counted in ``ReplicationHealth.lost``), nothing to
-copy from.
+copy from. A server that will never return is taken out of the records
+for good by ``shinglefs forget-server`` (docs/cluster.md, "Retiring a
+server"): its replicas leave every record at once and this pass restores the
+goals from the other copies.
 
 Thread safety: one ``Repairer`` runs in one thread (``StorageServer``'s
 repair thread); ``replication_health`` may run anywhere.

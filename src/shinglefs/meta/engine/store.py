@@ -12,7 +12,7 @@ allocation, freeing):
 | extended attributes | ``xattrs`` | get/set/list/removexattr |
 | chunk map and slices | ``chunks`` | commit_slice(s), read_map, get_chunk, compaction, add/get_slice, replicas, ids |
 | sessions and the deletion queue | ``sessions`` | sessions, open files, abandoned/discard, pop/ack deletions |
-| storage servers | ``servers`` | register/heartbeat/list/unregister_server, cluster_secret |
+| storage servers | ``servers`` | register/heartbeat/list/unregister_server, server_slices, forget_server, cluster_secret |
 | format and statfs | ``format`` | format, format_info, sync, close, drives, statfs, capacity, migrations |
 """
 
