@@ -133,6 +133,37 @@ def test_umount_force_cleans_a_dead_mount(workdir: Path) -> None:
     assert mount_entry(fs.mountpoint) is None
 
 
+
+def test_up_again_after_its_daemon_was_killed_mounts_over_the_dead_mount(workdir: Path) -> None:
+    """A SIGKILLed ``up`` leaves its mount point dead (every request ENOTCONN);
+    running ``up`` again, as a user does after a crash, detaches it and
+    mounts: the file closed before the kill is there. Before, ``up`` refused
+    with "already a mount point" (exit 11) until ``shinglefs umount``."""
+    data, mnt = workdir / "up", workdir / "mnt"
+    first = cli("up", str(data), str(mnt))
+    assert first.returncode == 0, first.stderr
+    (mnt / "closed.bin").write_bytes(b"kept" * 1000)
+    pid = json.loads(os.getxattr(mnt, "user.shinglefs.status"))["pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not os.path.exists(f"/proc/{pid}"), "the killed daemon is gone")
+    assert mount_entry(mnt) is not None  # dead, still in the mount table
+    with pytest.raises(OSError):
+        os.listdir(mnt)
+    again = cli("up", str(data), str(mnt))
+    assert again.returncode == 0, again.stderr
+    try:
+        assert (mnt / "closed.bin").read_bytes() == b"kept" * 1000
+    finally:
+        assert cli("umount", str(mnt)).returncode == 0
+    other = cli("up", str(data), str(mnt))  # a live mount is still refused
+    try:
+        assert other.returncode == 0, other.stderr
+        refused = cli("up", str(data), str(mnt))
+        assert refused.returncode == AlreadyMountedError.exit_code
+        assert "already a mount point" in refused.stderr
+    finally:
+        assert cli("umount", str(mnt)).returncode == 0
+
 def test_mount_errors_have_one_line_and_documented_exit_codes(workdir: Path) -> None:
     url = format_in(workdir)
     missing = cli("mount", url, str(workdir / "nope"))
