@@ -29,7 +29,9 @@ class StoreConfig:
     queued, up to ``max_run_bytes`` a run and ``batch_bytes`` a batch, or
     once it lingered (``linger_s``). ``switch_bytes``: the zone run — the
     writer stays on a group until it wrote this many bytes of it in a row,
-    or nothing of it was queued for ``switch_wait_s``. None: the role's
+    or nothing of it was queued for ``switch_wait_s`` (about two zone
+    switches' seeks: waiting longer idles the drive for more than the
+    switches it saves; docs/cluster.md). None: the role's
     default, ``SERVER_SWITCH_BYTES`` on a storage server (whose drives take
     pieces from many clients at once), 0 (off) in a client's own stores.
     """
@@ -45,7 +47,7 @@ class StoreConfig:
     batch_bytes: int = 128 * 1024**2
     linger_s: float = 0.002
     switch_bytes: int | None = None
-    switch_wait_s: float = 0.25
+    switch_wait_s: float = 0.02
     gc_background: bool = True
     gc_interval_s: float = 0.05
     gc_chunk_bytes: int = 16 * 1024**2
