@@ -71,6 +71,8 @@ def test_filling_the_file_system_fails_at_write_as_df_said_and_loses_nothing(
                     size, streak = size * 8, 0
         finally:
             os.close(fd)  # what write() accepted is stored: close succeeds
+        print(f"fill: df said {available / MiB:.1f} MiB available, write() accepted "
+              f"{accepted / MiB:.1f} MiB ({accepted / available:.3f} of it) before ENOSPC")
         assert abs(accepted - available) <= 0.1 * available, (accepted, available)
         assert len(content) <= 1.1 * available, (len(content), available)
         assert os.statvfs(mnt).f_bavail * st.f_frsize < 0.05 * available
