@@ -76,7 +76,7 @@ reports capacity and free bytes the same way, at the default goal.
 
 Errors: a server's typed errors (``server.errors``: ``NodeFull``,
 ``SliceMissing``, ``ServerUnreachable``, ``ConnectionLost``,
-``RequestTimeout``); ``NoServers`` when no live server has a drive.
+``RequestTimeout``); ``no_servers``' error when no live server has a drive.
 
 Thread safety: every method may be called from any thread.
 """
@@ -94,7 +94,6 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from shinglefs.client.commit import cluster_drive_id, drive_for, split_drive_id
-from shinglefs.errors import ShingleError
 from shinglefs.meta.api import LOCAL_SERVER, MetaStore, Replica, ServerRecord
 from shinglefs.meta.errors import FsError
 from shinglefs.server.cluster_reads import (
@@ -103,7 +102,14 @@ from shinglefs.server.cluster_reads import (
     prefetch_first,
     read_replicas,
 )
-from shinglefs.server.errors import NodeError, NodeFull, PartialFlush, SliceMissing, WireError
+from shinglefs.server.errors import (
+    NodeError,
+    NodeFull,
+    PartialFlush,
+    SliceMissing,
+    WireError,
+    no_servers,
+)
 from shinglefs.server.node import DriveStats, NodeStats
 from shinglefs.server.remote import RemoteNode
 from shinglefs.server.space import (
@@ -126,12 +132,6 @@ GOAL_LOOKUP_BYTES = 1 << 20  # a smaller reservation takes a known goal, else th
 FAILOVER_AFTER_S = 2.0
 """A read that has another replica to try waits this long for a server's answer
 (a hung server: alive to TCP, answering nothing) before trying the next one."""
-
-
-class NoServers(ShingleError):
-    """No live storage server with a drive: nothing can be written."""
-
-    errno = E.ENOSPC
 
 
 class ClusterNode:
@@ -271,6 +271,8 @@ class ClusterNode:
                 frees = server_frees(self._live, self._free)
                 if self._holds.take(frees, self._copies, nbytes, ino, goal):
                     return
+            if not self._live and self._local_server is not None:
+                raise no_servers(self._local_server)  # the owner is gone: EIO, not full
             copies = self._copies(goal)
             raise NodeFull(0, None, f"{nbytes} bytes ({copies} copies) do not fit: "
                                     f"{replicated_room(frees, copies)} bytes can be written "
@@ -324,9 +326,7 @@ class ClusterNode:
             if not self._live:
                 self._refresh(force=True)
             if not self._live:
-                raise NoServers("no live storage server has a drive",
-                                hint="start one: `shinglefs server META_URL --drive ... "
-                                     "--listen HOST:PORT`; `shinglefs status --servers`")
+                raise no_servers(self._local_server)
             chosen = self._affinity.get(group)
             if chosen is not None and (
                     chosen not in self._live

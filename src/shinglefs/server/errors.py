@@ -160,6 +160,38 @@ class RemoteNodeError(NodeError):
         self.errno = errno
 
 
+# ------------------------------------------------------------------ a client of servers
+
+
+class NoServers(ShingleError):
+    """No live storage server with a drive: nothing can be written."""
+
+    errno = _errno.ENOSPC
+
+
+class OwnerGone(NoServers):
+    """The process that shares an embedded file system's drives (``shinglefs up``,
+    or the first process that opened it: server/share.py) is not serving them:
+    not a full file system, a missing one (EIO, as every other request that
+    needs the drives gets meanwhile)."""
+
+    errno = _errno.EIO
+
+
+def no_servers(local_server: int | None) -> NoServers:
+    """What a client of servers raises when no live one has a drive: ``OwnerGone``
+    for a process sharing an embedded file system's drives (server
+    ``local_server``), else ``NoServers``."""
+    if local_server is not None:
+        return OwnerGone(f"the process that shares this file system's drives (server "
+                         f"{local_server}) is not running",
+                         hint="start it again (`shinglefs up DATA_DIR MOUNTPOINT`); this "
+                              "process's files work again once it serves")
+    return NoServers("no live storage server has a drive",
+                     hint="start one: `shinglefs server META_URL --drive ... --listen "
+                          "HOST:PORT`; `shinglefs status --servers`")
+
+
 # ------------------------------------------------------------------ the server process
 # Raised by ``shinglefs server`` (server/process.py) before it serves.
 
