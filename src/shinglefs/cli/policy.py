@@ -193,8 +193,8 @@ def _holdings(meta: MetaStore, server_id: int, registered: bool) -> Holdings:
     present = {str(s.id) for s in meta.list_servers(REPAIR_AFTER_S)
                if s.live and s.id != server_id}
     out = Holdings(server_id, registered)
-    after = 0
-    while page := meta.server_slices(server_id, after):
+    page = meta.server_slices(server_id)  # from the first id, as forget_server pages
+    while page:
         for info in page:
             out.slices += 1
             if info.state == SliceState.TO_DELETE:
@@ -207,7 +207,7 @@ def _holdings(meta: MetaStore, server_id: int, registered: bool) -> Holdings:
                     out.lost += 1
                     if len(out.lost_slices) < LOST_SHOWN:
                         out.lost_slices.append(info.id)
-        after = page[-1].id
+        page = meta.server_slices(server_id, page[-1].id)
     out.lost_files = _files_of(meta, out.lost_slices)
     return out
 

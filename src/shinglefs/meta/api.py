@@ -139,9 +139,10 @@ class ServerRegistry(ABC):
         id never registered. Idempotent: a rerun completes an interrupted one."""
 
     @abstractmethod
-    def server_slices(self, server_id: int, after: int = 0, limit: int = 500) -> list[SliceInfo]:
+    def server_slices(self, server_id: int, after: int = -(1 << 63),
+                      limit: int = 500) -> list[SliceInfo]:
         """The records (any state, every replica) of the slices with a replica on server
-        ``server_id`` and an id above ``after``, by id, at most ``limit`` (EINVAL past
+        ``server_id`` and an id above ``after`` (default: any), by id, at most ``limit`` (EINVAL past
         ``SLICE_RECORDS_BATCH``). Read-only: pages of what forgetting it changes."""
 
     @abstractmethod

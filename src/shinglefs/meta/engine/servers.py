@@ -100,7 +100,7 @@ SECRET_BYTES = 32
 def _sel_slice_rows(count: int) -> str:
     """The slice rows of ``count`` ids (``?`` each)."""
     return ("SELECT id, length, grp, state, refcount FROM slices "
-            f"WHERE id IN ({', '.join('?' * count)})")
+            f"WHERE id IN ({_marks(count)})")
 
 
 def _sel_replica_rows(count: int) -> str:
@@ -109,7 +109,7 @@ def _sel_replica_rows(count: int) -> str:
     scan of every replica row (20 ms a page of 500 at 130,000 rows, growing with
     the table); each alone is an index scan (under 1 ms)."""
     return ("SELECT slice_id, server, drive FROM slice_replicas "
-            f"WHERE slice_id IN ({', '.join('?' * count)}) ORDER BY slice_id, server, drive")
+            f"WHERE slice_id IN ({_marks(count)}) ORDER BY slice_id, server, drive")
 
 
 SEL_NEXT_SLICE_ID = "SELECT next_id FROM ids WHERE name = 'slice'"
@@ -381,7 +381,7 @@ class ServerOps(SqlCore):
             return {}
         return self._run(lambda tx: _records(tx, ids), "read")
 
-    def server_slices(self, server_id: int, after: int = 0,
+    def server_slices(self, server_id: int, after: int = FIRST_PAGE,
                       limit: int = SLICE_RECORDS_BATCH) -> list[SliceInfo]:
         _check_batch(limit)
 
