@@ -200,8 +200,8 @@ def recv_exactly(sock: socket.socket, buf: bytearray | memoryview) -> None:
 
     A plain socket is asked for the whole rest at once (``MSG_WAITALL``): a 4 MiB
     piece arrives in one or a few system calls instead of one per burst the
-    kernel queued, each of which took the GIL back (measured over loopback,
-    server in its own process: one connection 2,820 -> 3,165 MiB/s). TLS
+    kernel queued, each of which took the GIL back (``bench wire``, 4 MiB
+    pieces over 4 connections: 2,403 -> 2,695 MiB/s, median of 4). TLS
     sockets take no flags."""
     view = memoryview(buf).cast("B")
     got = 0
