@@ -44,3 +44,30 @@ def test_threads_that_come_and_go_do_not_pile_up_connections(tmp_path: Path) -> 
         assert open_files_on(db) <= 5
     finally:
         meta.close()
+
+
+def test_a_forked_child_opens_its_own_connection(tmp_path: Path) -> None:
+    """The backend knows its process id without a system call per transaction
+    (kept current across fork): a child forked after the parent used the
+    database must not use the parent's connection (SQLite forbids carrying a
+    connection over fork), but open its own and see the parent's commits."""
+    db = tmp_path / "meta.db"
+    meta = open_meta(f"sqlite3://{db}")
+    meta.format("test", str(uuid.uuid4()), secret="s3cret")
+    try:
+        made = meta.mkdir(ROOT_INO, b"before-fork", 0o755)
+        before = open_files_on(db)
+        pid = os.fork()
+        if pid == 0:  # child: never returns into pytest
+            code = 1
+            try:
+                seen = meta.lookup(ROOT_INO, b"before-fork").ino == made.ino
+                meta.mkdir(ROOT_INO, b"in-child", 0o755)
+                code = 0 if seen and open_files_on(db) == before + 1 else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert meta.lookup(ROOT_INO, b"in-child").is_dir
+    finally:
+        meta.close()

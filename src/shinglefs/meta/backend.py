@@ -65,6 +65,19 @@ CHECKPOINT_INTERVAL_S = 0.1
 _BACKOFF_FIRST = 0.0002
 _BACKOFF_MAX = 0.05
 
+# This process's id, kept current across fork: every transaction asks whether
+# its connection was made in this process, and ``os.getpid()`` is a system
+# call each time (7 of them per small file written through a mount).
+_pid = os.getpid()
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
 
 class Tx(Protocol):
     """What an operation sees of its transaction: statements written with ``?``.
@@ -274,12 +287,12 @@ class SqliteBackend:
     def _conn(self) -> sqlite3.Connection:
         local = self._local
         conn = getattr(local, "conn", None)
-        if conn is None or local.pid != os.getpid():
+        if conn is None or local.pid != _pid:
             if self._closed:
                 raise MetaUnavailable(f"{self.where} is closed", hint="open the metadata URL again")
             conn = self._connect()
             local.conn = conn
-            local.pid = os.getpid()
+            local.pid = _pid
             with self._lock:
                 ended = [c for t, pid, c in self._all if pid == local.pid and not t.is_alive()]
                 self._all = [e for e in self._all if e[2] not in ended]
@@ -419,7 +432,7 @@ class SqliteBackend:
         self._closed = True
         self._ckpt_stop.set()
         with self._lock:
-            conns, self._all = [c for _t, _pid, c in self._all], []
+            conns, self._all = [c for _t, _owner, c in self._all], []
         for conn in conns:
             try:
                 conn.close()
@@ -538,7 +551,7 @@ class PostgresBackend:
         from shinglefs.meta.pgwire import PipelinedTx, Prepared
 
         psycopg = self._psycopg
-        if os.getpid() != self._pid:
+        if _pid != self._pid:
             raise MetaUnavailable(
                 "this PostgreSQL metadata store was opened in another process",
                 hint="open the metadata URL again in each process after fork",
@@ -609,7 +622,7 @@ class PostgresBackend:
         server cannot be reached or the flush fails."""
         if self.synchronous == "FULL":
             return
-        if os.getpid() != self._pid:
+        if _pid != self._pid:
             raise MetaUnavailable(
                 "this PostgreSQL metadata store was opened in another process",
                 hint="open the metadata URL again in each process after fork",
@@ -627,7 +640,7 @@ class PostgresBackend:
             raise MetaUnavailable(f"{self.where}: WAL flush for sync() failed: {exc}") from exc
 
     def close(self) -> None:
-        if os.getpid() == self._pid:
+        if _pid == self._pid:
             self.pool.close()
 
 
