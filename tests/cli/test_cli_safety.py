@@ -263,6 +263,18 @@ def test_mount_and_status_of_a_missing_sqlite_file_create_nothing(work: Path) ->
     assert mount_entry(work / "mnt") is None
 
 
+def test_maintenance_commands_on_a_missing_sqlite_file_create_nothing(work: Path) -> None:
+    """A mistyped path given to fsck, scrub, dump or load is one line and exit 3,
+    and leaves no empty database (nor an empty dump) behind."""
+    missing = f"sqlite3://{work / 'none.db'}"
+    for args in (("fsck", missing), ("fsck", "--repair", missing), ("scrub", missing),
+                 ("dump", missing, "out.jsonl")):
+        assert "does not exist" in refused(run(work, *args), 3)
+    line = refused(run(work, "load", "nothere.jsonl", f"sqlite3://{work / 'new.db'}"), 3)
+    assert "cannot read the dump" in line
+    assert not any((work / n).exists() for n in ("none.db", "out.jsonl", "new.db"))
+
+
 @pytest.mark.fuse
 def test_relative_sqlite_urls_and_drive_paths_are_the_working_directory_s(work: Path) -> None:
     made = small_format(work, "data")

@@ -191,3 +191,26 @@ def test_the_maintenance_thread_writes_the_backup_when_due(tmp_path: Path) -> No
     assert listing(factory.meta_url) == {"/x": b"hello"}
     # Sessions are the source's processes: never carried over.
     assert sql(tmp_path, "SELECT COUNT(*) FROM sessions")[0][0] == 0
+
+
+def test_a_failed_dump_leaves_the_previous_dump_and_no_partial_file(
+        fs: FsFactory, tmp_path: Path) -> None:
+    """The dump is written beside its file and renamed over it once complete:
+    dumping a database that holds no file system fails and keeps yesterday's dump."""
+    out = tmp_path / "d.jsonl"
+    dump_url(fs.meta_url, str(out))
+    before = out.read_bytes()
+    empty = f"sqlite3://{tmp_path / 'empty.db'}"
+    open_meta(empty).close()  # a database, but no file system in it
+    with pytest.raises(NotFormatted):
+        dump_url(empty, str(out))
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("d.jsonl")) == [
+        "d.jsonl"]
+
+
+def test_loading_a_missing_dump_is_one_line_and_creates_no_database(tmp_path: Path) -> None:
+    target = tmp_path / "new.db"
+    with pytest.raises(DumpError, match="cannot read the dump"):
+        load_url(str(tmp_path / "none.jsonl"), f"sqlite3://{target}")
+    assert not target.exists()

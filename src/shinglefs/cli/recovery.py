@@ -46,6 +46,17 @@ def _progress(total: int | None, what: str) -> Iterator[Any]:
             task, advance=advance, **({"description": description} if description else {}))
 
 
+def _existing(meta_url: str) -> str:
+    """``meta_url`` made absolute; ``NotFormatted`` (nothing created) when it names a
+    SQLite file that does not exist: a mistyped path must not leave an empty
+    database behind."""
+    from shinglefs.client.filesystem import absolute_meta_url, require_metadata_file
+
+    meta_url = absolute_meta_url(meta_url)
+    require_metadata_file(meta_url)
+    return meta_url
+
+
 def _print_fsck(report: Any) -> None:
     for name, found in report.found.items():
         if not found:
@@ -81,6 +92,7 @@ def fsck_command(
     from shinglefs.client.recovery import fsck
     from shinglefs.meta.fsck import FSCK_PASSES
 
+    meta_url = _existing(meta_url)
     with _progress(len(FSCK_PASSES), "passes") as step:
         report = fsck(meta_url, repair=repair, force=force,
                       progress=lambda name: step(description=name))
@@ -109,6 +121,7 @@ def scrub_command(
 
     if rate < 0:
         raise UsageError(f"--rate {rate} is negative", hint="e.g. --rate 100")
+    meta_url = _existing(meta_url)
     with _progress(None, "bytes") as step:
         result = scrub(meta_url, rate_bytes=rate * MiB or None, progress=step)
     for path, why in sorted(result.damaged_files.items()):
@@ -162,6 +175,7 @@ def dump_command(
     """Write the metadata to a JSON-lines file (one consistent snapshot)."""
     from shinglefs.meta.dump import dump_url
 
+    meta_url = _existing(meta_url)
     with _progress(None, "rows") as step:
         rows = dump_url(meta_url, file, progress=lambda table, n: step(0, f"{table} {n}"))
     typer.echo(f"dumped {sum(rows.values())} rows to {file}", err=True)

@@ -33,8 +33,10 @@ there is dumped without touching this module.
 from __future__ import annotations
 
 import base64
+import contextlib
 import gzip
 import json
+import os
 import re
 import tempfile
 import time
@@ -180,30 +182,55 @@ def dump_backend(backend: Backend, out: BinaryIO, progress: Progress | None = No
 
 
 def dump_url(url: str, path: str, progress: Progress | None = None) -> dict[str, int]:
-    """Dump the metadata at ``url`` into the file ``path`` (gzip when it ends in ``.gz``)."""
+    """Dump the metadata at ``url`` into the file ``path`` (gzip when it ends in ``.gz``).
+
+    A regular file is written beside ``path`` and renamed over it once complete:
+    a failed dump (nothing to dump, a lost connection, a full disk) leaves no
+    file, or the previous one untouched. Anything else (``/dev/stdout``, a
+    pipe) is written in place."""
+    in_place = os.path.exists(path) and not os.path.isfile(path)
+    target = path if in_place else f"{path}.partial-{os.getpid()}"
     backend = backend_from_url(url)
     try:
-        with open(path, "wb") as raw:
-            if not path.endswith(".gz"):
-                return dump_backend(backend, raw, progress)
-            # A gzip stream cannot be rewound for a retried transaction: dump to a
-            # temporary file first, then compress it.
-            with tempfile.TemporaryFile() as tmp, gzip.GzipFile(fileobj=raw, mode="wb") as gz:
-                counts = dump_backend(backend, tmp, progress)
-                tmp.seek(0)
-                while chunk := tmp.read(1 << 20):
-                    gz.write(chunk)
-                return counts
+        with open(target, "wb") as raw:
+            counts = _dump_into(backend, raw, gz=path.endswith(".gz"), progress=progress)
+        if not in_place:
+            os.replace(target, path)
+        return counts
+    except BaseException:
+        if not in_place:
+            with contextlib.suppress(OSError):
+                os.unlink(target)
+        raise
     finally:
         backend.close()
+
+
+def _dump_into(backend: Backend, raw: BinaryIO, *, gz: bool,
+               progress: Progress | None) -> dict[str, int]:
+    if not gz:
+        return dump_backend(backend, raw, progress)
+    # A gzip stream cannot be rewound for a retried transaction: dump to a
+    # temporary file first, then compress it.
+    with tempfile.TemporaryFile() as tmp, gzip.GzipFile(fileobj=raw, mode="wb") as out:
+        counts = dump_backend(backend, tmp, progress)
+        tmp.seek(0)
+        while chunk := tmp.read(1 << 20):
+            out.write(chunk)
+        return counts
 
 
 # ---- load ---------------------------------------------------------------------------
 
 
 def open_dump(path: str) -> IO[bytes]:
-    """A dump file for reading, decompressed if it is gzip."""
-    raw = open(path, "rb")  # noqa: SIM115 - returned to the caller
+    """A dump file for reading, decompressed if it is gzip; ``DumpError`` when it
+    cannot be opened."""
+    try:
+        raw = open(path, "rb")  # noqa: SIM115 - returned to the caller
+    except OSError as exc:
+        raise DumpError(f"cannot read the dump {path}: {exc.strerror}",
+                        hint="give the file `shinglefs dump META_URL FILE` wrote") from None
     if raw.read(2) == GZIP_MAGIC:
         raw.seek(0)
         return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
@@ -313,10 +340,11 @@ def load_backend(source: IO[bytes], backend: Backend,
 
 
 def load_url(path: str, url: str, progress: Progress | None = None) -> dict[str, int]:
-    """Load the dump file ``path`` into the empty database at ``url``."""
-    backend = backend_from_url(url)
-    try:
-        with open_dump(path) as source:
+    """Load the dump file ``path`` into the empty database at ``url`` (opened only
+    once the dump could be: a missing dump creates no database)."""
+    with open_dump(path) as source:
+        backend = backend_from_url(url)
+        try:
             return load_backend(source, backend, progress)
-    finally:
-        backend.close()
+        finally:
+            backend.close()
