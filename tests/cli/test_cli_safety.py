@@ -285,3 +285,19 @@ def test_relative_sqlite_urls_and_drive_paths_are_the_working_directory_s(work: 
     mounted = run(work / "data", "mount", "sqlite://meta.db", "../mnt")
     assert mounted.returncode == 0, mounted.stderr
     assert run(work, "umount", "mnt").returncode == 0
+
+
+def test_a_damaged_or_foreign_database_names_the_way_back(work: Path) -> None:
+    """A damaged meta.db is one line and exit 3 whose hint leads to the drives'
+    metadata backup (and never suggests deleting anything); so is a file that
+    is no database at all, which may be the wrong path."""
+    assert small_format(work, "data").returncode == 0
+    db = work / "data" / "meta.db"
+    with open(db, "r+b") as f:  # the second page onwards: the schema's tables
+        f.seek(1024)
+        f.write(b"\xff" * 8192)
+    (work / "junk.db").write_bytes(b"not a database " * 100)
+    for url in (f"sqlite3://{db}", f"sqlite3://{work / 'junk.db'}"):
+        line = refused(run(work, "status", url), 3)
+        hint = run(work, "status", url).stderr
+        assert "load --from-drives" in hint and "keep a copy" in hint, (line, hint)

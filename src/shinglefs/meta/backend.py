@@ -65,6 +65,11 @@ CHECKPOINT_INTERVAL_S = 0.1
 _BACKOFF_FIRST = 0.0002
 _BACKOFF_MAX = 0.05
 
+DAMAGED_HINT = ("check that the URL names the file system's meta.db; if it does, the file "
+                "is damaged: keep a copy of it, then rebuild the metadata from the drives' newest backup into a new file with `shinglefs "
+                "load --from-drives DRIVE... sqlite3:///NEW/meta.db` and `shinglefs fsck "
+                "--repair` it (docs/metadata.md, \"Losing meta.db\")")
+
 # This process's id, kept current across fork: every transaction asks whether
 # its connection was made in this process, and ``os.getpid()`` is a system
 # call each time (7 of them per small file written through a mount).
@@ -277,10 +282,11 @@ class SqliteBackend:
             conn.execute("PRAGMA cache_size = -65536")
             conn.execute("PRAGMA temp_store = MEMORY")
         except sqlite3.DatabaseError as exc:
+            damaged = "malformed" in str(exc) or "not a database" in str(exc)
             raise MetaUnavailable(
                 f"cannot open SQLite database {self.path}: {exc}",
-                hint="check the path and permissions; the file must be a SQLite database "
-                "(or absent, to be created)",
+                hint=DAMAGED_HINT if damaged else "check the path and permissions; the file "
+                "must be a SQLite database (or absent, to be created)",
             ) from None
         return conn
 
@@ -362,7 +368,7 @@ class SqliteBackend:
                 raise FsError(17, f"constraint violated in {self.where}: {exc}") from None
             except sqlite3.DatabaseError as exc:
                 raise MetaUnavailable(
-                    f"{self.where}: {exc}", hint="the database file may be damaged"
+                    f"{self.where}: {exc}", hint=DAMAGED_HINT
                 ) from exc
         raise _gave_up(self.where, sqlite3.OperationalError("database is locked"))
 
