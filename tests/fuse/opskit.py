@@ -3,8 +3,10 @@ over a real VFS on a freshly formatted file system."""
 
 from __future__ import annotations
 
+import ctypes
 import os
-from collections.abc import Iterator
+import pickle
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,3 +51,71 @@ def call(handler: Any, *args: Any) -> Any:
         return await handler(*args)
 
     return trio.run(run)
+
+
+# -- running one call as another user (the multi-user tests) -----------------------------
+
+NOBODY = 65534
+NOGROUP = 65534
+
+# utimensat(2) markers and AT_FDCWD (os.utime cannot pass UTIME_NOW/UTIME_OMIT)
+UTIME_NOW = (1 << 30) - 1
+UTIME_OMIT = (1 << 30) - 2
+AT_FDCWD = -100
+
+
+class Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def utimensat(path: Path, atime_nsec: int, mtime_nsec: int) -> None:
+    """utimensat(2) with UTIME_NOW/UTIME_OMIT markers (or a plain nanosecond part)."""
+    times = (Timespec * 2)(Timespec(5, atime_nsec), Timespec(7, mtime_nsec))
+    if _libc.utimensat(AT_FDCWD, os.fsencode(path), times, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(path))
+
+
+def run_as(func: Callable[[], object], uid: int = NOBODY, gid: int = NOGROUP,
+           groups: tuple[int, ...] = ()) -> tuple[int, object]:
+    """Run ``func()`` in a forked child with the given credentials (uid 0: stay
+    root); return (the errno it raised or 0, what it returned or None).
+    What it returns must pickle; the child imports nothing new (the user may
+    not be able to read this interpreter's standard library)."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never returns into pytest
+        code = 1
+        try:
+            os.close(read_fd)
+            if uid != 0:
+                os.setgroups(list(groups))
+                os.setgid(gid)
+                os.setuid(uid)
+            try:
+                result: tuple[int, object] = (0, func())
+            except OSError as exc:
+                result = (exc.errno or -1, None)
+            data = pickle.dumps(result)
+            while data:
+                data = data[os.write(write_fd, data):]
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        out = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and out, "the child failed"
+    err, value = pickle.loads(out)
+    return err, value
+
+
+def as_user(func: Callable[[], object], uid: int = NOBODY, gid: int = NOGROUP,
+            groups: tuple[int, ...] = ()) -> int:
+    """Run ``func()`` in a forked child with the given credentials (uid 0: stay root);
+    return the errno it raised, or 0."""
+    return run_as(lambda: (func(), None)[1], uid, gid, groups)[0]

@@ -11,7 +11,6 @@ tmp directories are 0700).
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import os
 import shutil
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from tests.fuse.opskit import NOBODY, NOGROUP, UTIME_NOW, UTIME_OMIT, as_user, utimensat
 
 from shinglefs.fuse.errors import AllowOtherDeniedError
 from shinglefs.fuse.harness import MountedFileSystem, shinglefs_command
@@ -30,62 +30,8 @@ from shinglefs.fuse.mount import FUSE_CONF, mount, mount_entry, user_may_allow_o
 
 pytestmark = pytest.mark.fuse
 
-NOBODY = 65534
-NOGROUP = 65534
 OLD_NS = 1_000_000_000  # the mtime every file starts with (2001-09-09)
 NEEDS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="switches users: needs root")
-
-# utimensat(2) markers and AT_FDCWD (os.utime cannot pass UTIME_NOW/UTIME_OMIT)
-UTIME_NOW = (1 << 30) - 1
-UTIME_OMIT = (1 << 30) - 2
-AT_FDCWD = -100
-
-
-class Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def utimensat(path: Path, atime_nsec: int, mtime_nsec: int) -> None:
-    """utimensat(2) with UTIME_NOW/UTIME_OMIT markers (or a plain nanosecond part)."""
-    times = (Timespec * 2)(Timespec(5, atime_nsec), Timespec(7, mtime_nsec))
-    if _libc.utimensat(AT_FDCWD, os.fsencode(path), times, 0) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), str(path))
-
-
-def as_user(func: Callable[[], object], uid: int = NOBODY, gid: int = NOGROUP,
-            groups: tuple[int, ...] = ()) -> int:
-    """Run ``func()`` in a forked child with the given credentials (uid 0: stay root);
-    return the errno it raised, or 0."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child: never returns into pytest
-        code = 1
-        try:
-            os.close(read_fd)
-            if uid != 0:
-                os.setgroups(list(groups))
-                os.setgid(gid)
-                os.setuid(uid)
-            try:
-                func()
-                result = 0
-            except OSError as exc:
-                result = exc.errno or -1
-            os.write(write_fd, str(result).encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as pipe:
-        out = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0 and out, "the child failed"
-    return int(out)
-
 
 @pytest.fixture(scope="module")
 def trees() -> Iterator[tuple[Path, Path]]:
