@@ -363,7 +363,7 @@ class ShingleOperations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         attr = await self._meta("lookup", self.vfs.lookup, parent_inode, name, self._ctx(ctx),
                                 ino=parent_inode)
-        return self.entry(attr)
+        return self._written_since_flush(self.entry(attr))
 
     async def forget(self, inode_list: Any) -> None:
         # Must not raise: log and carry on with the rest of the list.
@@ -378,8 +378,22 @@ class ShingleOperations(pyfuse3.Operations):
         # entry made in it) are answered on the event loop, whatever the backend.
         getattr_ = functools.partial(self.vfs.getattr, cached=True)
         if self.offload_metadata:
-            return self.entry(await self._inline_or_thread("getattr", getattr_, inode))
-        return self.entry(await self._meta("getattr", getattr_, inode, ino=inode))
+            attr = await self._inline_or_thread("getattr", getattr_, inode)
+        else:
+            attr = await self._meta("getattr", getattr_, inode, ino=inode)
+        return self._written_since_flush(self.entry(attr))
+
+    def _written_since_flush(self, entry: pyfuse3.EntryAttributes) -> pyfuse3.EntryAttributes:
+        """``entry`` of a file written through this mount since its last flush:
+        write(2) changed its mtime and ctime, but meta records them only when the
+        bytes commit (flush). So: "now", and not to be kept by the kernel, or a
+        stat(2) after close(2) would show the time before the write for a second
+        (ATTR_TIMEOUT) when an fstat(2) between write and close had asked."""
+        if entry.st_ino in self._dirty:
+            now = max(time.time_ns(), entry.st_mtime_ns, entry.st_ctime_ns)
+            entry.st_mtime_ns = entry.st_ctime_ns = now
+            entry.attr_timeout = 0
+        return entry
 
     async def setattr(
         self,
