@@ -360,6 +360,9 @@ REGRESSIONS: dict[str, list[tuple[Any, ...]]] = {
     # (the fstat's attributes, taken before the commit, were kept by the kernel)
     "stat_after_write_fstat_close_sees_the_new_mtime": [
         ("open", "nobody", "pub/n", "append", 0o644, b"\0")],
+    # Linux truncates on open(O_RDONLY | O_TRUNC) with write permission
+    "open_read_only_with_o_trunc_truncates": [
+        ("open", "nobody", "pub/n", "r_trunc", 0o644, b"\0")],
 }
 
 

@@ -81,7 +81,7 @@ class OpenFiles:
                 raise
             raise FsError(errno.ESTALE, f"inode {ino} no longer exists", ino=ino) from exc
         try:
-            if flags & os.O_TRUNC and (flags & os.O_ACCMODE) != os.O_RDONLY:
+            if flags & os.O_TRUNC:  # O_RDONLY too, as Linux (write permission checked)
                 attr = self._truncate_on_open(attr, ctx)
             return self._attach(ino, flags, attr)
         except BaseException:
