@@ -235,7 +235,8 @@ def touched(op: tuple[Any, ...]) -> list[str]:
 
 
 def describe(path: Path) -> tuple[Any, ...] | None:
-    """(mode, uid, gid, nlink, size, content or listing or target, mtime) or None."""
+    """(mode, uid, gid, nlink, size, content or listing or target, mtime, ctime)
+    or None."""
     try:
         st_ = os.lstat(path)
     except FileNotFoundError:
@@ -248,16 +249,19 @@ def describe(path: Path) -> tuple[Any, ...] | None:
     else:
         body, size = path.read_bytes(), st_.st_size
     return (oct(st_.st_mode), st_.st_uid, st_.st_gid, st_.st_nlink, size, body,
-            st_.st_mtime_ns)
+            st_.st_mtime_ns, st_.st_ctime_ns)
 
 
 def compare_form(before: tuple[Any, ...] | None,
                  after: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
-    """``after`` with its mtime replaced by whether it changed since ``before``."""
+    """``after`` with its mtime and ctime replaced by whether they changed since
+    ``before``."""
     if after is None:
         return None
-    changed = before is None or before[6] != after[6]
-    return (*after[:6], "mtime changed" if changed else "mtime kept")
+    if before is None:
+        return (*after[:6], "new")
+    return (*after[:6], "mtime changed" if before[6] != after[6] else "mtime kept",
+            "ctime changed" if before[7] != after[7] else "ctime kept")
 
 
 def snapshot(root: Path) -> dict[str, Any]:
