@@ -76,3 +76,16 @@ def test_checked_change_is_applied_as_the_kernel_allowed_it(meta):
     d = meta.mkdir(ROOT_INO, b"d", 0o755)
     assert errno_of(meta.setattr, d.ino, size=0, ctx=OTHER, checked=True) == E.EISDIR
 
+
+
+def test_truncate_by_a_non_root_caller_clears_setuid_and_setgid(meta):
+    # Linux's setattr_should_drop_suidgid; the kernel of a mount does not send
+    # it for open(O_TRUNC), which truncates in the file system's open
+    f = owned_file(meta, 0o6755)
+    assert stat.S_IMODE(meta.truncate(f.ino, 0, OWNER).mode) == 0o755
+    f2 = owned_file(meta, 0o6755, b"by-root")
+    assert stat.S_IMODE(meta.truncate(f2.ino, 0).mode) == 0o6755
+    f3 = owned_file(meta, 0o2746, b"no-group-exec")
+    assert stat.S_IMODE(meta.truncate(f3.ino, 1, OWNER).mode) == 0o2746  # in the group
+    g3 = meta.setattr(f3.ino, size=0, ctx=OTHER, open_for_write=True)
+    assert stat.S_IMODE(g3.mode) == 0o746  # not in the group

@@ -21,7 +21,7 @@ from shinglefs.meta import schema as S
 from shinglefs.meta.backend import Tx
 from shinglefs.meta.engine.chunks import ChunkOps
 from shinglefs.meta.engine.core import attr_of, enoent, now_ns
-from shinglefs.meta.engine.permissions import check_setattr_rights, permits
+from shinglefs.meta.engine.permissions import check_setattr_rights, permits, privileges_dropped
 from shinglefs.meta.errors import FsError
 from shinglefs.meta.records import (
     ROOT_CTX,
@@ -123,6 +123,7 @@ class AttributeOps(ChunkOps):
                 new_mtime = now if mtime_ns == UTIME_NOW else mtime_ns
             if size is not None:
                 check_resizable(a)
+                new_mode &= ~privileges_dropped(new_mode, new_gid, ctx)
                 if size != a.size:
                     self._drop_content_past(tx, a, size, now)
                     if mtime_ns is None:

@@ -44,6 +44,19 @@ def check_may_write_dir(pmode: int, puid: int, pgid: int, ctx: Ctx, parent: int)
         raise FsError(E.EACCES, f"no write permission on directory {parent}", ino=parent)
 
 
+def privileges_dropped(mode: int, gid: int, ctx: Ctx) -> int:
+    """The S_ISUID/S_ISGID bits of a regular file of ``mode`` and group ``gid``
+    that Linux clears when ``ctx`` writes or truncates it
+    (setattr_should_drop_suidgid): none for root; S_ISUID; S_ISGID when the
+    file is group-executable or ``ctx`` is not in its group."""
+    if ctx.uid == 0 or not stat.S_ISREG(mode):
+        return 0
+    drop = mode & stat.S_ISUID
+    if mode & stat.S_ISGID and (mode & stat.S_IXGRP or not ctx.in_group(gid)):
+        drop |= stat.S_ISGID
+    return drop
+
+
 def check_setattr_rights(
     a: InodeAttr,
     ctx: Ctx,
