@@ -371,6 +371,9 @@ REGRESSIONS: dict[str, list[tuple[Any, ...]]] = {
     # leaves that to the file system's open)
     "open_with_o_trunc_by_the_owner_clears_setuid": [
         ("open", "u1000", "home/x", "trunc", 0o644, b"")],
+    # open(O_TRUNC) of an existing empty file still sets mtime and ctime
+    "open_with_o_trunc_of_an_empty_file_sets_mtime": [
+        ("truncate", "root", "rw", 0), ("open", "nobody", "rw", "r_trunc", 0o644, b"")],
 }
 
 

@@ -26,7 +26,7 @@ from shinglefs.client.background import CloseQueue
 from shinglefs.client.handles import HandleTable
 from shinglefs.client.inodes import InodeTable
 from shinglefs.client.writepath import WritePath
-from shinglefs.meta.api import Ctx, InodeAttr, MetaStore
+from shinglefs.meta.api import UTIME_NOW, Ctx, InodeAttr, MetaStore
 from shinglefs.meta.errors import FsError
 
 __all__ = ["OpenFiles"]
@@ -107,7 +107,7 @@ class OpenFiles:
         try:
             if not made:
                 self._access_for_flags(attr.ino, flags, ctx)
-            if flags & os.O_TRUNC:
+            if flags & os.O_TRUNC and not made:
                 attr = self._truncate_on_open(attr, ctx)
             fh = self._attach(attr.ino, flags, attr)
         except BaseException:
@@ -154,10 +154,11 @@ class OpenFiles:
         self.meta.access(ctx, ino, mask)
 
     def _truncate_on_open(self, attr: InodeAttr, ctx: Ctx) -> InodeAttr:
-        """O_TRUNC: empty the file, including bytes this client still buffers."""
-        if attr.size == 0 and attr.ino not in self.inodes:
-            return attr
-        return self.writes.resize(attr.ino, lambda: self.meta.truncate(attr.ino, 0, ctx))
+        """O_TRUNC of an existing file: empty it, including bytes this client
+        still buffers, and set mtime and ctime even when it was empty (POSIX
+        open). ``ctx``'s write permission was checked (``_access_for_flags``)."""
+        return self.writes.resize(attr.ino, lambda: self.meta.setattr(
+            attr.ino, size=0, mtime_ns=UTIME_NOW, ctx=ctx, checked=True))
 
     def _attach(self, ino: int, flags: int, attr: InodeAttr) -> int:
         """Create a handle for an inode already opened in meta for our session."""
