@@ -114,7 +114,7 @@ class AttributeOps(ChunkOps):
                     new_mode &= ~stat.S_ISGID
             if mode is not None:
                 perm = mode & 0o7777
-                if ctx.uid != 0 and not a.is_dir and not ctx.in_group(new_gid):
+                if ctx.uid != 0 and not ctx.in_group(new_gid):  # directories too
                     perm &= ~stat.S_ISGID
                 new_mode = stat.S_IFMT(a.mode) | perm
             if atime_ns is not None:
