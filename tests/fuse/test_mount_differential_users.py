@@ -9,7 +9,7 @@ directory (ext4 or whatever /tmp is; the reference) and on the mount. The
 errno, what the call returned, and the state of every path it touched and
 their parents (mode, owner, link count, size, content, mtime changed or not)
 must be the same; so must the whole tree at the end. It is a small-scale
-pjdfstest: 15 examples of up to 25 steps by default, 300 of up to 60 steps
+pjdfstest: 30 examples of up to 30 steps by default, 300 of up to 60 steps
 in the slow variant.
 """
 
@@ -44,6 +44,8 @@ USERS: dict[str, tuple[int, int, tuple[int, ...]]] = {
     "u1001": (1001, 1001, (1000,)),
 }
 
+UMASKS = {"root": 0o000, "nobody": 0o022, "u1000": 0o002, "u1001": 0o077}
+
 # (path, mode, uid, gid, content): content None is a directory, a str a symlink target
 SEED: list[tuple[str, int, int, int, bytes | str | None]] = [
     ("pub", 0o1777, 0, 0, None),  # sticky and world-writable, owned by root
@@ -51,6 +53,8 @@ SEED: list[tuple[str, int, int, int, bytes | str | None]] = [
     ("pub/a", 0o664, 1000, 1000, b"group 1000 may write"),
     ("pub/e", 0o755, 1001, 1001, None),  # an empty directory of 1001
     ("pub/s", 0o777, 0, 0, "../rw"),
+    ("pub/o", 0o755, NOBODY, 1000, None),  # owner outside its group
+    ("pub/g", 0o644, NOBODY, 1000, b"owner outside its group"),
     ("sg", 0o2775, 1000, 1000, None),  # setgid directory of group 1000
     ("sg/f", 0o2764, 1000, 1000, b"setgid file"),
     ("sg/d", 0o2755, 1000, 1000, None),
@@ -316,6 +320,7 @@ def run_differential(mount_root: Path, local_root: Path, ops: list[tuple[Any, ..
             before = {root: [describe(root / r) for r in rels] for root in (theirs, ours)}
 
             def both(op: tuple[Any, ...] = op) -> list[tuple[int, object]]:
+                os.umask(UMASKS[op[1]])  # in the child
                 out: list[tuple[int, object]] = []
                 for root in (theirs, ours):  # the reference first
                     try:
@@ -402,7 +407,7 @@ def check_random(trees: tuple[Path, Path], examples: int, steps: int) -> None:
 
 def test_random_operations_by_many_users_match_a_local_directory(
         trees: tuple[Path, Path]) -> None:
-    check_random(trees, examples=15, steps=25)
+    check_random(trees, examples=30, steps=30)
 
 
 @pytest.mark.slow
