@@ -4,6 +4,7 @@ backup on the drives that rebuilds a lost meta.db."""
 from __future__ import annotations
 
 import gzip
+import io
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from shinglefs.client.recovery import NoMetadataBackup, load_from_drives
 from shinglefs.meta import open_meta
 from shinglefs.meta.dump import DumpError, LoadTargetNotEmpty, dump_url, load_url
 from shinglefs.meta.errors import AlreadyFormatted, NotFormatted
+from shinglefs.store.metabackup import BackupError, backup_slots, write_backup
 
 MiB = 1024 * 1024
 
@@ -214,3 +216,57 @@ def test_loading_a_missing_dump_is_one_line_and_creates_no_database(tmp_path: Pa
     with pytest.raises(DumpError, match="cannot read the dump"):
         load_url(str(tmp_path / "none.jsonl"), f"sqlite3://{target}")
     assert not target.exists()
+
+
+def test_a_backup_that_outgrew_the_slots_leaves_both_slots_as_they_were(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Metadata grown past the drives' backup slots: the backup is refused before
+    a slot is touched (the previous backups stay valid and loadable), and the
+    periodic job says so in one warning line naming the newest backup left."""
+    factory = FsFactory(tmp_path)
+    vfs = factory.vfs()
+    try:
+        write_file(vfs, b"x", b"hello")
+        first = vfs.meta_backup.write()[0]
+        second = vfs.meta_backup.write()[0]
+        logs = [store.slice_log for store in vfs.meta_backup._logs()]
+        size = logs[0].area.backup_slot_size
+        for log in logs:  # as if the metadata had outgrown the slots: 4 KiB of payload
+            log.area.backup_slot_size = 8192
+        for i in range(200):  # names that do not compress away
+            write_file(vfs, pattern(i, 24).hex().encode(), b"")
+        with pytest.raises(BackupError, match="number 2 of"):
+            vfs.meta_backup.write()
+        vfs.meta_backup.next_due = 0.0
+        with caplog.at_level("WARNING"):
+            vfs.meta_backup.maybe_write()
+        failed = [r for r in caplog.records if "backup to the drives failed" in r.message]
+        assert len(failed) == 1 and failed[0].exc_info is None
+        for log in logs:
+            log.area.backup_slot_size = size
+        kept = {slot.number for log in logs for slot in backup_slots(log)}
+        assert kept == {first.number, second.number}
+    finally:
+        vfs.shutdown()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{tmp_path}/meta.db{suffix}").unlink(missing_ok=True)
+    assert load_from_drives(drive_specs(tmp_path), factory.meta_url).backup.number == 2
+    assert listing(factory.meta_url) == {"/x": b"hello"}
+
+
+def test_a_backup_larger_than_its_slot_is_refused_before_the_slot_is_touched(
+        tmp_path: Path) -> None:
+    """Backup n goes to slot n mod 2; one that cannot fit must not first
+    invalidate that slot, which holds the backup before the newest."""
+    factory = FsFactory(tmp_path)
+    vfs = factory.vfs()
+    try:
+        log = vfs.meta_backup._logs()[0].slice_log
+        write_backup(log, io.BytesIO(b"backup one"), number=1, created_ns=1, label="t")
+        write_backup(log, io.BytesIO(b"backup two"), number=2, created_ns=2, label="t")
+        too_big = io.BytesIO(bytes(log.area.backup_slot_size))
+        with pytest.raises(BackupError, match="does not fit"):
+            write_backup(log, too_big, number=3, created_ns=3, label="t")
+        assert sorted(slot.number for slot in backup_slots(log)) == [1, 2]
+    finally:
+        vfs.shutdown()

@@ -413,6 +413,9 @@ class MetadataBackup:
         self.next_due = time.monotonic() + self.interval_s
         try:
             self.write()
+        except BackupError as exc:  # expected (outgrown slots): one line, no traceback
+            log.warning("metadata backup to the drives failed: %s; retrying in %.0f s (%s)",
+                        exc, self.interval_s, exc.hint)
         except (ShingleError, OSError):
             log.exception("metadata backup to the drives failed; retrying in %.0f s",
                           self.interval_s)
@@ -443,7 +446,14 @@ class MetadataBackup:
                 except BackupError as exc:
                     log.warning("metadata backup not written: %s", exc)
         if not written:
-            raise BackupError("no drive could take the metadata backup", drive="(all)")
+            newest = newest_backup(s.slice_log for s in stores)
+            kept = (f"the newest backup left on the drives is number {newest[0][1].number} "
+                    f"of {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(newest[0][1].created_ns / 1e9))}"
+                    if newest else "no backup is on the drives")
+            raise BackupError(f"no drive could take the metadata backup ({kept})",
+                              drive="(all)",
+                              hint="keep dumps with `shinglefs dump META_URL FILE` (e.g. from "
+                                   "cron), or give the drives larger conventional zones")
         self.written += 1
         log.info("metadata backup %d written to %d drive(s), %d bytes", number, len(written),
                  written[0].length)

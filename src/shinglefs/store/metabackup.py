@@ -18,6 +18,7 @@ and a header is only ever valid over a complete payload.
 
 from __future__ import annotations
 
+import io
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -89,11 +90,17 @@ def write_backup(log: SliceLog, source: BinaryIO, *, number: int, created_ns: in
     """Copy ``source`` (read to its end) into slot ``number % 2`` of the drive.
 
     Durable when it returns. Raises ``BackupError`` when the payload does not
-    fit the slot (the other slot keeps the previous backup) and the drive's
-    errors as ``StoreIOError``.
+    fit the slot, before the slot is touched (both slots keep what they held),
+    and the drive's errors as ``StoreIOError``.
     """
     area = log.area
     slot = number % 2
+    size = source.seek(0, io.SEEK_END)
+    if size > area.backup_slot_size - BLOCK:
+        raise BackupError(
+            f"the metadata backup ({size} bytes) does not fit the "
+            f"{area.backup_slot_size - BLOCK}-byte backup slot",
+            drive=log.name, hint="dump the metadata with `shinglefs dump` instead")
     with log.io_lock:
         area.write_backup(slot, 0, [bytes(BLOCK)])  # invalid until complete
         area.sync()
