@@ -68,8 +68,12 @@ SEED: list[tuple[str, int, int, int, bytes | str | None]] = [
     ("nor", 0o711, 0, 0, None),  # searchable, not readable
     ("nor/f", 0o666, 0, 0, b"behind --x"),
 ]
-PATHS = ["", *[p for p, *_ in SEED], "new", "pub/new", "sg/new", "sg/d/new", "home/new",
-         "nox/new", "nor/new", "pub/e/new"]
+NEW = ["new", "pub/new", "sg/new", "sg/d/new", "home/new", "nox/new", "nor/new", "pub/e/new"]
+PATHS = ["", *[p for p, *_ in SEED], *NEW]
+# operations on files pick mostly files, on directories directories: fewer
+# steps spent on EISDIR and ENOTDIR
+FILES = [p for p, _, _, _, content in SEED if content is not None] + NEW + ["pub"]
+DIRS = ["", *[p for p, _, _, _, content in SEED if content is None], *NEW, "rw"]
 MODES = [0o644, 0o600, 0o755, 0o777, 0o000, 0o4755, 0o2755, 0o2775, 0o1777, 0o6777, 0o2644]
 OWNERS = [-1, 0, 1000, 1001, NOBODY]
 OPEN_FLAGS = {
@@ -85,24 +89,26 @@ OPEN_FLAGS = {
 
 users = st.sampled_from(sorted(USERS))
 paths = st.sampled_from(PATHS)
+files = st.sampled_from(FILES)
+dirs = st.sampled_from(DIRS)
 data = st.binary(min_size=1, max_size=40)
 xattr_names = st.sampled_from(["user.a", "user.b"])
 
 OPS = st.one_of(
-    st.tuples(st.just("open"), users, paths, st.sampled_from(sorted(OPEN_FLAGS)),
+    st.tuples(st.just("open"), users, files, st.sampled_from(sorted(OPEN_FLAGS)),
               st.sampled_from(MODES), data),
-    st.tuples(st.just("read"), users, paths),
-    st.tuples(st.just("write"), users, paths, data),
-    st.tuples(st.just("truncate"), users, paths, st.integers(0, 30)),
-    st.tuples(st.just("ftruncate"), users, paths, st.sampled_from(["r", "w", "rw"]),
+    st.tuples(st.just("read"), users, files),
+    st.tuples(st.just("write"), users, files, data),
+    st.tuples(st.just("truncate"), users, files, st.integers(0, 30)),
+    st.tuples(st.just("ftruncate"), users, files, st.sampled_from(["r", "w", "rw"]),
               st.integers(0, 30)),
-    st.tuples(st.just("unlink"), users, paths),
-    st.tuples(st.just("rmdir"), users, paths),
-    st.tuples(st.just("mkdir"), users, paths, st.sampled_from(MODES)),
+    st.tuples(st.just("unlink"), users, files),
+    st.tuples(st.just("rmdir"), users, dirs),
+    st.tuples(st.just("mkdir"), users, dirs, st.sampled_from(MODES)),
     st.tuples(st.just("rename"), users, paths, paths),
-    st.tuples(st.just("link"), users, paths, paths),
-    st.tuples(st.just("symlink"), users, st.sampled_from(["rw", "../rw", "nowhere"]), paths),
-    st.tuples(st.just("readlink"), users, paths),
+    st.tuples(st.just("link"), users, files, paths),
+    st.tuples(st.just("symlink"), users, st.sampled_from(["rw", "../rw", "nowhere"]), files),
+    st.tuples(st.just("readlink"), users, files),
     st.tuples(st.just("chmod"), users, paths, st.sampled_from(MODES)),
     st.tuples(st.just("chown"), users, paths, st.sampled_from(OWNERS),
               st.sampled_from(OWNERS)),
@@ -112,7 +118,7 @@ OPS = st.one_of(
               st.sampled_from([os.F_OK, os.R_OK, os.W_OK, os.X_OK, os.R_OK | os.W_OK])),
     st.tuples(st.just("setxattr"), users, paths, xattr_names, data),
     st.tuples(st.just("getxattr"), users, paths, xattr_names),
-    st.tuples(st.just("listdir"), users, paths),
+    st.tuples(st.just("listdir"), users, dirs),
     st.tuples(st.just("stat"), users, paths),
 )
 
