@@ -370,10 +370,18 @@ class InodeTable:
     def forget(self, ino: int) -> None:
         """The kernel forgot ``ino``: drop its memos unless it is open here."""
         with self._lock:
+            self._no_caps.pop(ino, None)
             if ino not in self._open:
                 self._stamps.pop(ino, None)
                 self._parents.pop(ino, None)
                 self.maps.drop(ino)
+
+    def memo_entries(self) -> dict[str, int]:
+        """How many entries each per-inode table holds now (tests, stats)."""
+        with self._lock:
+            return {"open": len(self._open), "stamps": len(self._stamps),
+                    "parents": len(self._parents), "no_caps": len(self._no_caps),
+                    "map_windows": self.maps.windows, "map_generations": self.maps.generations}
 
     # ------------------------------------------------------------------ memos
     def stamp(self, ino: int) -> Stamp | None:
@@ -409,9 +417,18 @@ class InodeTable:
         return until is not None and now < until
 
     def note_no_caps(self, ino: int, now: float) -> None:
-        """``ino`` has no ``security.capability`` (trusted ``NO_CAPS_TTL`` s)."""
+        """``ino`` has no ``security.capability`` (trusted ``NO_CAPS_TTL`` s).
+
+        Notes expire in the order they were made (one TTL for all): the
+        expired ones at the old end are dropped here, so the memo holds the
+        inodes noted in the last ``NO_CAPS_TTL`` s, not one per file created
+        over the life of the mount (every create notes one; the kernel does
+        not always ``forget`` the inode, and the note outlived the forget)."""
         with self._lock:
-            self._no_caps[ino] = now + NO_CAPS_TTL
+            memo = self._no_caps
+            while memo and next(iter(memo.values())) <= now:
+                memo.popitem(last=False)
+            memo[ino] = now + NO_CAPS_TTL
 
     def forget_no_caps(self, ino: int) -> None:
         with self._lock:
