@@ -12,6 +12,7 @@ import ast
 import os
 import re
 import shutil
+import sqlite3
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -293,6 +294,9 @@ def test_a_damaged_or_foreign_database_names_the_way_back(work: Path) -> None:
     is no database at all, which may be the wrong path."""
     assert small_format(work, "data").returncode == 0
     db = work / "data" / "meta.db"
+    conn = sqlite3.connect(db)  # everything into the main file: no WAL frame hides the damage
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
     with open(db, "r+b") as f:  # the second page onwards: the schema's tables
         f.seek(1024)
         f.write(b"\xff" * 8192)
