@@ -18,6 +18,7 @@ from tests.meta.recoverykit import (
     node_of,
     pattern,
     sql,
+    tree_with_bytes,
     write_file,
 )
 from tests.support.pgcluster import PgCluster
@@ -132,8 +133,8 @@ def test_lost_meta_db_is_rebuilt_from_the_backup_on_the_drives(tmp_path: Path) -
     assert len(slots) == 2  # one copy per drive
     late = write_file(vfs, b"after-backup", pattern(7, 300_000))
     late_slice = vfs.meta.read_map(late, 0, 10)[0].slice_id
-    vfs.shutdown()
-    before = listing(factory.meta_url)
+    before = tree_with_bytes(vfs)
+    vfs.shutdown()  # within FIRST_BACKUP_S of the backup above: writes no other
     for suffix in ("", "-wal", "-shm"):
         Path(f"{tmp_path}/meta.db{suffix}").unlink(missing_ok=True)
     specs = drive_specs(tmp_path, 2)
@@ -155,14 +156,15 @@ def test_the_newest_valid_backup_wins_and_a_damaged_one_is_skipped(tmp_path: Pat
     write_file(vfs, b"second", b"2")
     second = vfs.meta_backup.write()[0]
     vfs.shutdown()
-    assert (first.number, second.number) == (1, 2) and first.slot != second.slot
+    # (_populate's clean shutdown wrote the one before them)
+    assert second.number == first.number + 1 and first.slot != second.slot
     # Damage the first payload block of the newest backup, in place on the drive.
     with node_of(tmp_path) as node:
         area = node.store(0).slice_log.area  # type: ignore[attr-defined]
         area.write_backup(second.slot, 4096, [pattern(5, 4096)])
     target = f"sqlite3://{tmp_path / 'restored.db'}"  # beside the drives
     loaded = load_from_drives(drive_specs(tmp_path), target)
-    assert loaded.backup.number == 1
+    assert loaded.backup.number == first.number
     assert "/second" not in listing(target)
 
 
@@ -270,3 +272,22 @@ def test_a_backup_larger_than_its_slot_is_refused_before_the_slot_is_touched(
         assert sorted(slot.number for slot in backup_slots(log)) == [1, 2]
     finally:
         vfs.shutdown()
+
+
+def test_a_clean_shutdown_leaves_a_backup_of_the_metadata_as_left(tmp_path: Path) -> None:
+    """The periodic backup comes 30 s after opening: a file system used for less
+    than that had none on its drives. A clean shutdown writes one more, with
+    everything done before it; a second shutdown soon after writes none."""
+    factory = FsFactory(tmp_path)
+    vfs = factory.vfs()
+    write_file(vfs, b"short-lived", pattern(4, 10_000))
+    vfs.shutdown()
+    assert vfs.meta_backup.written == 1
+    vfs = factory.vfs()
+    vfs.meta_backup.write()  # written by this process just now: no second one
+    vfs.shutdown()
+    assert vfs.meta_backup.written == 1
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{tmp_path}/meta.db{suffix}").unlink(missing_ok=True)
+    assert load_from_drives(drive_specs(tmp_path), factory.meta_url).backup.number == 2
+    assert listing(factory.meta_url) == {"/short-lived": pattern(4, 10_000)}

@@ -11,7 +11,8 @@
 - ``MetadataBackup``: a compressed dump of the metadata written to every
   drive's backup slots (``shinglefs.store.metabackup``); the client's
   maintenance thread calls ``maybe_write`` every pass, and it writes one
-  every ``BACKUP_INTERVAL_S`` (the first ``FIRST_BACKUP_S`` after opening).
+  every ``BACKUP_INTERVAL_S`` (the first ``FIRST_BACKUP_S`` after opening);
+  a clean shutdown writes one more (``write_at_shutdown``).
 - ``load_from_drives``: rebuild a lost metadata database from the newest
   valid backup on the drives.
 
@@ -62,6 +63,11 @@ log = logging.getLogger(__name__)
 
 BACKUP_INTERVAL_S = 600.0
 FIRST_BACKUP_S = 30.0
+# A clean shutdown writes one more backup unless this process wrote one in the
+# last FIRST_BACKUP_S, or the metadata is large enough that a dump would hold
+# up the unmount (SHUTDOWN_BACKUP_MAX_S: what the last dump took).
+SHUTDOWN_BACKUP_MAX_S = 5.0
+SHUTDOWN_BACKUP_MAX_INODES = 200_000
 
 
 class FileSystemInUse(ShingleError):
@@ -406,6 +412,8 @@ class MetadataBackup:
         self.interval_s = interval_s
         self.next_due = time.monotonic() + first_s
         self.written = 0
+        self.last_written: float | None = None  # monotonic time of the last one
+        self.last_took_s = 0.0  # how long it took
 
     def maybe_write(self) -> None:
         if not self.interval_s or time.monotonic() < self.next_due or not self._logs():
@@ -420,6 +428,28 @@ class MetadataBackup:
             log.exception("metadata backup to the drives failed; retrying in %.0f s",
                           self.interval_s)
 
+    def write_at_shutdown(self) -> None:
+        """One more backup as the client closes cleanly, so that the drives hold the
+        metadata as it was left (a file system used for less than
+        ``FIRST_BACKUP_S`` had none at all). Skipped when this process wrote one
+        in the last ``FIRST_BACKUP_S``, or when a dump would hold up the unmount
+        (the last took over ``SHUTDOWN_BACKUP_MAX_S``; or none was written yet and
+        the file system has over ``SHUTDOWN_BACKUP_MAX_INODES`` inodes). Never
+        raises: a failure is logged and the shutdown goes on."""
+        if not self.interval_s or not self._logs():
+            return
+        now = time.monotonic()
+        if self.last_written is not None and (now - self.last_written < FIRST_BACKUP_S
+                                              or self.last_took_s > SHUTDOWN_BACKUP_MAX_S):
+            return
+        try:
+            if (self.last_written is None
+                    and self.meta.statfs().inodes > SHUTDOWN_BACKUP_MAX_INODES):
+                return
+            self.write()
+        except (ShingleError, OSError) as exc:
+            log.warning("metadata backup at shutdown not written: %s", exc)
+
     def _logs(self) -> list[SliceStore]:
         if not isinstance(self.node, StorageNode):  # a cluster: the servers hold the drives
             return []
@@ -429,6 +459,7 @@ class MetadataBackup:
     def write(self) -> list[BackupSlot]:
         """Dump the metadata (one consistent snapshot), compress it and write it to
         every drive. Returns the slots written; raises ``BackupError`` if none took it."""
+        started = time.monotonic()
         stores = self._logs()
         label = self.meta.format_info().uuid
         number = 1 + max((b.number for _, b in newest_backup(s.slice_log for s in stores)),
@@ -455,8 +486,10 @@ class MetadataBackup:
                               hint="keep dumps with `shinglefs dump META_URL FILE` (e.g. from "
                                    "cron), or give the drives larger conventional zones")
         self.written += 1
-        log.info("metadata backup %d written to %d drive(s), %d bytes", number, len(written),
-                 written[0].length)
+        self.last_written = time.monotonic()
+        self.last_took_s = self.last_written - started
+        log.info("metadata backup %d written to %d drive(s), %d bytes in %.1f s", number,
+                 len(written), written[0].length, self.last_took_s)
         return written
 
 

@@ -572,6 +572,7 @@ class VFS:
             self.jobs.closes.drain,
             self.jobs.session.end,
             self.jobs.deletions.run if self.config.deletion_consumer else (lambda: 0),
+            self.jobs.backup.write_at_shutdown,  # the drives keep the metadata as left
             self.node.close,
             self.meta.close,
         ):
