@@ -14,8 +14,9 @@ import pytest
 from tests.support.pgcluster import PgCluster
 
 from shinglefs.meta import pgwire
-from shinglefs.meta.backend import PostgresBackend, Tx, backend_from_url
+from shinglefs.meta.backend import Tx, backend_from_url
 from shinglefs.meta.errors import FsError, NotFormatted
+from shinglefs.meta.pgbackend import PostgresBackend
 
 pytestmark = pytest.mark.postgres
 

@@ -14,8 +14,9 @@ from tests.support.pgcluster import PgCluster
 from shinglefs.meta import open_meta
 from shinglefs.meta import schema as S
 from shinglefs.meta.api import ROOT_INO
-from shinglefs.meta.backend import PostgresBackend, backend_from_url
+from shinglefs.meta.backend import backend_from_url
 from shinglefs.meta.errors import MetaURLError
+from shinglefs.meta.pgbackend import PostgresBackend
 
 pytestmark = pytest.mark.postgres
 

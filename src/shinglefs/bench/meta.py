@@ -56,9 +56,10 @@ from urllib.parse import urlsplit, urlunsplit
 from shinglefs.meta import open_meta
 from shinglefs.meta import schema as S
 from shinglefs.meta.api import FIRST_COOKIE, ROOT_INO, MetaStore
-from shinglefs.meta.backend import PAGE_SIZE, Tx, pg_unavailable
+from shinglefs.meta.backend import PAGE_SIZE, Tx
 from shinglefs.meta.engine import SqlMetaStore
 from shinglefs.meta.errors import MetaUnavailable, MetaURLError
+from shinglefs.meta.pgerrors import pg_unavailable
 
 REPEATS = 3
 CLIENTS = 4
