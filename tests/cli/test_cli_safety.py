@@ -288,18 +288,44 @@ def test_relative_sqlite_urls_and_drive_paths_are_the_working_directory_s(work: 
     assert run(work, "umount", "mnt").returncode == 0
 
 
+def damage(db: Path, table: str | None = None) -> None:
+    """Overwrite 8 KiB of ``db``'s tables from the second page on, or only the
+    root page of ``table`` (after folding the WAL into the file: a frame in the
+    WAL would hide the damage)."""
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    page = conn.execute("PRAGMA page_size").fetchone()[0]
+    root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = ?",
+                        (table,)).fetchone()
+    conn.close()
+    offset, length = (1024, 8192) if table is None else ((root[0] - 1) * page, page)
+    with open(db, "r+b") as f:
+        f.seek(offset)
+        f.write(b"\xff" * length)
+
+
+@pytest.mark.fuse
+def test_up_on_a_damaged_database_refuses_before_mounting(work: Path) -> None:
+    """The mount answers the root's attributes itself before mounting: a damaged
+    meta.db is one line with the way back, and no mount whose every request
+    says EIO is left behind."""
+    assert run(work, "up", "data", "mnt").returncode == 0
+    (work / "mnt" / "f").write_text("here")
+    assert run(work, "umount", "mnt").returncode == 0
+    damage(work / "data" / "meta.db", "inodes")  # opens; the root's attributes fail
+    line = refused(run(work, "up", "data", "mnt"), 3)
+    assert "malformed" in line
+    assert "load --from-drives" in run(work, "up", "data", "mnt").stderr
+    assert mount_entry(work / "mnt") is None
+
+
 def test_a_damaged_or_foreign_database_names_the_way_back(work: Path) -> None:
     """A damaged meta.db is one line and exit 3 whose hint leads to the drives'
     metadata backup (and never suggests deleting anything); so is a file that
     is no database at all, which may be the wrong path."""
     assert small_format(work, "data").returncode == 0
     db = work / "data" / "meta.db"
-    conn = sqlite3.connect(db)  # everything into the main file: no WAL frame hides the damage
-    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    conn.close()
-    with open(db, "r+b") as f:  # the second page onwards: the schema's tables
-        f.seek(1024)
-        f.write(b"\xff" * 8192)
+    damage(db)
     (work / "junk.db").write_bytes(b"not a database " * 100)
     for url in (f"sqlite3://{db}", f"sqlite3://{work / 'junk.db'}"):
         line = refused(run(work, "status", url), 3)

@@ -68,6 +68,7 @@ from shinglefs.fuse.mounttable import (
     unmount,
     write_state,
 )
+from shinglefs.meta.api import ROOT_INO
 
 if TYPE_CHECKING:
     from shinglefs.client.vfs import VFS
@@ -305,6 +306,7 @@ def serve(
         report.update(mountpoint=mountpoint, pid=os.getpid(), fuse_ops=ops.op_stats.snapshot())
         return json.dumps(report, default=str).encode()
 
+    _answers_root(vfs)
     if offload_metadata is None:
         offload_metadata = bool(meta_url and meta_url.startswith(("postgres", "postgresql")))
     ops = ShingleOperations(vfs, offload_metadata=offload_metadata,
@@ -343,8 +345,26 @@ def serve(
             # Unmounts (lazily) only if the loop ended without the kernel unmounting.
             pyfuse3.close(unmount=True)
             remove_state(mountpoint)
+    while isinstance(failed, BaseExceptionGroup) and len(failed.exceptions) == 1:
+        failed = failed.exceptions[0]  # the loop's nursery wraps what failed in it
+    if isinstance(failed, ShingleError):
+        raise failed
     if failed is not None and not isinstance(failed, KeyboardInterrupt):
         raise MountFailedError(f"the mount of {mountpoint} failed: {failed}") from failed
+
+
+def _answers_root(vfs: VFS) -> None:
+    """Read the root's attributes before mounting: metadata that cannot answer
+    them (a damaged database, a lost PostgreSQL) fails the mount with its own
+    error and hint, instead of a mount whose every request says EIO. The VFS is
+    shut down first, writing no metadata backup (of metadata that fails)."""
+    try:
+        vfs.getattr(ROOT_INO)
+    except ShingleError:
+        vfs.meta_backup.interval_s = 0
+        with contextlib.suppress(Exception):
+            vfs.shutdown()
+        raise
 
 
 def mount(
