@@ -45,7 +45,7 @@ from shinglefs.server.errors import (
     SliceMissing,
     UnknownDrive,
 )
-from shinglefs.server.space import SpaceLedger
+from shinglefs.server.space import HostFileSystems, SpaceLedger
 from shinglefs.store import SliceStore, StoreConfig
 from shinglefs.store.api import MAX_SLICE_SIZE, PieceBytes, SliceStoreAPI, StoreSpace, StoreStats
 from shinglefs.store.api import Declined as Declined  # re-exported: the node's contract
@@ -228,7 +228,8 @@ class StorageNode:
         self._affinity: OrderedDict[int, int] = OrderedDict()  # group -> drive
         self._affinity_capacity = affinity_capacity
         self._placed: dict[int, int] = {}  # slice -> drive, for slices written by this node
-        self._space = SpaceLedger(self._stores, stats_ttl=stats_ttl)
+        self._space = SpaceLedger(self._stores, stats_ttl=stats_ttl, host=HostFileSystems(
+            {d: drive_path(spec) for d, spec in self._specs.items()}))
         for drive_id, store in self._stores.items():
             queue = store.scheduler if store.abilities.scheduler else None
             if isinstance(queue, WriteScheduler):  # tells when a run is in the drive's figure
@@ -608,7 +609,7 @@ class StorageNode:
             self._store(drive_id).flush()
 
     def stats(self) -> NodeStats:
-        """Capacity and free space summed over drives, with per-drive store counters."""
+        """Capacity and free space (a host file system's drives: at most its free) summed."""
         drives = []
         for drive_id in self.drive_ids:
             store = self._store(drive_id)
@@ -628,7 +629,7 @@ class StorageNode:
             )
         return NodeStats(
             capacity_bytes=sum(d.capacity_bytes for d in drives),
-            free_bytes=sum(d.free_bytes for d in drives),
+            free_bytes=self._space.host_capped({d.drive_id: d.free_bytes for d in drives}),
             live_bytes=sum(d.store.live_bytes for d in drives),
             user_bytes_written=sum(d.store.user_bytes_written for d in drives),
             device_bytes_written=sum(d.store.device_bytes_written for d in drives),

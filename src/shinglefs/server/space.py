@@ -54,13 +54,26 @@ reads), and a piece submitted before a read and done after it nowhere. An
 overlap of ``min(pending, since)`` would over-admit: a piece nobody
 reserved is not in ``reserved``.
 
+The host's file systems: a drive emulated on a file (a sparse image) or a
+flash directory takes the host file system's blocks as it is written, so it
+can only take what that file system has free, and drives on one file system
+share it. ``HostFileSystems`` groups such drives by file system; the room of
+a group is capped at the file system's free bytes (``statvfs``, read at most
+every ``stats_ttl``, less ``HOST_MARGIN`` for the metadata and logs beside
+the drives) less what was written to the group since and what is queued to
+it. A real zoned drive is in no group. Without the cap, a host file system
+filled by something else left ``df`` showing room that every write then
+failed to find.
+
 Thread safety: one lock, never held while calling out except for the
-stores' ``space()``; ``written`` runs on a drive's writing thread under its
-``io_lock`` and only counts.
+stores' ``space()`` and the host's ``statvfs``; ``written`` runs on a
+drive's writing thread under its ``io_lock`` and only counts.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 import threading
 import time
 from collections import deque
@@ -83,12 +96,48 @@ class _Piece:
     written: bool = False
 
 
+HOST_MARGIN = 64 * 1024 * 1024
+"""Host bytes left to what lives beside file-backed drives (metadata, logs)."""
+
+
+class HostFileSystems:
+    """The host file systems of file-backed drives (module docstring): drive ids
+    grouped by the device of the file system they live on."""
+
+    def __init__(self, paths: Mapping[int, str]) -> None:
+        self.group_of: dict[int, int] = {}  # drive id -> host device
+        self._where: dict[int, str] = {}  # host device -> a directory on it
+        for drive_id, path in paths.items():
+            try:
+                mode = os.stat(path).st_mode
+                if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                    continue  # a block device: a real drive
+                where = path if stat.S_ISDIR(mode) else os.path.dirname(os.path.abspath(path))
+                device = os.stat(where).st_dev
+            except OSError:
+                continue
+            self.group_of[drive_id] = device
+            self._where.setdefault(device, where)
+
+    def free(self, device: int) -> int:
+        """What the file system of ``device`` can still take, less ``HOST_MARGIN``."""
+        try:
+            st = os.statvfs(self._where[device])
+        except OSError:
+            return 0
+        return max(0, st.f_bavail * st.f_frsize - HOST_MARGIN)
+
+
 class SpaceLedger:
     """Space figures and the bytes not in them, per drive (module docstring)."""
 
-    def __init__(self, stores: dict[int, SliceStoreAPI], *, stats_ttl: float) -> None:
+    def __init__(self, stores: dict[int, SliceStoreAPI], *, stats_ttl: float,
+                 host: HostFileSystems | None = None) -> None:
         self._stores = stores
         self._stats_ttl = stats_ttl
+        self._host = host or HostFileSystems({})
+        self._host_figures: dict[int, tuple[float, int]] = {}  # device -> (read at, free)
+        self._host_written_since: dict[int, int] = {}
         self._lock = threading.Lock()
         self._figures: dict[int, tuple[float, StoreSpace]] = {}
         # (drive, slice, offset) -> its pieces not done: a retry of a failed piece
@@ -123,6 +172,7 @@ class SpaceLedger:
         """The next question reads every drive's figure afresh."""
         with self._lock:
             self._figures.clear()
+            self._host_figures.clear()
 
     def estimated_free(self, drive_id: int) -> tuple[int, StoreSpace]:
         """What ``drive_id`` can still take, and its figure: the figure less what
@@ -148,13 +198,47 @@ class SpaceLedger:
     def _room(self, drive_ids: Iterable[int], *, fresh: bool) -> tuple[int, int]:
         if fresh:
             self._figures.clear()
-        room = collecting = 0
+            self._host_figures.clear()
+        rooms: dict[int, int] = {}
+        collecting = 0
         for drive_id in drive_ids:
             figure = self._figure(drive_id)
-            room += (figure.writable_bytes - self._written_since[drive_id]
-                     - self._queued_unreserved[drive_id])
+            rooms[drive_id] = (figure.writable_bytes - self._written_since[drive_id]
+                               - self._queued_unreserved[drive_id])
             collecting += figure.zones_collecting
+        room = self._host_capped(rooms)
         return room - (self.reserved - self._written_reserved), collecting
+
+    def host_capped(self, free: Mapping[int, int]) -> int:
+        """The sum of ``free`` (bytes per drive), each host file system's drives
+        together at most what it can still take (``statfs``)."""
+        with self._lock:
+            return self._host_capped(free)
+
+    def _host_capped(self, rooms: Mapping[int, int]) -> int:
+        total = 0
+        grouped: dict[int, int] = {}
+        for drive_id, room in rooms.items():
+            device = self._host.group_of.get(drive_id)
+            if device is None:
+                total += room
+            else:
+                grouped[device] = grouped.get(device, 0) + room
+        for device, room in grouped.items():
+            queued = sum(self._queued_unreserved[d] for d, g in self._host.group_of.items()
+                         if g == device and d in self._queued_unreserved)
+            total += min(room, self._host_free(device) - queued)
+        return total
+
+    def _host_free(self, device: int) -> int:
+        """The host file system's free bytes less what was written to it since read."""
+        now = time.monotonic()
+        cached = self._host_figures.get(device)
+        if cached is None or now - cached[0] >= self._stats_ttl:
+            cached = (now, self._host.free(device))
+            self._host_figures[device] = cached
+            self._host_written_since[device] = 0
+        return cached[1] - self._host_written_since.get(device, 0)
 
     def take(self, nbytes: int, need: int, drive_ids: list[int]) -> tuple[bool, int, int]:
         """Reserve ``nbytes`` if ``need`` bytes fit the room, reading every figure
@@ -226,6 +310,9 @@ class SpaceLedger:
         piece.written = True
         self._queued[piece.drive_id] -= piece.size
         self._written_since[piece.drive_id] += piece.size
+        device = self._host.group_of.get(piece.drive_id)
+        if device is not None and device in self._host_written_since:
+            self._host_written_since[device] += piece.size
         if piece.reserved:
             self._written_reserved += piece.size
         else:
