@@ -94,6 +94,25 @@ def test_statfs_maps_bytes_to_blocks(ops: ShingleOperations) -> None:
     assert 0 < st.f_bfree <= st.f_blocks and st.f_ffree > 0 and st.f_namemax == 255
 
 
+def test_df_used_is_the_files_bytes_and_avail_what_can_be_written(
+        ops: ShingleOperations) -> None:
+    """As ext4 shows its reserved blocks: an empty file system is 0 % used (the
+    GC reserve and zone granularity are free, not available); "Avail" is what
+    ``write(2)`` can still take."""
+    empty = call(ops.statfs, Request())
+    assert empty.f_bfree == empty.f_blocks  # df: Used 0
+    assert empty.f_bavail * empty.f_frsize <= ops.vfs.statfs().free_bytes
+    assert empty.f_bavail < empty.f_bfree
+    fi, _entry = call(ops.create, pyfuse3.ROOT_INODE, b"f", stat.S_IFREG | 0o644,
+                      os.O_WRONLY, Request(uid=0, gid=0))
+    for off in range(0, 8 << 20, 1 << 20):
+        call(ops.write, fi.fh, off, b"x" * (1 << 20))
+    call(ops.flush, fi.fh)
+    call(ops.release, fi.fh)
+    used = call(ops.statfs, Request())
+    assert (used.f_blocks - used.f_bfree) * used.f_frsize == 8 << 20
+
+
 def test_the_status_xattr_is_read_only(ops: ShingleOperations) -> None:
     ops.status_provider = lambda: b'{"ok": 1}'
     name = b"user.shinglefs.status"

@@ -573,7 +573,8 @@ class ShingleFS:
             yield top, dirs, files
 
     def statvfs(self) -> StatFs:
-        """Capacity and free bytes of the drives, inode counts."""
+        """Capacity and free bytes of the drives (what can still be written), the
+        files' bytes (``used_bytes``: their logical sizes), inode counts."""
         with _as_oserror("/"):
             return self.vfs.statfs(self.ctx)
 

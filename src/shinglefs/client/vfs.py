@@ -459,14 +459,16 @@ class VFS:
 
     # ================================================================== misc
     def statfs(self, ctx: Ctx = ROOT_CTX) -> StatFs:
-        """Capacity and free space of the drives (store stats); inode counts from meta."""
+        """Capacity and free space of the drives (store stats: what can still be
+        written); the files' bytes (``used_bytes``, logical sizes) and inode
+        counts from meta."""
         self._check_open()
         stats = self.node.stats()
         counted = self.meta.statfs(stats.capacity_bytes)
         return StatFs(
             block_size=counted.block_size,
             capacity_bytes=stats.capacity_bytes,
-            used_bytes=stats.capacity_bytes - stats.free_bytes,
+            used_bytes=counted.used_bytes,
             free_bytes=stats.free_bytes,
             inodes=counted.inodes,
             inodes_free=counted.inodes_free,

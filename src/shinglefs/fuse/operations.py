@@ -627,8 +627,11 @@ class ShingleOperations(pyfuse3.Operations):
         data.f_bsize = st.block_size
         data.f_frsize = st.block_size
         data.f_blocks = st.capacity_bytes // st.block_size
-        data.f_bfree = st.free_bytes // st.block_size
-        data.f_bavail = data.f_bfree
+        # As ext4 keeps its reserved blocks: free but not available. df's "Used"
+        # is the files' bytes, not the GC reserve and zone granularity an empty
+        # file system already keeps back; "Avail" is what can still be written.
+        data.f_bfree = max(st.free_bytes, st.capacity_bytes - st.used_bytes) // st.block_size
+        data.f_bavail = st.free_bytes // st.block_size
         data.f_files = st.inodes + st.inodes_free
         data.f_ffree = st.inodes_free
         data.f_favail = st.inodes_free
