@@ -307,8 +307,10 @@ class MetaStore(ServerRegistry):
         truncate (see ``truncate``); needs write permission (EACCES) unless
         ``open_for_write`` (the caller holds a descriptor opened for writing:
         ftruncate), EISDIR on directories, EINVAL on other non-files or
-        negative sizes. ctime is set to now when anything changes. Returns the
-        new attributes.
+        negative sizes; by a non-root caller it clears S_ISUID, and S_ISGID
+        when group-executable or the caller is outside the file's group (as
+        Linux does, also for an ``open(O_TRUNC)``). ctime is set to now when
+        anything changes. Returns the new attributes.
 
         ``checked``: the caller's right to this change was already checked by
         Linux's rules (the kernel of a ``default_permissions`` mount), so no
@@ -650,7 +652,9 @@ class MetaStore(ServerRegistry):
         """Set the file size. Down: references past ``size`` are dropped or
         trimmed, slices no longer referenced are dereferenced (and queued for
         deletion at zero); bytes later re-exposed by growing read as zeros. Up:
-        size only (a hole). mtime/ctime = now. EISDIR, EINVAL, EACCES."""
+        size only (a hole). mtime/ctime = now. A non-root caller's truncation
+        clears S_ISUID, and S_ISGID when group-executable or the caller is
+        outside the file's group. EISDIR, EINVAL, EACCES."""
 
     @abstractmethod
     def read_map(self, ino: int, offset: int, length: int) -> list[ReadPiece]:
