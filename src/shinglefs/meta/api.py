@@ -1,12 +1,11 @@
 """The contract of the metadata engine, as the client and the storage side see it.
 
 ``MetaStore`` is the one abstract interface. Its records (frozen, slotted
-dataclasses and the constants of Linux's calls) live in
-``shinglefs.meta.records`` and are re-exported here, so a caller imports the
-whole contract from this module. ``shinglefs.meta.engine.SqlMetaStore``
-implements it over SQLite and PostgreSQL; ``shinglefs.meta.connect.open_meta``
-(re-exported as ``shinglefs.meta.open_meta``) opens one from a URL. This
-module imports neither: the contract does not know its implementations.
+dataclasses, the constants of Linux's calls) live in ``meta.records``,
+re-exported here: a caller imports the whole contract from this module.
+``meta.engine.SqlMetaStore`` implements it over SQLite and PostgreSQL;
+``meta.connect.open_meta`` (also ``shinglefs.meta.open_meta``) opens one
+from a URL. The contract does not import its implementations.
 
 Rules every method follows (stated once here, repeated only where they bend):
 
@@ -19,8 +18,7 @@ Rules every method follows (stated once here, repeated only where they bend):
   ``ENODATA``, ``ERANGE``, ``E2BIG``, ``EOPNOTSUPP``...). A raised error means
   the transaction was rolled back.
 - ``ctx`` is the caller's credentials; the default ``ROOT_CTX`` bypasses
-  permission checks the way root does on Linux (read/write always, search on
-  directories, execute only if some x bit is set).
+  permission checks as root does on Linux (execute only if some x bit is set).
 - Names are ``bytes`` (no encoding is assumed). Times are integer nanoseconds
   since the epoch. Inode numbers and slice ids are positive 64-bit integers;
   inode numbers are never reused, so ``generation`` is constant.
@@ -307,9 +305,7 @@ class MetaStore(ServerRegistry):
         truncate (see ``truncate``); needs write permission (EACCES) unless
         ``open_for_write`` (the caller holds a descriptor opened for writing:
         ftruncate), EISDIR on directories, EINVAL on other non-files or
-        negative sizes; by a non-root caller it clears S_ISUID, and S_ISGID
-        when group-executable or the caller is outside the file's group (as
-        Linux does, also for an ``open(O_TRUNC)``). ctime is set to now when
+        negative sizes; set-id bits as ``truncate``. ctime is set to now when
         anything changes. Returns the new attributes.
 
         ``checked``: the caller's right to this change was already checked by
@@ -652,9 +648,9 @@ class MetaStore(ServerRegistry):
         """Set the file size. Down: references past ``size`` are dropped or
         trimmed, slices no longer referenced are dereferenced (and queued for
         deletion at zero); bytes later re-exposed by growing read as zeros. Up:
-        size only (a hole). mtime/ctime = now. A non-root caller's truncation
-        clears S_ISUID, and S_ISGID when group-executable or the caller is
-        outside the file's group. EISDIR, EINVAL, EACCES."""
+        size only (a hole). mtime/ctime = now; a non-root caller clears S_ISUID,
+        and S_ISGID if group-executable or outside the file's group (Linux's
+        rule, ``open(O_TRUNC)`` too). EISDIR, EINVAL, EACCES."""
 
     @abstractmethod
     def read_map(self, ino: int, offset: int, length: int) -> list[ReadPiece]:
