@@ -459,9 +459,8 @@ class VFS:
 
     # ================================================================== misc
     def statfs(self, ctx: Ctx = ROOT_CTX) -> StatFs:
-        """Capacity and free space of the drives (store stats: what can still be
-        written); the files' bytes (``used_bytes``, logical sizes) and inode
-        counts from meta."""
+        """The drives' capacity and what can still be written (store stats); the
+        files' bytes (``used_bytes``: logical sizes) and inode counts (meta)."""
         self._check_open()
         stats = self.node.stats()
         counted = self.meta.statfs(stats.capacity_bytes)
