@@ -6,6 +6,8 @@ from __future__ import annotations
 import ctypes
 import os
 import pickle
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,7 +18,7 @@ import trio
 
 from shinglefs.client.config import ClientConfig
 from shinglefs.client.filesystem import format_filesystem, open_filesystem
-from shinglefs.fuse.harness import default_drives
+from shinglefs.fuse.harness import MountedFileSystem, default_drives
 from shinglefs.fuse.operations import ShingleOperations
 
 GiB = 1024**3
@@ -119,3 +121,26 @@ def as_user(func: Callable[[], object], uid: int = NOBODY, gid: int = NOGROUP,
     """Run ``func()`` in a forked child with the given credentials (uid 0: stay root);
     return the errno it raised, or 0."""
     return run_as(lambda: (func(), None)[1], uid, gid, groups)[0]
+
+
+@contextmanager
+def root_mount_and_local(prefix: str) -> Iterator[tuple[Path, Path]]:
+    """(mount, local): a default mount made by root (so it serves every user:
+    allow_other, default_permissions) and a local directory, both 0755 under a
+    fresh /tmp directory every user may traverse (pytest's are 0700). The
+    caller skips unless root."""
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    base.chmod(0o755)
+    fs = MountedFileSystem(base / "data", base / "mnt")
+    fs.format()
+    fs.start()
+    try:
+        local = base / "local"
+        local.mkdir(mode=0o755)
+        for root in (fs.mountpoint, local):
+            root.chmod(0o755)
+        yield fs.mountpoint, local
+    finally:
+        code = fs.stop()
+        shutil.rmtree(base, ignore_errors=True)
+    assert code == 0, fs.log_text()

@@ -19,7 +19,6 @@ import errno
 import os
 import shutil
 import stat
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,9 +27,15 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.fuse.opskit import NOBODY, NOGROUP, UTIME_NOW, UTIME_OMIT, run_as, utimensat
-
-from shinglefs.fuse.harness import MountedFileSystem
+from tests.fuse.opskit import (
+    NOBODY,
+    NOGROUP,
+    UTIME_NOW,
+    UTIME_OMIT,
+    root_mount_and_local,
+    run_as,
+    utimensat,
+)
 
 pytestmark = pytest.mark.fuse
 
@@ -359,21 +364,8 @@ def trees() -> Iterator[tuple[Path, Path]]:
     mount is a default one made by root (allow_other, default_permissions)."""
     if os.geteuid() != 0:
         pytest.skip("switches users: needs root")
-    base = Path(tempfile.mkdtemp(prefix="shinglefs-udiff-", dir="/tmp"))
-    base.chmod(0o755)
-    fs = MountedFileSystem(base / "data", base / "mnt")
-    fs.format()
-    fs.start()
-    try:
-        local = base / "local"
-        local.mkdir()
-        for root in (fs.mountpoint, local):
-            root.chmod(0o755)
-        yield fs.mountpoint, local
-    finally:
-        code = fs.stop()
-        shutil.rmtree(base, ignore_errors=True)
-    assert code == 0, fs.log_text()
+    with root_mount_and_local("shinglefs-udiff-") as pair:
+        yield pair
 
 
 # Sequences the random test once found wrong on the mount, kept as fixed cases.

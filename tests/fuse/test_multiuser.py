@@ -22,7 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from tests.fuse.opskit import NOBODY, NOGROUP, UTIME_NOW, UTIME_OMIT, as_user, utimensat
+from tests.fuse.opskit import (
+    NOBODY,
+    NOGROUP,
+    UTIME_NOW,
+    UTIME_OMIT,
+    as_user,
+    root_mount_and_local,
+    utimensat,
+)
 
 from shinglefs.fuse.errors import AllowOtherDeniedError
 from shinglefs.fuse.harness import MountedFileSystem, shinglefs_command
@@ -39,22 +47,8 @@ def trees() -> Iterator[tuple[Path, Path]]:
     mount is a default one made by root (so it serves every user)."""
     if os.geteuid() != 0:
         pytest.skip("switches users: needs root")
-    base = Path(tempfile.mkdtemp(prefix="shinglefs-multiuser-", dir="/tmp"))
-    base.chmod(0o755)
-    fs = MountedFileSystem(base / "data", base / "mnt")
-    fs.format()
-    fs.start()
-    try:
-        local = base / "local"
-        local.mkdir(mode=0o755)
-        pair = (fs.mountpoint, local)
-        for root in pair:
-            root.chmod(0o755)
+    with root_mount_and_local("shinglefs-multiuser-") as pair:
         yield pair
-    finally:
-        code = fs.stop()
-        shutil.rmtree(base, ignore_errors=True)
-    assert code == 0, fs.log_text()
 
 
 @dataclass(frozen=True)
