@@ -253,7 +253,7 @@ def test_one_client_fills_the_server_then_writes_again_after_deleting(
 def test_a_slice_whose_first_piece_cannot_be_sent_fails_its_write_not_an_assertion(
         tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
     """The first piece of a file's second slice finds no server to go to:
-    ``submit`` itself raises (``NoServers``, ENOSPC), nothing sent. Here the
+    ``submit`` itself raises (``NoServers``, EIO), nothing sent. Here the
     only server died during the first slice (a refused connection leaves it
     out of placement) and a small write budget makes the write wait for the
     first slice's failed pieces before it fills the second slice's first.

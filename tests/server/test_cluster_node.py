@@ -149,14 +149,16 @@ def test_a_killed_server_comes_back_with_its_slices(
         fs.close()
 
 
-def test_with_no_live_server_a_write_is_enospc_and_nothing_is_kept(
+def test_with_no_live_server_a_write_is_eio_and_nothing_is_kept(
         meta_url: str) -> None:
+    """No server live is a missing file system, not a full one: EIO saying so
+    and how to start one (ENOSPC sent users looking for space to free)."""
     fs = shinglefs.connect(meta_url)
     try:
         with pytest.raises(OSError) as caught:
             fs.write_bytes("/nowhere.bin", os.urandom(2 * MiB))
-        assert caught.value.errno == errno.ENOSPC
-        assert "storage server" in str(caught.value.__cause__)
+        assert caught.value.errno == errno.EIO
+        assert "no live storage server" in str(caught.value.__cause__)
         assert not fs.exists("/nowhere.bin") or fs.stat("/nowhere.bin").st_size == 0
     finally:
         fs.close()

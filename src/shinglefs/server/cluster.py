@@ -271,8 +271,8 @@ class ClusterNode:
                 frees = server_frees(self._live, self._free)
                 if self._holds.take(frees, self._copies, nbytes, ino, goal):
                     return
-            if not self._live and self._local_server is not None:
-                raise no_servers(self._local_server)  # the owner is gone: EIO, not full
+            if not self._live:
+                raise no_servers(self._local_server)  # no server at all: EIO, not full
             copies = self._copies(goal)
             raise NodeFull(0, None, f"{nbytes} bytes ({copies} copies) do not fit: "
                                     f"{replicated_room(frees, copies)} bytes can be written "

@@ -164,18 +164,16 @@ class RemoteNodeError(NodeError):
 
 
 class NoServers(ShingleError):
-    """No live storage server with a drive: nothing can be written."""
+    """No live storage server with a drive: nothing can be written. Not a full
+    file system but a missing one: EIO, as every read that needs a server gets
+    meanwhile (ENOSPC would send a user looking for space to free)."""
 
-    errno = _errno.ENOSPC
+    errno = _errno.EIO
 
 
 class OwnerGone(NoServers):
     """The process that shares an embedded file system's drives (``shinglefs up``,
-    or the first process that opened it: server/share.py) is not serving them:
-    not a full file system, a missing one (EIO, as every other request that
-    needs the drives gets meanwhile)."""
-
-    errno = _errno.EIO
+    or the first process that opened it: server/share.py) is not serving them."""
 
 
 def no_servers(local_server: int | None) -> NoServers:
