@@ -228,3 +228,9 @@ def test_status_of_an_unmounted_file_system_by_url(workdir: Path) -> None:
     assert report["inodes"] >= 1
     assert [d["spec"].split(":")[0] for d in report["drives"]] == ["emulated"]
     assert sum(report["zones"].values()) == 16  # 4 GiB in 256 MiB zones
+    # status only looks: the formatted file system has no metadata backup yet,
+    # and looking wrote none (status says how to get one)
+    assert report["metadata_backup"] == {"number": 0, "created_ns": 0, "bytes": 0, "drives": 0}
+    assert cli("status", url, "--json").returncode == 0
+    shown = cli("status", url)
+    assert "none on the drives yet" in shown.stdout, shown.stdout

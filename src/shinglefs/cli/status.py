@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -137,7 +138,19 @@ def collect_status(vfs: VFS, *, meta_url: str | None = None,
         "zones": zones,
         "drives": drives,
         "servers": server_status(vfs.meta, server_timeout_s),
+        "metadata_backup": vfs.meta_backup.newest(),
     }
+
+
+def _backup_line(backup: dict[str, int] | None) -> str:
+    """The newest metadata backup on the drives, for ``load --from-drives``."""
+    if backup is None:
+        return "none: the drives are storage servers' (keep `shinglefs dump`s)"
+    if not backup["number"]:
+        return "none on the drives yet (one 30 s after opening, then every 10 min)"
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(backup["created_ns"] / 1e9))
+    return (f"number {backup['number']} of {when}, {human(backup['bytes'])}, "
+            f"on {backup['drives']} drive(s)")
 
 
 def require_shingle_mount(mountpoint: str) -> None:
@@ -167,6 +180,7 @@ def _status_of_url(meta_url: str, server_timeout_s: float | None) -> dict[str, A
 
     meta_url = absolute_meta_url(meta_url)
     vfs = open_filesystem(meta_url, join=True)
+    vfs.meta_backup.interval_s = 0  # a look changes nothing: no backup at its close
     try:
         return collect_status(vfs, meta_url=meta_url, server_timeout_s=server_timeout_s)
     finally:
@@ -236,6 +250,7 @@ def _print_status(status: dict[str, Any], title: str) -> None:
     summary.add_row("inodes", str(status["inodes"]))
     summary.add_row("write amplification", f"{status['write_amplification']:.3f}")
     summary.add_row("zones", ", ".join(f"{k} {v}" for k, v in sorted(status["zones"].items())))
+    summary.add_row("metadata backup", _backup_line(status.get("metadata_backup")))
     console.print(summary)
     drives = Table(title="drives")
     for column in ("id", "spec", "capacity", "free", "live", "WA", "zones by condition",

@@ -450,6 +450,20 @@ class MetadataBackup:
         except (ShingleError, OSError) as exc:
             log.warning("metadata backup at shutdown not written: %s", exc)
 
+    def newest(self) -> dict[str, int] | None:
+        """The newest valid backup on this process's drives (``number``,
+        ``created_ns``, ``bytes``, on how many ``drives``; number 0: none yet),
+        None when the drives are storage servers' (``shinglefs status``)."""
+        logs = self._logs()
+        if not logs:
+            return None
+        found = newest_backup(s.slice_log for s in logs)
+        if not found:
+            return {"number": 0, "created_ns": 0, "bytes": 0, "drives": 0}
+        head = found[0][1]
+        return {"number": head.number, "created_ns": head.created_ns, "bytes": head.length,
+                "drives": sum(1 for _log, slot in found if slot.number == head.number)}
+
     def _logs(self) -> list[SliceStore]:
         if not isinstance(self.node, StorageNode):  # a cluster: the servers hold the drives
             return []
