@@ -61,7 +61,9 @@ share it. ``HostFileSystems`` groups such drives by file system; the room of
 a group is capped at the file system's free bytes (``statvfs``, read at most
 every ``stats_ttl``, less ``HOST_MARGIN`` for the metadata and logs beside
 the drives) less what was written to the group since and what is queued to
-it. A real zoned drive is in no group. Without the cap, a host file system
+it. A real zoned drive is in no group. (On a host file system that cannot
+punch holes, a reset zone keeps its blocks and the cap undercounts what the
+drives could rewrite there.) Without the cap, a host file system
 filled by something else left ``df`` showing room that every write then
 failed to find.
 
@@ -106,6 +108,7 @@ class HostFileSystems:
 
     def __init__(self, paths: Mapping[int, str]) -> None:
         self.group_of: dict[int, int] = {}  # drive id -> host device
+        self.members: dict[int, list[int]] = {}  # host device -> its drive ids
         self._where: dict[int, str] = {}  # host device -> a directory on it
         for drive_id, path in paths.items():
             try:
@@ -117,6 +120,7 @@ class HostFileSystems:
             except OSError:
                 continue
             self.group_of[drive_id] = device
+            self.members.setdefault(device, []).append(drive_id)
             self._where.setdefault(device, where)
 
     def free(self, device: int) -> int:
@@ -225,8 +229,7 @@ class SpaceLedger:
             else:
                 grouped[device] = grouped.get(device, 0) + room
         for device, room in grouped.items():
-            queued = sum(self._queued_unreserved[d] for d, g in self._host.group_of.items()
-                         if g == device and d in self._queued_unreserved)
+            queued = sum(self._queued_unreserved[d] for d in self._host.members[device])
             total += min(room, self._host_free(device) - queued)
         return total
 
