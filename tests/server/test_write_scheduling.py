@@ -160,3 +160,17 @@ def test_a_drives_queue_depth_is_what_waits_in_its_scheduler(node: StorageNode) 
     writes = node.stats().drives[0].writes
     assert (writes.queued_pieces, writes.queued_bytes) == (0, 0)
     assert (writes.runs, writes.bytes_written, writes.group_switches) == (3, 6 * 4096, 3)
+
+
+def test_a_durable_put_behind_a_full_hold_on_its_own_connection_is_not_stuck(
+        node: StorageNode) -> None:
+    # The held 4 MiB wait for a durable piece of their group (the linger is a
+    # minute), and the durable piece waits, unread behind them on the same
+    # connection, for held room: the server must break that circle itself.
+    with SliceServer(node, SECRET, held_bytes=4 * MiB) as server, \
+            RemoteNode(server.address, SECRET, connections=1, timeout=20) as client:
+        queued = client.submit_write(0x5000, 0, b"q" * 4 * MiB, 3, drive_id=0)
+        assert client.write(0x5001, 0, b"d" * MiB, 3, drive_id=0, durable=True) == 0
+        assert queued.result(20) == 0
+        assert client.read(0x5000, 0, 4 * MiB) == b"q" * 4 * MiB
+        assert server.held.held == 0

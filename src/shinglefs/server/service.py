@@ -30,8 +30,10 @@ until then.
 Back-pressure: a connection stops being read while it has
 ``Limits.max_in_flight`` requests or ``max_in_flight_bytes`` bytes (payloads
 in and out) outstanding, or before a PUT's payload while the server holds
-``held_bytes`` of PUTs for its drive not yet stored (``HeldBytes``), so fast clients,
-however many, are slowed by TCP, not by memory.
+``held_bytes`` of PUTs for its drive not yet stored (``HeldBytes``, which
+expedites the oldest held piece when a reader waits long with nothing
+stored: the held pieces may linger for one unread behind it), so fast
+clients, however many, are slowed by TCP, not by memory.
 
 Failure isolation: whatever one connection does — a wrong secret, a
 replayed handshake or frame, a malformed, oversized or truncated frame, a
@@ -51,7 +53,7 @@ import ssl
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any, Protocol
 
@@ -404,10 +406,10 @@ class _Connection:
                 cost: int) -> None:
         """A PUT: queue the piece on its drive (in this slice's lane, so in order)
         and answer when it is stored; the payload is held until then."""
-        def done(drive_id: int, future: Future[None]) -> None:
+        def done(drive_id: int, future: PieceFuture) -> None:
             exc = future.exception()
             self._let_go(payload, pooled)
-            self._server.held.give(header.payload_len, header.drive)
+            self._server.held.give(header.payload_len, header.drive, future)
             if exc is None:
                 self._answer(header, header.kind | RESPONSE_BIT, drive_id, b"", cost)
                 return
@@ -429,6 +431,7 @@ class _Connection:
                 log.exception("PUT from %s failed", self.peer)
             self._answer(header, Kind.ERROR | RESPONSE_BIT, 0, error_body(exc), cost)
             return
+        self._server.held.submitted(header.drive, future)
         future.add_done_callback(functools.partial(done, drive_id))
 
     def _let_go(self, payload: memoryview, pooled: bytearray | None) -> None:
