@@ -47,7 +47,8 @@ def check_replicas(replicas: int | None) -> None:
 
 
 def _goals_of(tx: Tx, inos: list[int]) -> list[Any]:
-    return tx.all(S.replica_goals(len(inos)), inos)
+    padded = S.in_list(inos)
+    return tx.all(S.replica_goals(len(padded)), padded)
 
 
 def check_resizable(a: InodeAttr) -> None:

@@ -129,7 +129,8 @@ class ChunkOps(SqlCore):
                           f"{SLICE_RECORDS_BATCH}")
         if not ids:
             return 0
-        return self._run(lambda tx: tx.run(S.touch_slices(len(ids)), (now_ns(), *ids)))
+        padded = S.in_list(ids)
+        return self._run(lambda tx: tx.run(S.touch_slices(len(padded)), (now_ns(), *padded)))
 
     def set_slice_replicas(self, slice_id: int, replicas: Sequence[Replica]) -> None:
         def txn(tx: Tx) -> None:

@@ -147,8 +147,9 @@ class SqlCore(MetaStore):
         ``schema.lock_inodes``); a no-op on SQLite."""
         if not self._b.dialect.row_locks:
             return
-        wanted = sorted({i for i in inos if i is not None})
-        tx.all(S.lock_inodes(len(wanted)), wanted)
+        wanted = S.in_list(sorted({i for i in inos if i is not None}))
+        if wanted:
+            tx.all(S.lock_inodes(len(wanted)), wanted)
 
     def format_info(self) -> FormatInfo:
         """The format record (``MetaStore.format_info``); here because every

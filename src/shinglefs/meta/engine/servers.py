@@ -100,7 +100,7 @@ SECRET_BYTES = 32
 def _sel_slice_rows(count: int) -> str:
     """The slice rows of ``count`` ids (``?`` each)."""
     return ("SELECT id, length, grp, state, refcount FROM slices "
-            f"WHERE id IN ({_marks(count)})")
+            f"WHERE id IN ({S.in_marks(count)})")
 
 
 def _sel_replica_rows(count: int) -> str:
@@ -109,7 +109,7 @@ def _sel_replica_rows(count: int) -> str:
     scan of every replica row (20 ms a page of 500 at 130,000 rows, growing with
     the table); each alone is an index scan (under 1 ms)."""
     return ("SELECT slice_id, server, drive FROM slice_replicas "
-            f"WHERE slice_id IN ({_marks(count)}) ORDER BY slice_id, server, drive")
+            f"WHERE slice_id IN ({S.in_marks(count)}) ORDER BY slice_id, server, drive")
 
 
 SEL_NEXT_SLICE_ID = "SELECT next_id FROM ids WHERE name = 'slice'"
@@ -139,30 +139,26 @@ FIRST_PAGE = -(1 << 63)
 """The ``after`` of a forget's first page: below every 64-bit slice id."""
 
 
-def _marks(count: int) -> str:
-    return ", ".join("?" * count)
-
-
 def _del_replicas_on(count: int) -> str:
-    return f"DELETE FROM slice_replicas WHERE server = ? AND slice_id IN ({_marks(count)})"
+    return f"DELETE FROM slice_replicas WHERE server = ? AND slice_id IN ({S.in_marks(count)})"
 
 
 def _sel_emptied(count: int) -> str:
     """The TO_DELETE slices among ``count`` ids that no replica row names any more."""
-    return (f"SELECT id FROM slices WHERE state = 'to_delete' AND id IN ({_marks(count)}) "
+    return (f"SELECT id FROM slices WHERE state = 'to_delete' AND id IN ({S.in_marks(count)}) "
             "AND NOT EXISTS (SELECT 1 FROM slice_replicas r WHERE r.slice_id = slices.id)")
 
 
 def _del_deletions(count: int) -> str:
-    return f"DELETE FROM deletions WHERE slice_id IN ({_marks(count)})"
+    return f"DELETE FROM deletions WHERE slice_id IN ({S.in_marks(count)})"
 
 
 def _del_slices(count: int) -> str:
-    return f"DELETE FROM slices WHERE id IN ({_marks(count)})"
+    return f"DELETE FROM slices WHERE id IN ({S.in_marks(count)})"
 
 
 def _end_leases(count: int) -> str:
-    return f"UPDATE deletions SET lease_ns = 0 WHERE slice_id IN ({_marks(count)})"
+    return f"UPDATE deletions SET lease_ns = 0 WHERE slice_id IN ({S.in_marks(count)})"
 
 
 def _records(tx: Tx, ids: Sequence[int]) -> dict[int, SliceInfo]:
@@ -170,6 +166,7 @@ def _records(tx: Tx, ids: Sequence[int]) -> dict[int, SliceInfo]:
     one, with their replicas, by id."""
     if not ids:
         return {}
+    ids = S.in_list(ids)
     replicas: dict[int, list[Replica]] = {}
     for sid, server, drive in tx.all(_sel_replica_rows(len(ids)), ids):
         replicas.setdefault(int(sid), []).append(Replica(server, drive))
@@ -185,12 +182,13 @@ def _forget_replicas(tx: Tx, server: str, after: int) -> list[int]:
     ids = sorted({int(r[0]) for r in tx.all(SEL_SLICES_ON, (after, server, SLICE_RECORDS_BATCH))})
     if not ids:
         return ids
-    tx.run(_del_replicas_on(len(ids)), (server, *ids))
-    emptied = [int(r[0]) for r in tx.all(_sel_emptied(len(ids)), ids)]
+    padded = S.in_list(ids)
+    tx.run(_del_replicas_on(len(padded)), (server, *padded))
+    emptied = S.in_list([int(r[0]) for r in tx.all(_sel_emptied(len(padded)), padded)])
     if emptied:
         tx.run(_del_deletions(len(emptied)), emptied)
         tx.run(_del_slices(len(emptied)), emptied)
-    tx.run(_end_leases(len(ids)), ids)  # the others' holders may take them at once
+    tx.run(_end_leases(len(padded)), padded)  # the others' holders may take them at once
     return ids
 
 

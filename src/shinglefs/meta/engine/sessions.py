@@ -34,7 +34,7 @@ from shinglefs.meta.records import (
     SliceState,
 )
 
-CLOSES_PER_STATEMENT = 500
+CLOSES_PER_STATEMENT = 512
 """Inodes one ``close_linked`` statement closes at most."""
 
 
@@ -126,7 +126,7 @@ class SessionOps(SqlCore):
             freed = []
             closed: set[int] = set()
             for at in range(0, len(once), CLOSES_PER_STATEMENT):
-                part = once[at:at + CLOSES_PER_STATEMENT]
+                part = S.in_list(once[at:at + CLOSES_PER_STATEMENT])
                 closed.update(r[0] for r in tx.all(S.close_linked(len(part)), (session, *part)))
             for ino in inos:
                 if ino in closed or tx.run(S.CLOSE_LINKED, (session, ino, ino)):
