@@ -368,6 +368,22 @@ def test_back_pressure_keeps_every_piece(node: StorageNode) -> None:
         assert rn.read(30, 0, 6 * MiB) == blob == rn.read(31, 0, 6 * MiB)
 
 
+def test_a_cancelled_request_leaves_its_connection_serving(server: SliceServer) -> None:
+    """A caller may cancel a request's future while it waits: its answer is then
+    dropped, and the connection's reader goes on serving the others."""
+    blob = os.urandom(MiB)
+    with RemoteNode(server.address, SECRET, connections=1, timeout=10) as rn:
+        cancelled = [rn.submit_write(40 + i, 0, blob, group=1) for i in range(8)]
+        assert all(f.cancel() for f in cancelled)  # before any answer came
+        kept = rn.submit_write(48, 0, blob, group=1)
+        assert kept.result(20) in server.node.drive_ids
+        assert rn.read(47, 0, MiB) == blob  # a cancelled PUT was still stored
+        rn.ping()
+        pending = rn.submit_read(48, 0, MiB)
+        pending.cancel()  # still outstanding when the connection closes below
+    assert pending.cancelled()
+
+
 def test_a_hung_server_gives_request_timeout(tmp_path: Path) -> None:
     """A server that authenticates and then never answers: the caller gets
     RequestTimeout, the requests beside it ConnectionLost, nobody hangs."""

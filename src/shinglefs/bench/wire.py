@@ -8,8 +8,9 @@ per connection, and the server acknowledges each piece (except the baseline):
   preallocated buffer on the other side, no framing, no acknowledgment.
 - ``shinglefs``: this project's protocol (``server.service.SliceServer`` and
   ``server.remote.RemoteNode``: authenticated handshake, MAC'd frame headers,
-  payloads ``recv_into`` their own buffer, worker threads) over a node that
-  drops what it is given, so only the transport is measured.
+  payloads ``recv_into`` their own buffer, each PUT submitted by the
+  connection's reader and answered through its writer thread) over a node
+  that drops what it is given, so only the transport is measured.
 - ``shinglefs_read``: the same, pieces flowing back (READ answers), each
   received straight into a caller's buffer (``RemoteNode.submit_readinto``).
 - ``shinglefs_tls``: PUTs inside TLS (a throwaway self-signed certificate made
@@ -17,7 +18,7 @@ per connection, and the server acknowledges each piece (except the baseline):
 - ``threads``: the bare transport ``shinglefs`` is built on — the frames of the
   candidates below over blocking sockets, a thread per connection, payload
   ``recv_into`` one buffer — so the transports compare without our protocol's
-  work (MACs, dispatch to workers, futures).
+  work (MACs, bounds, back-pressure accounting, futures).
 - ``asyncio``: length-prefixed frames on ``asyncio.BufferedProtocol``
   (payload received into a preallocated buffer via ``get_buffer``), client on
   asyncio transports.

@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import itertools
 import logging
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
@@ -78,6 +79,32 @@ _GOLDEN = 0x9E3779B97F4A7C15
 _U64 = (1 << 64) - 1
 
 Answer = tuple[Header, bytearray | memoryview]
+Finish = Callable[[Header, Any], Any]  # an answer's (header, body) -> the future's result
+Pick = Callable[[Header, Any], Any]  # a checked answer's (header, body) -> the caller's value
+
+
+def _settle(future: Future[Any], value: Any = None, error: BaseException | None = None) -> None:
+    """Complete a request's future, unless its caller cancelled it (the answer is
+    then dropped: never an error in the reader thread)."""
+    try:
+        if error is None:
+            future.set_result(value)
+        else:
+            future.set_exception(error)
+    except concurrent.futures.InvalidStateError:
+        pass
+
+
+def _arg(header: Header, _body: Any) -> int:
+    return header.arg
+
+
+def _body(_header: Header, body: Any) -> Any:
+    return body
+
+
+def _received(header: Header, _body: Any) -> int:
+    return header.payload_len
 
 
 _unknown_logged: set[tuple[str, str]] = set()
@@ -166,7 +193,8 @@ class _Channel:
         self._sock = sock
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
-        self._pending: dict[int, Future[Answer]] = {}
+        # request id -> its future and what the reader makes of the answer (None: the answer)
+        self._pending: dict[int, tuple[Future[Any], Finish | None]] = {}
         self._targets: dict[int, memoryview] = {}  # request id -> caller's buffer (readinto)
         self._failure: WireError | None = None
         self._reader = threading.Thread(target=self._read_loop, name=f"slice-recv {label}",
@@ -178,14 +206,16 @@ class _Channel:
         return self._failure is None
 
     def call(self, header: Header, payload: Any = b"",
-             into: memoryview | None = None) -> Future[Answer]:
-        """Send one request; the future gets its answer or a ``WireError``. ``into``:
-        an answer's payload that fits is received straight into it."""
-        future: Future[Answer] = Future()
+             into: memoryview | None = None, finish: Finish | None = None) -> Future[Any]:
+        """Send one request; the future gets its answer (``finish``: what
+        ``finish(header, body)`` returns or raises, run by the reader thread) or a
+        ``WireError``. ``into``: an answer's payload that fits is received
+        straight into it."""
+        future: Future[Any] = Future()
         with self._lock:
             if self._failure is not None:
                 raise self._failure
-            self._pending[header.request_id] = future
+            self._pending[header.request_id] = (future, finish)
             if into is not None:
                 self._targets[header.request_id] = into
         try:
@@ -203,7 +233,7 @@ class _Channel:
                 header = decode_header(header_buf, self._limits)
                 self._opener.check(header, header_buf)
                 with self._lock:
-                    future = self._pending.pop(header.request_id, None)
+                    entry = self._pending.pop(header.request_id, None)
                     target = self._targets.pop(header.request_id, None)
                 payload: bytearray | memoryview
                 if (target is not None and header.kind == Kind.READ.response
@@ -213,10 +243,19 @@ class _Channel:
                     payload = bytearray(header.payload_len)
                 if header.payload_len:
                     recv_exactly(self._sock, payload)
-                if future is None:
+                if entry is None:
                     raise FrameError(f"an answer to request {header.request_id}, "
                                      "which is not outstanding")
-                future.set_result((header, payload))
+                future, finish = entry
+                if finish is None:
+                    _settle(future, (header, payload))
+                    continue
+                try:
+                    value = finish(header, payload)
+                except BaseException as exc:
+                    _settle(future, error=exc)
+                else:
+                    _settle(future, value)
         except WireError as exc:
             self.fail(ConnectionLost(self.label, f"{type(exc).__name__}: {exc}"))
         except (OSError, ssl.SSLError) as exc:
@@ -235,8 +274,8 @@ class _Channel:
         except OSError:
             pass
         self._sock.close()
-        for future in pending.values():
-            future.set_exception(error)
+        for future, _ in pending.values():
+            _settle(future, error=error)
         if pending:
             log.warning("%s (%d requests outstanding)", error, len(pending))
 
@@ -319,8 +358,10 @@ class RemoteNode:
 
     def _submit(self, kind: Kind, *, slice_id: int | None = None, offset: int = 0,
                 arg: int = 0, drive_id: int | None = None, flags: int = 0,
-                payload: Any = b"", into: memoryview | None = None
-                ) -> tuple[_Channel, Future[Answer]]:
+                payload: Any = b"", into: memoryview | None = None,
+                pick: Pick | None = None) -> tuple[_Channel, Future[Any]]:
+        """Send a request on its slice's connection: its future gets the answer,
+        or (``pick``) what ``pick`` takes from it once checked (``_checked``)."""
         if slice_id is None:
             index, sid = next(self._spread) % len(self._channels), 0
         else:  # Fibonacci hashing: ids with a common stride still spread
@@ -332,7 +373,8 @@ class RemoteNode:
                         drive=NO_DRIVE if drive_id is None else drive_id,
                         payload_len=payload.nbytes if isinstance(payload, Payload)
                         else memoryview(payload).nbytes)
-        return channel, channel.call(header, payload, into)
+        finish = None if pick is None else functools.partial(self._picked, channel, kind, pick)
+        return channel, channel.call(header, payload, into, finish)
 
     def _answer(self, channel: _Channel, future: Future[Answer], kind: Kind,
                 give_up_after: float | None = None) -> Answer:
@@ -369,36 +411,26 @@ class RemoteNode:
         channel, future = self._submit(kind, **fields)
         return self._answer(channel, future, kind)
 
-    def _then(self, channel: _Channel, future: Future[Answer], kind: Kind,
-              pick: Any) -> Future[Any]:
-        """A future of ``pick(header, body)`` once ``future`` is answered."""
-        out: Future[Any] = Future()
-
-        def _done(_f: Future[Answer]) -> None:
-            try:
-                out.set_result(pick(*self._answer(channel, future, kind)))
-            except BaseException as exc:
-                out.set_exception(exc)
-
-        future.add_done_callback(_done)
-        return out
+    def _picked(self, channel: _Channel, kind: Kind, pick: Pick, header: Header,
+                body: Any) -> Any:
+        """``pick`` of a checked answer (the channel's reader calls it: no
+        second future, no hand-off)."""
+        return pick(*self._checked(channel, kind, header, body))
 
     # ------------------------------------------------------------------ pipelined I/O
     def submit_write(self, slice_id: int, offset: int, data: Any, group: int, *,
                      drive_id: int | None = None, durable: bool = False) -> Future[int]:
         """Send a piece now; the future gives its drive id once stored (see ``write``).
         ``data`` must not change until the future completes."""
-        channel, future = self._submit(Kind.PUT, slice_id=slice_id, offset=offset, arg=group,
-                                       drive_id=drive_id, payload=data,
-                                       flags=Flag.DURABLE if durable else 0)
-        return self._then(channel, future, Kind.PUT, lambda h, _b: h.arg)
+        return self._submit(Kind.PUT, slice_id=slice_id, offset=offset, arg=group,
+                            drive_id=drive_id, payload=data,
+                            flags=Flag.DURABLE if durable else 0, pick=_arg)[1]
 
     def submit_read(self, slice_id: int, offset: int, length: int,
                     drive_id: int | None = None) -> Future[bytearray]:
         """Ask for a range now; the future gives its bytes (see ``read``)."""
-        channel, future = self._submit(Kind.READ, slice_id=slice_id, offset=offset,
-                                       arg=length, drive_id=drive_id)
-        return self._then(channel, future, Kind.READ, lambda _h, b: b)
+        return self._submit(Kind.READ, slice_id=slice_id, offset=offset, arg=length,
+                            drive_id=drive_id, pick=_body)[1]
 
     def submit_readinto(self, slice_id: int, offset: int, buffer: Any,
                         drive_id: int | None = None) -> Future[int]:
@@ -406,9 +438,8 @@ class RemoteNode:
         (no copy, no allocation); the future gives how many came (short at the
         slice's end). ``buffer`` must stay untouched until the future completes."""
         view = memoryview(buffer).cast("B")
-        channel, future = self._submit(Kind.READ, slice_id=slice_id, offset=offset,
-                                       arg=view.nbytes, drive_id=drive_id, into=view)
-        return self._then(channel, future, Kind.READ, lambda h, _b: h.payload_len)
+        return self._submit(Kind.READ, slice_id=slice_id, offset=offset, arg=view.nbytes,
+                            drive_id=drive_id, into=view, pick=_received)[1]
 
     # ------------------------------------------------------------------ StorageNode's calls
     def write(self, slice_id: int, offset: int, data: Any, group: int, *,
