@@ -78,6 +78,16 @@ def _goal(text: str | None) -> int | str | None:
                          hint="e.g. --replicas 3, or --replicas inherit") from None
 
 
+def _retention(text: str | None) -> str | None:
+    """``--retention``: the rule in its canonical spelling, "" to clear, None
+    when not given; ``UsageError`` (exit 2) for a rule that is not one."""
+    if text is None or not text.strip():
+        return text if text is None else ""
+    from shinglefs.client.background.retention import RetentionRule
+
+    return str(RetentionRule.parse(text))
+
+
 def policy_command(
     meta_url: str = typer.Argument(..., help="metadata URL of a formatted file system"),
     path: str = typer.Argument(..., help="a directory, as an absolute path in the file system"),
@@ -85,11 +95,15 @@ def policy_command(
         None, "--replicas", metavar="N|inherit",
         help="replication goal of the files below (1..16 copies), or inherit the parent's"),
     tier: str | None = typer.Option(None, "--tier", help="tier policy (hot, cold)"),
-    retention: str | None = typer.Option(None, "--retention", help="retention policy"),
+    retention: str | None = typer.Option(
+        None, "--retention", metavar="keep-last=N[,match=GLOB]",
+        help="keep the N newest entries of this directory (matching GLOB), delete older ones; "
+             "'' clears"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Show a directory's policy; with options, change those parts of it."""
     goal = _goal(replicas)
+    rule = _retention(retention)
     with _meta(meta_url) as meta:
         ino = _resolve(meta, path)
         policy = meta.get_policy(ino)
@@ -99,8 +113,8 @@ def policy_command(
             changed = replace(changed, replicas=goal)
         if tier is not None:
             changed = replace(changed, tier=tier or None)
-        if retention is not None:
-            changed = replace(changed, retention=retention or None)
+        if rule is not None:
+            changed = replace(changed, retention=rule or None)
         if changed != policy:
             meta.set_policy(ino, changed)
             policy = meta.get_policy(ino)
