@@ -79,6 +79,14 @@ def test_policy_refuses_what_it_cannot_do_with_one_line(
     assert meta.get_policy(ckpt.ino) == DirPolicy()
 
 
+def test_policy_of_a_directory_that_is_on_no_mount_is_refused_with_both_forms(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli("policy", str(tmp_path), "--retention", "keep-last=2") == 2
+    err = capsys.readouterr().err
+    assert "neither a metadata URL nor on a ShingleFS mount" in err
+    assert "META_URL /ckpt" in err
+
+
 def test_drive_offline_and_online_record_the_state(
         meta_url: str, meta: MetaStore, capsys: pytest.CaptureFixture[str]) -> None:
     sid = meta.register_server("h1:7070", [ServerDrive(

@@ -14,8 +14,9 @@ import torch
 from shinglefs.fuse.harness import MountedFileSystem, shinglefs_command
 
 
-def set_retention(fs: MountedFileSystem, path: str, rule: str) -> None:
-    done = subprocess.run([*shinglefs_command(), "policy", fs.meta_url, path, "--retention", rule],
+def set_retention(where: list[str], rule: str) -> None:
+    """``shinglefs policy WHERE --retention RULE`` (WHERE: URL and path, or a mounted dir)."""
+    done = subprocess.run([*shinglefs_command(), "policy", *where, "--retention", rule],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert f"retention {rule}" in done.stdout
@@ -65,9 +66,8 @@ def test_a_mounted_checkpoint_directory_keeps_the_last_n_steps(
     pt.mkdir()
     sharded.mkdir()
     (sharded / "config.json").write_text("{}")
-    inside = "/" + mnt.name
-    set_retention(shinglefs_mount, f"{inside}/pt", "keep-last=2")
-    set_retention(shinglefs_mount, f"{inside}/sharded", "keep-last=2,match=step-*")
+    set_retention([shinglefs_mount.meta_url, f"/{mnt.name}/pt"], "keep-last=2")
+    set_retention([str(sharded)], "keep-last=2,match=step-*")  # the directory on the mount
     for step in range(1, 6):
         save_pt(pt, step)
         save_sharded(sharded, step)

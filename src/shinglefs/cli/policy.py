@@ -3,7 +3,8 @@
 storage server taken out of the cluster for good, straight in the metadata
 database (no drive opened, no mount needed).
 
-``shinglefs policy URL PATH`` shows a directory's own policy and the goal its
+``shinglefs policy URL PATH`` (or ``shinglefs policy DIR`` for a directory on
+a ShingleFS mount of this host) shows a directory's own policy and the goal its
 files get (inherited when it sets none); with ``--replicas``, ``--tier`` or
 ``--retention`` it changes those and keeps the rest. ``shinglefs drive
 offline URL SERVER:DRIVE`` takes a drive out of placement and has the servers
@@ -88,9 +89,30 @@ def _retention(text: str | None) -> str | None:
     return str(RetentionRule.parse(text))
 
 
+def _on_mount(target: str) -> tuple[str, str]:
+    """(metadata URL, absolute path inside the file system) of directory
+    ``target`` on a ShingleFS mount of this host (``policy ./mnt/ckpt``)."""
+    import os
+
+    from shinglefs.cli.status import _status_of_mount
+    from shinglefs.fuse.mount import FSTYPE, mount_entry
+
+    real = top = os.path.realpath(target)
+    while (entry := mount_entry(top)) is None and os.path.dirname(top) != top:
+        top = os.path.dirname(top)
+    if entry is None or entry["fstype"] != FSTYPE:
+        raise UsageError(f"{target!r} is neither a metadata URL nor on a ShingleFS mount",
+                         hint="shinglefs policy ./mnt/ckpt (a directory on a mount), or "
+                              "shinglefs policy META_URL /ckpt")
+    inside = os.path.relpath(real, top)
+    return str(_status_of_mount(top)["meta_url"]), "/" if inside == "." else "/" + inside
+
+
 def policy_command(
-    meta_url: str = typer.Argument(..., help="metadata URL of a formatted file system"),
-    path: str = typer.Argument(..., help="a directory, as an absolute path in the file system"),
+    meta_url: str = typer.Argument(
+        ..., help="metadata URL of a formatted file system, or a directory on a mount"),
+    path: str | None = typer.Argument(
+        None, help="with a URL: a directory, as an absolute path in the file system"),
     replicas: str | None = typer.Option(
         None, "--replicas", metavar="N|inherit",
         help="replication goal of the files below (1..16 copies), or inherit the parent's"),
@@ -104,6 +126,8 @@ def policy_command(
     """Show a directory's policy; with options, change those parts of it."""
     goal = _goal(replicas)
     rule = _retention(retention)
+    if path is None:
+        meta_url, path = _on_mount(meta_url)
     with _meta(meta_url) as meta:
         ino = _resolve(meta, path)
         policy = meta.get_policy(ino)
