@@ -164,23 +164,26 @@ class Retention:
                 todo.add(ino)
         budget = [MAX_REMOVALS_PER_PASS]
         removed = 0
-        for n, ino in enumerate(todo):
-            try:
-                removed += self._enforce(ino, budget)
-                done = budget[0] > 0
-            except FsError as exc:
-                if exc.errno not in (errno.ENOENT, errno.ENOTDIR):  # the directory went
-                    log.warning("retention of directory %d: %s; retried later", ino, exc)
-                    done = False
-                else:
-                    done = True
-            if not done:
+        pending, failed, i = list(todo), [], 0
+        try:
+            while i < len(pending) and budget[0] > 0:
+                ino = pending[i]
+                try:
+                    removed += self._enforce(ino, budget)
+                except FsError as exc:
+                    if exc.errno not in (errno.ENOENT, errno.ENOTDIR):  # not: the directory went
+                        log.warning("retention of directory %d: %s; retried later", ino, exc)
+                        failed.append(ino)
+                if budget[0] > 0:  # else its work may not be done: it stays in pending[i:]
+                    i += 1
+        finally:  # what is left (the bound, an error, meta unreachable) waits for a pass
+            left = failed + pending[i:]
+            if left:
                 with self._lock:
-                    self._noted.update(list(todo)[n:])
-                break
-        if removed:
-            self._changed()
-            self._freed()
+                    self._noted.update(left)
+            if removed:
+                self._changed()
+                self._freed()
         return removed
 
     def _rule(self, ino: int) -> RetentionRule | None:
