@@ -171,9 +171,8 @@ class Retention:
                 try:
                     removed += self._enforce(ino, budget)
                 except FsError as exc:
-                    if exc.errno not in (errno.ENOENT, errno.ENOTDIR):  # not: the directory went
-                        log.warning("retention of directory %d: %s; retried later", ino, exc)
-                        failed.append(ino)
+                    log.warning("retention of directory %d: %s; retried later", ino, exc)
+                    failed.append(ino)
                 if budget[0] > 0:  # else its work may not be done: it stays in pending[i:]
                     i += 1
         finally:  # what is left (the bound, an error, meta unreachable) waits for a pass
@@ -202,10 +201,15 @@ class Retention:
         return rule
 
     def _enforce(self, ino: int, budget: list[int]) -> int:
-        rule = self._rule(ino)
+        try:
+            rule = self._rule(ino)
+            entries = self._entries(ino) if rule is not None else []
+        except FsError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):  # the directory went
+                return 0
+            raise
         if rule is None:
             return 0
-        entries = self._entries(ino)
         keep = [e for e in entries if rule.counts(e[0])]
         removed = 0
         for name, child in keep[: max(0, len(keep) - rule.keep_last)]:
@@ -253,7 +257,13 @@ class Retention:
                 return 0
             raise
         removed = 0
-        for child_name, _child in self._entries(attr.ino):
+        try:
+            children = self._entries(attr.ino)
+        except FsError as exc:
+            if exc.errno == errno.ENOENT:  # another client removed it meanwhile
+                return 0
+            raise
+        for child_name, _child in children:
             if budget[0] <= 0:
                 return removed
             removed += self._remove(attr.ino, child_name, budget)
