@@ -69,6 +69,7 @@ def test_policy_sets_and_shows_a_goal_and_keeps_the_rest_of_the_policy(
     (["ckpt"], 2, "absolute path"),
     (["/ckpt", "--retention", "keep-last=0"], 2, "not a rule"),
     (["/ckpt", "--retention", "forever"], 2, "not a rule"),
+    (["/", "--retention", "keep-last=3"], 2, "retention on the root"),
 ])
 def test_policy_refuses_what_it_cannot_do_with_one_line(
         meta_url: str, meta: MetaStore, capsys: pytest.CaptureFixture[str], args: list[str],

@@ -124,6 +124,8 @@ def policy_command(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Show a directory's policy; with options, change those parts of it."""
+    from shinglefs.meta.records import ROOT_INO
+
     goal = _goal(replicas)
     rule = _retention(retention)
     if path is None:
@@ -138,6 +140,11 @@ def policy_command(
         if tier is not None:
             changed = replace(changed, tier=tier or None)
         if rule is not None:
+            if rule and ino == ROOT_INO:  # a typo away from deleting the corpus
+                raise UsageError("retention on the root would delete all but the newest "
+                                 "entries of the whole file system",
+                                 hint="set it on the directory that holds the checkpoints, "
+                                      "e.g. /ckpt")
             changed = replace(changed, retention=rule or None)
         if changed != policy:
             meta.set_policy(ino, changed)
