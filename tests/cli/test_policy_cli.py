@@ -59,7 +59,7 @@ def test_policy_sets_and_shows_a_goal_and_keeps_the_rest_of_the_policy(
     assert cli("policy", meta_url, "/ckpt", "--replicas", "inherit", "--retention",
                "keep_last=2", "--json") == 0
     assert shown(capsys)["effective_replicas"] is None
-    assert meta.get_policy(ckpt.ino) == DirPolicy("cold", "keep_last=2", None)
+    assert meta.get_policy(ckpt.ino) == DirPolicy("cold", "keep-last=2", None)  # canonical
 
 
 @pytest.mark.parametrize(("args", "code", "says"), [
@@ -67,6 +67,9 @@ def test_policy_sets_and_shows_a_goal_and_keeps_the_rest_of_the_policy(
     (["/ckpt", "--replicas", "0"], 1, "1..16"),
     (["/ckpt", "--replicas", "two"], 2, "neither a number"),
     (["ckpt"], 2, "absolute path"),
+    (["/ckpt", "--retention", "keep-last=0"], 2, "not a rule"),
+    (["/ckpt", "--retention", "forever"], 2, "not a rule"),
+    (["/", "--retention", "keep-last=3"], 2, "retention on the root"),
 ])
 def test_policy_refuses_what_it_cannot_do_with_one_line(
         meta_url: str, meta: MetaStore, capsys: pytest.CaptureFixture[str], args: list[str],
@@ -75,6 +78,14 @@ def test_policy_refuses_what_it_cannot_do_with_one_line(
     assert cli("policy", meta_url, *args) == code
     assert says in capsys.readouterr().err
     assert meta.get_policy(ckpt.ino) == DirPolicy()
+
+
+def test_policy_of_a_directory_that_is_on_no_mount_is_refused_with_both_forms(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli("policy", str(tmp_path), "--retention", "keep-last=2") == 2
+    err = capsys.readouterr().err
+    assert "neither a metadata URL nor on a ShingleFS mount" in err
+    assert "META_URL /ckpt" in err
 
 
 def test_drive_offline_and_online_record_the_state(

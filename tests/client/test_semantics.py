@@ -163,7 +163,7 @@ def test_an_expired_session_registers_again_and_reopens_its_files(
     other = open_meta(fs_factory.meta_url)
     try:
         assert old_session in other.expire_sessions(0)
-        vfs.heartbeat()
+        vfs.jobs.session.heartbeat()
         assert vfs.session != old_session
         sessions = {s.id: s for s in other.list_sessions()}
         assert ino in sessions[vfs.session].open_inodes

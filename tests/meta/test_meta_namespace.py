@@ -263,11 +263,12 @@ def test_setgid_directory_passes_group_down(meta):
     assert f.gid == 77 and sub.gid == 77 and sub.mode & stat.S_ISGID
 
 
-def test_policy_is_stored_and_inherited_by_new_subdirectories(meta):
+def test_policy_is_stored_and_a_new_subdirectory_inherits_the_tier_not_the_retention(meta):
     d = meta.mkdir(ROOT_INO, b"ckpt", 0o755)
-    meta.set_policy(d.ino, DirPolicy(tier="cold", retention="keep_last=3"))
-    sub = meta.mkdir(d.ino, b"step-100", 0o755)
-    assert meta.get_policy(sub.ino) == DirPolicy("cold", "keep_last=3")
+    meta.set_policy(d.ino, DirPolicy(tier="cold", retention="keep-last=3"))
+    assert meta.get_policy(d.ino) == DirPolicy("cold", "keep-last=3")
+    sub = meta.mkdir(d.ino, b"step-100", 0o755)  # a checkpoint step: all of it stays
+    assert meta.get_policy(sub.ino) == DirPolicy("cold", None)
     f = meta.create(d.ino, b"f", 0o644)
     assert errno_of(meta.get_policy, f.ino) == E.ENOTDIR
     assert errno_of(meta.set_policy, d.ino, DirPolicy("hot"), Ctx(uid=5, gid=5)) == E.EPERM

@@ -13,10 +13,13 @@ process is rank 0, a spawned process rank 1; gloo on CPU, file rendezvous):
 - ``st``: safetensors ``save_file`` into ``step-N.safetensors.tmp``, fsync,
   rename, fsync of the directory.
 
-Retention is keep-last-KEEP, done by the workload itself: ShingleFS stores a
-directory's ``retention`` (``shinglefs policy --retention``) but enforces none
-yet (docs/metadata.md). After each commit the oldest steps beyond KEEP are
-deleted: a file is unlinked, a DCP directory renamed out of its final name
+Retention is keep-last-KEEP, two ways. With a metadata URL as the fifth
+argument (``python ckptload.py MOUNT JOURNAL TAG KEEP META_URL``) the file
+system does it: the workload sets ``--retention keep-last=KEEP`` on each
+``ckpt/KIND`` with ``shinglefs policy`` and deletes nothing itself (what
+ShingleFS deletes is not journaled). Without one the workload does it the
+way training scripts that manage their own checkpoints do: after each commit
+the oldest steps beyond KEEP are deleted: a file is unlinked, a DCP directory renamed out of its final name
 (``.trash-step-N``) first and then removed, so that a crash mid-delete never
 leaves a half checkpoint under a final name. Journal (outside the mount),
 each line written after the call it names returned: ``begin KIND N``,
@@ -34,6 +37,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -81,8 +85,8 @@ def fsync_path(path: Path) -> None:
 class Saver:
     """Rank 0's side: commits, retention and the journal."""
 
-    def __init__(self, root: Path, journal: str, keep: int) -> None:
-        self.root, self.keep = root, keep
+    def __init__(self, root: Path, journal: str, keep: int, fs_retention: bool) -> None:
+        self.root, self.keep, self.fs_retention = root, keep, fs_retention
         self.journal = open(journal, "a", buffering=1)  # noqa: SIM115 - lives until killed
 
     def note(self, *words: object) -> None:
@@ -102,6 +106,8 @@ class Saver:
         os.replace(tmp, self.root / kind / final_name(kind, step))
         fsync_path(self.root / kind)
         self.note("committed", kind, step)
+        if self.fs_retention:
+            return
         steps = sorted(s for name in os.listdir(self.root / kind)
                        if (s := step_of(kind, name)) is not None)
         for old in steps[:-self.keep]:
@@ -119,7 +125,7 @@ class Saver:
 
 
 def rank_main(rank: int, root: str, journal: str, tag: str, keep: int, first: int,
-              init_file: str) -> None:
+              init_file: str, fs_retention: bool) -> None:
     """One rank's loop, forever (until killed)."""
     import torch
     import torch.distributed as dist
@@ -128,7 +134,7 @@ def rank_main(rank: int, root: str, journal: str, tag: str, keep: int, first: in
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=RANKS)
-    saver = Saver(Path(root) / "ckpt", journal, keep) if rank == 0 else None
+    saver = Saver(Path(root) / "ckpt", journal, keep, fs_retention) if rank == 0 else None
     step = first
     while True:
         tmp = Path(root) / "ckpt" / "dcp" / f"{final_name('dcp', step)}.tmp"
@@ -160,13 +166,23 @@ def main(argv: list[str]) -> None:
     import multiprocessing
 
     mount, journal, tag, keep = argv[0], argv[1], argv[2], int(argv[3])
+    meta_url = argv[4] if len(argv) > 4 else None
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     begun = [int(w[2]) for w in journal_lines(Path(journal)) if w[0] == "begin"]
     first = max(begun, default=0) + 1
-    saver = Saver(Path(mount) / "ckpt", journal, keep)
+    saver = Saver(Path(mount) / "ckpt", journal, keep, meta_url is not None)
     saver.clean_leftovers()
+    if meta_url is not None:
+        import subprocess
+
+        from shinglefs.fuse.harness import shinglefs_command
+
+        for kind in KINDS:
+            subprocess.run([*shinglefs_command(), "policy", meta_url, f"/ckpt/{kind}",
+                            "--retention", f"keep-last={keep}"], check=True,
+                           stdout=subprocess.DEVNULL, timeout=120)
     init_file = f"{journal}.{tag}.rendezvous"
-    args = (mount, journal, tag, keep, first, init_file)
+    args = (mount, journal, tag, keep, first, init_file, meta_url is not None)
     other = multiprocessing.get_context("spawn").Process(target=rank_main, args=(1, *args))
     other.start()
     rank_main(0, *args)
@@ -244,20 +260,24 @@ def read_every_file(top: Path) -> tuple[int, list[str]]:
     return count, failed
 
 
-def verify(mount: Path, journal: Path, keep: int):  # type: ignore[no-untyped-def]
+def verify(mount: Path, journal: Path, keep: int,  # type: ignore[no-untyped-def]
+           fs_retention: bool = False):
     """Check the promises through the mount, as a ``crashload.Verdict``
     (``closed_ok``: checkpoints that loaded back equal):
 
-    - no file under the mount reads EIO (or any error);
+    - no file under the mount reads EIO (or any error), the entries retention
+      took out of their final names included;
     - every committed checkpoint is present and loads back equal to its
-      tensors, unless retention deleted it (``deleting`` journaled) while it was
-      not among the KEEP newest steps;
+      tensors, unless retention deleted it (``deleting`` journaled, or at any
+      time with ``fs_retention``) while it was not among the KEEP newest steps;
     - a checkpoint under its final name that was never journaled committed was
       in flight at a crash (begun) and loads back whole (nothing half-visible
       under a final name);
     - a checkpoint whose deletion returned (``deleted``) stays gone;
     - at most KEEP + 1 committed checkpoints of a kind under final names (the
-      newest, whose retention pass a crash interrupted), besides those in flight.
+      newest, whose retention pass a crash interrupted), besides those in
+      flight; with ``fs_retention``, whose pass follows the commits by up to
+      0.5 s (several steps here), ``converged`` instead.
     """
     from tests.support.crashload import Verdict
 
@@ -282,7 +302,7 @@ def verify(mount: Path, journal: Path, keep: int):  # type: ignore[no-untyped-de
         for step in committed:
             if step in present:
                 continue
-            if step not in deleting:
+            if step not in deleting and not fs_retention:
                 v.problems.append(f"{kind} step {step}: committed, absent, never deleted")
             elif step in newest:
                 v.problems.append(f"{kind} step {step}: deleted but among the {keep} newest")
@@ -297,22 +317,52 @@ def verify(mount: Path, journal: Path, keep: int):  # type: ignore[no-untyped-de
             else:
                 v.problems.append(problem)
         kept = len(present.keys() - in_flight)
-        if kept > keep + 1:
-            v.problems.append(f"{kind}: {kept} committed checkpoints, keep-last-{keep} + 1 at most")
+        if fs_retention:
+            v.problems += converged(folder, kind, present, keep)
+        elif kept > keep + 1:
+            v.problems.append(f"{kind}: {kept} committed checkpoints, {keep + 1} at most")
     return v
 
 
-def loop_workload(mountpoint: Path, journal: Path, keep: int):  # type: ignore[no-untyped-def]
+def converged(folder: Path, kind: str, present: dict[int, Path], keep: int,
+              timeout: float = 30) -> list[str]:
+    """The file system's retention after the crash: once an entry arrives (a
+    hidden one, which does not count), the folder holds exactly the ``keep``
+    newest of the steps that were there, and nothing retention left behind
+    (``.shinglefs-retired.*``) within ``timeout`` seconds; else the problem."""
+    want = sorted(present)[-keep:]
+    probe = folder / ".verify-arrival"
+    probe.write_bytes(b"")
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            names = sorted(os.listdir(folder))
+            steps = sorted(s for n in names if (s := step_of(kind, n)) is not None)
+            retired = [n for n in names if n.startswith(".shinglefs-retired.")]
+            if steps == want and not retired:
+                return []
+            if time.monotonic() > deadline:
+                return [f"{kind}: retention did not converge in {timeout} s: steps {steps}, "
+                        f"want {want}; retired left: {retired}"]
+            time.sleep(0.1)
+    finally:
+        probe.unlink()
+
+
+def loop_workload(mountpoint: Path, journal: Path, keep: int,  # type: ignore[no-untyped-def]
+                  meta_url: str | None = None):
     """This workload as a ``crashloop.LoopWorkload``: started per trial, its
     first step awaited (``ready``) before the random kill; two ranks write DCP
-    files at once (two open files)."""
+    files at once (two open files). ``meta_url``: the file system enforces
+    the retention (``main``)."""
     from tests.support import crashloop
 
     return crashloop.LoopWorkload(
         start=lambda tag, err: crashloop.start_workload(
-            str(mountpoint), str(journal), tag, str(keep), stderr=err,
-            script=str(Path(__file__).resolve())),
-        verify=lambda: verify(mountpoint, journal, keep), ready="ready", open_files=RANKS)
+            str(mountpoint), str(journal), tag, str(keep), *([meta_url] if meta_url else []),
+            stderr=err, script=str(Path(__file__).resolve())),
+        verify=lambda: verify(mountpoint, journal, keep, meta_url is not None), ready="ready",
+        open_files=RANKS)
 
 
 if __name__ == "__main__":

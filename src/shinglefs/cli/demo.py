@@ -9,7 +9,8 @@ What it does, printing each step and its figures:
 3. Trains a small PyTorch model for a few steps with a ``DataLoader`` (2
    workers) reading those shards, checkpointing every few steps with
    ``torch.save`` into ``step-N/`` written under a temporary name and renamed
-   into place (crash-safe commit), keeping the last 2 steps.
+   into place (crash-safe commit); the file system keeps the last 2 steps
+   (``shinglefs policy DIR --retention keep-last=2``) and deletes older ones.
 4. Loads the newest checkpoint back and checks it bit-exactly.
 5. Prints ``shinglefs status``: capacity, zones by condition, write
    amplification; then unmounts.
@@ -114,6 +115,7 @@ def train(root: Path) -> tuple[int, Path]:
     )
     ckpt_root = root / "checkpoints"
     ckpt_root.mkdir(exist_ok=True)
+    _shinglefs("policy", str(ckpt_root), "--retention", f"keep-last={KEEP_LAST}")
     samples = 0
     newest = ckpt_root
     step = 0
@@ -144,13 +146,18 @@ def _commit_checkpoint(ckpt_root: Path, step: int, model: Any, optim: Any) -> Pa
             os.fsync(f.fileno())
     final = ckpt_root / f"step-{step}"
     os.rename(staging, final)  # the commit: atomic in the metadata engine
-    steps = sorted(
-        (p for p in ckpt_root.iterdir() if p.name.startswith("step-")),
-        key=lambda p: int(p.name.split("-")[1]),
-    )
-    for old in steps[:-KEEP_LAST]:
-        shutil.rmtree(old)
-    return final
+    return final  # older steps: the file system's retention deletes them
+
+
+def kept_steps(ckpt_root: Path, timeout: float = 10.0) -> list[str]:
+    """The steps left once retention has run (it follows a commit within a
+    background pass, 0.5 s)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        kept = sorted(p.name for p in ckpt_root.iterdir() if p.name.startswith("step-"))
+        if len(kept) <= KEEP_LAST or time.monotonic() > deadline:
+            return kept
+        time.sleep(0.1)
 
 
 def verify(newest: Path) -> None:
@@ -172,9 +179,12 @@ def run_job(root: Path) -> None:
     t0 = time.perf_counter()
     samples, newest = train(root)
     dt = time.perf_counter() - t0
-    kept = sorted(p.name for p in (root / "checkpoints").iterdir())
+    kept = kept_steps(root / "checkpoints")
     _say("trained", f"{TRAIN_STEPS} steps, {samples} samples via DataLoader(2 workers) in {dt:.1f} s")
-    _say("checkpoints", f"committed by rename every {CHECKPOINT_EVERY} steps, kept {kept}")
+    _say("checkpoints", f"committed by rename every {CHECKPOINT_EVERY} steps, kept {kept} "
+         f"(retention keep-last={KEEP_LAST})")
+    if len(kept) > KEEP_LAST:
+        raise RuntimeError(f"retention kept {kept}, not the last {KEEP_LAST}")
     verify(newest)
     _say("verified", f"{newest.name}/model.pt loads back identical (plain and mmap=True)")
 

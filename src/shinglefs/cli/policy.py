@@ -3,7 +3,8 @@
 storage server taken out of the cluster for good, straight in the metadata
 database (no drive opened, no mount needed).
 
-``shinglefs policy URL PATH`` shows a directory's own policy and the goal its
+``shinglefs policy URL PATH`` (or ``shinglefs policy DIR`` for a directory on
+a ShingleFS mount of this host) shows a directory's own policy and the goal its
 files get (inherited when it sets none); with ``--replicas``, ``--tier`` or
 ``--retention`` it changes those and keeps the rest. ``shinglefs drive
 offline URL SERVER:DRIVE`` takes a drive out of placement and has the servers
@@ -78,18 +79,57 @@ def _goal(text: str | None) -> int | str | None:
                          hint="e.g. --replicas 3, or --replicas inherit") from None
 
 
+def _retention(text: str | None) -> str | None:
+    """``--retention``: the rule in its canonical spelling, "" to clear, None
+    when not given; ``UsageError`` (exit 2) for a rule that is not one."""
+    if text is None or not text.strip():
+        return text if text is None else ""
+    from shinglefs.client.background.retention import RetentionRule
+
+    return str(RetentionRule.parse(text))
+
+
+def _on_mount(target: str) -> tuple[str, str]:
+    """(metadata URL, absolute path inside the file system) of directory
+    ``target`` on a ShingleFS mount of this host (``policy ./mnt/ckpt``)."""
+    import os
+
+    from shinglefs.cli.status import _status_of_mount
+    from shinglefs.fuse.mount import FSTYPE, mount_entry
+
+    real = top = os.path.realpath(target)
+    while (entry := mount_entry(top)) is None and os.path.dirname(top) != top:
+        top = os.path.dirname(top)
+    if entry is None or entry["fstype"] != FSTYPE:
+        raise UsageError(f"{target!r} is neither a metadata URL nor on a ShingleFS mount",
+                         hint="shinglefs policy ./mnt/ckpt (a directory on a mount), or "
+                              "shinglefs policy META_URL /ckpt")
+    inside = os.path.relpath(real, top)
+    return str(_status_of_mount(top)["meta_url"]), "/" if inside == "." else "/" + inside
+
+
 def policy_command(
-    meta_url: str = typer.Argument(..., help="metadata URL of a formatted file system"),
-    path: str = typer.Argument(..., help="a directory, as an absolute path in the file system"),
+    meta_url: str = typer.Argument(
+        ..., help="metadata URL of a formatted file system, or a directory on a mount"),
+    path: str | None = typer.Argument(
+        None, help="with a URL: a directory, as an absolute path in the file system"),
     replicas: str | None = typer.Option(
         None, "--replicas", metavar="N|inherit",
         help="replication goal of the files below (1..16 copies), or inherit the parent's"),
     tier: str | None = typer.Option(None, "--tier", help="tier policy (hot, cold)"),
-    retention: str | None = typer.Option(None, "--retention", help="retention policy"),
+    retention: str | None = typer.Option(
+        None, "--retention", metavar="keep-last=N[,match=GLOB]",
+        help="keep the N newest entries of this directory (matching GLOB), delete older ones; "
+             "'' clears"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Show a directory's policy; with options, change those parts of it."""
+    from shinglefs.meta.records import ROOT_INO
+
     goal = _goal(replicas)
+    rule = _retention(retention)
+    if path is None:
+        meta_url, path = _on_mount(meta_url)
     with _meta(meta_url) as meta:
         ino = _resolve(meta, path)
         policy = meta.get_policy(ino)
@@ -99,8 +139,13 @@ def policy_command(
             changed = replace(changed, replicas=goal)
         if tier is not None:
             changed = replace(changed, tier=tier or None)
-        if retention is not None:
-            changed = replace(changed, retention=retention or None)
+        if rule is not None:
+            if rule and ino == ROOT_INO:  # a typo away from deleting the corpus
+                raise UsageError("retention on the root would delete all but the newest "
+                                 "entries of the whole file system",
+                                 hint="set it on the directory that holds the checkpoints, "
+                                      "e.g. /ckpt")
+            changed = replace(changed, retention=rule or None)
         if changed != policy:
             meta.set_policy(ino, changed)
             policy = meta.get_policy(ino)

@@ -12,10 +12,11 @@ The group also names the slice's replication goal: storage placement
 (``server.repair``) both ask meta the goal of the group's inode
 (``MetaStore.replica_goals``), so a group must stay an inode number.
 
-Hook for retention directories (a later step): a :class:`GroupPolicy`
-subclass overrides :meth:`GroupPolicy.group_for` to return the group of the
-retention directory's child that contains the file (one checkpoint step), e.g.
-by walking parents and asking meta for ``get_policy(ino).retention``.
+Retention directories (``background/retention.py``) need no rule of their
+own: what retention deletes is a checkpoint step's large files (groups of
+their own) and small files (its directory's group). A :class:`GroupPolicy`
+subclass can still override :meth:`GroupPolicy.group_for` to give every file
+under one step directory that directory's group.
 """
 
 from __future__ import annotations

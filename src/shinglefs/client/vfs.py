@@ -147,6 +147,7 @@ class VFS:
         self.jobs = ClientJobs(
             meta, node, self.config, chunk_size=self.chunk_size, inodes=self.inodes,
             groups=self.groups, cache=self.cache, read_slice=self._read_slice,
+            dir_names=self.dir_names,
             session=SessionInfo(
                 host=socket.gethostname(),
                 pid=os.getpid(),
@@ -249,12 +250,14 @@ class VFS:
         self._check_open()
         attr = self.meta.mknod(parent, name, mode, rdev, ctx)
         self.inodes.note_made(attr, parent)
+        self.jobs.retention.note(parent)
         return attr
 
     def mkdir(self, parent: int, name: bytes, mode: int, ctx: Ctx = ROOT_CTX) -> InodeAttr:
         self._check_open()
         attr = self.meta.mkdir(parent, name, mode, ctx)
         self.inodes.note_made(attr, parent, links=1)
+        self.jobs.retention.note(parent)
         return attr
 
     def unlink(self, parent: int, name: bytes, ctx: Ctx = ROOT_CTX) -> None:
@@ -275,30 +278,27 @@ class VFS:
         self._check_open()
         attr = self.meta.symlink(parent, name, target, ctx)
         self.inodes.note_made(attr, parent)
+        self.jobs.retention.note(parent)
         return attr
 
-    def rename(
-        self,
-        parent_old: int,
-        name_old: bytes,
-        parent_new: int,
-        name_new: bytes,
-        flags: int = 0,
-        ctx: Ctx = ROOT_CTX,
-    ) -> None:
+    def rename(self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes,
+               flags: int = 0, ctx: Ctx = ROOT_CTX) -> None:
         """Atomic rename (replacing the target); see ``MetaStore.rename``."""
         self._check_open()
         self.dir_names.clear()
         self.inodes.dirs.clear()
         result = self.meta.rename(parent_old, name_old, parent_new, name_new, flags, ctx)
         self.inodes.note_parent(result.ino, parent_new)
+        self.jobs.retention.note(parent_new)
         if result.released:
             self.jobs.wake()
 
     def link(self, ino: int, new_parent: int, new_name: bytes, ctx: Ctx = ROOT_CTX) -> InodeAttr:
         self._check_open()
         self.inodes.dirs.clear()
-        return self.writes.with_buffered_size(self.meta.link(ino, new_parent, new_name, ctx))
+        attr = self.meta.link(ino, new_parent, new_name, ctx)
+        self.jobs.retention.note(new_parent)
+        return self.writes.with_buffered_size(attr)
 
     # ================================================================== open / close
     def open(self, ino: int, flags: int, ctx: Ctx = ROOT_CTX) -> int:
@@ -324,7 +324,9 @@ class VFS:
     ) -> tuple[int, InodeAttr]:
         """Create (O_EXCL: exclusively) and open a regular file in one transaction."""
         self._check_open()
-        return self.files.create(parent, name, mode, flags, ctx)
+        opened = self.files.create(parent, name, mode, flags, ctx)
+        self.jobs.retention.note(parent)
+        return opened
 
     def flush(self, fh: int, *, wait: bool = True) -> None:
         """close(2) of a descriptor: commit buffered writes (close-to-open).
@@ -542,10 +544,6 @@ class VFS:
         """Compact every chunk meta reports with at least ``min_refs`` references."""
         self._check_open()
         return self.jobs.compactor.compact_fragmented(min_refs, limit)
-
-    def heartbeat(self) -> None:
-        """Renew this client's session now (``ClientSession.heartbeat``)."""
-        self.jobs.session.heartbeat()
 
     # ================================================================== life cycle
     def _stop_background(self) -> None:

@@ -391,9 +391,11 @@ class RenameResult:
 
 @dataclass(frozen=True, slots=True)
 class DirPolicy:
-    """Policy of a directory: tier and retention (stored now, enforced by the
-    policy layer later; a new subdirectory copies its parent's), and the
-    replication goal ``replicas`` (copies of each slice of the files below it).
+    """Policy of a directory: tier (stored, not enforced yet; a new subdirectory
+    copies its parent's), retention (``keep-last=N``: the directory keeps its N
+    newest entries, client/background/retention.py; a subdirectory does not
+    inherit it), and the replication goal ``replicas`` (copies of each slice
+    of the files below it).
 
     ``replicas`` is the directory's own goal, None to inherit: the goal of a
     file is that of the nearest directory above it with one set

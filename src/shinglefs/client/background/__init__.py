@@ -7,11 +7,12 @@ scheduler that runs them (one thread, passes in a fixed order):
 - ``deletions``: the deletion consumer, freeing on the drives what meta queued;
 - ``compaction``: fragmented chunks rewritten as one sequential slice;
 - ``janitor``: slices of crashed writers queued for deletion;
+- ``retention``: keep-last-N directories, their older entries retired and removed;
 - ``sessions``: this client's session kept alive, crashed clients' expired;
 - ``scheduler``: the thread, its passes and intervals;
 - ``jobs``: every job of one client, registered in pass order (``ClientJobs``).
 
-Retention, tiers and re-replication join here as more jobs. The VFS makes
+Tiers join here as another job (re-replication is the storage servers'). The VFS makes
 one ``ClientJobs``, starts it and stops it.
 
 May call: ``shinglefs.meta``, ``shinglefs.server``, and the client's own

@@ -1,6 +1,7 @@
 """The background jobs of one client, built and registered with their scheduler.
 
-A pass runs, in this order: the deferred closes, the deletion consumer
+A pass runs, in this order: the deferred closes, keep-last-N retention of
+the directories this client added entries to, the deletion consumer
 (``deletion_consumer``), the compactions this client's commits queued, the
 scan for fragmented chunks (every ``compaction_scan_interval`` with
 ``compaction``), the janitor (every ``janitor_interval``), the session
@@ -20,11 +21,12 @@ from shinglefs.client.background.closes import CloseQueue
 from shinglefs.client.background.compaction import Compactor
 from shinglefs.client.background.deletions import DeletionConsumer
 from shinglefs.client.background.janitor import Janitor, slices_in_progress
+from shinglefs.client.background.retention import Retention
 from shinglefs.client.background.scheduler import BackgroundScheduler
 from shinglefs.client.background.sessions import ClientSession
 from shinglefs.client.config import ClientConfig
 from shinglefs.client.groups import GroupPolicy
-from shinglefs.client.inodes import InodeTable
+from shinglefs.client.inodes import DirNames, InodeTable
 from shinglefs.client.reader import ExtentCache, ReadSlice
 from shinglefs.client.recovery import MetadataBackup
 from shinglefs.meta.api import MetaStore, SessionInfo
@@ -51,6 +53,7 @@ class ClientJobs:
         groups: GroupPolicy,
         cache: ExtentCache,
         read_slice: ReadSlice,
+        dir_names: DirNames,
     ) -> None:
         self.scheduler = bg = BackgroundScheduler(config.deletion_interval)
         self.session = ClientSession(
@@ -58,6 +61,12 @@ class ClientJobs:
             in_progress=lambda: slices_in_progress(inodes.writers()),
         )
         self.closes = CloseQueue(meta, bg.wake)
+
+        def forget_dirs() -> None:  # retention changed directories: memos of them go
+            dir_names.clear()
+            inodes.dirs.clear()
+
+        self.retention = Retention(meta, freed=bg.wake, changed=forget_dirs)
         self.deletions = DeletionConsumer(
             meta, node, config, forget_slice=cache.drop_slice, before=self.closes.drain
         )
@@ -70,6 +79,7 @@ class ClientJobs:
         )
         self.backup = MetadataBackup(meta, node)  # to the drives, every interval
         bg.add("closes", self.closes.drain)
+        bg.add("retention", self.retention.run)  # before deletions: its unlinks free slices
         if config.deletion_consumer:
             bg.add("deletions", self.deletions.run)
         bg.add("queued compactions", self.compactor.run_queued)

@@ -177,7 +177,8 @@ class NamespaceOps(SqlCore):
             if is_dir:
                 mode |= stat.S_ISGID
         if not is_dir:
-            tier = retention = None
+            tier = None
+        retention = None  # a rule keeps its own directory's entries, not its subdirectories'
         attr = InodeAttr(
             ino, mode, ctx.uid, gid, 2 if is_dir else 1, size, now, now, now, rdev, 1, 0
         )
