@@ -26,9 +26,10 @@ ops = st.lists(
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops)
-def test_index_matches_a_dict_model(program):
-    index = SliceIndex(ZS, NZ, tail_limit=4)
+@given(ops, st.sampled_from([4096, 1]))
+def test_index_matches_a_dict_model(program, labels_kept):
+    """``labels_kept`` 1: dead group labels are dropped at every merge that can."""
+    index = SliceIndex(ZS, NZ, tail_limit=4, labels_kept=labels_kept)
     model: dict[int, list[list[int]]] = {}  # sid -> [[off, len, dev, group]]
     next_dev = [3 * ZS]
 
@@ -74,7 +75,7 @@ def test_index_matches_a_dict_model(program):
             index.merge()
         elif op[0] == "reload":
             cols = {k: v.copy() for k, v in index.columns().items()}
-            fresh = SliceIndex(ZS, NZ, tail_limit=4)
+            fresh = SliceIndex(ZS, NZ, tail_limit=4, labels_kept=labels_kept)
             fresh.load_columns(cols, index.group_labels)
             index = fresh
         # Invariants after every step.
@@ -95,6 +96,22 @@ def test_index_matches_a_dict_model(program):
                 live[e[2] // ZS] += e[1]
         assert (index.zone_live == live).all()
         assert index.live_bytes == int(live.sum())
+        in_zones = sorted((x.slice_id, x.offset, x.dev, x.group)
+                          for z in range(NZ) for x in index.extents_in_zone(z))
+        assert in_zones == sorted((sid, e[0], e[2], e[3])
+                                  for sid, exts in model.items() for e in exts)
+
+
+def test_labels_of_groups_without_extents_are_dropped_at_a_merge():
+    index = SliceIndex(ZS, NZ, tail_limit=8, labels_kept=4)
+    for sid in range(100):  # a large file each: a group each, deleted whole later
+        index.add(sid, 0, 100, (sid * 8192) % (NZ * ZS), 1000 + sid)
+        if sid >= 2:
+            index.remove_group(1000 + sid - 2)
+    index.merge()
+    assert sorted(index.group_labels) == [1098, 1099]
+    assert index.remove_group(1099) == [99]
+    assert [x.group for x in index.extents_in_zone((98 * 8192) // ZS)] == [1098]
 
 
 def test_extents_in_zone_lists_base_and_tail_with_their_group():

@@ -38,6 +38,10 @@ _DTYPES = {"sid": np.uint64, "off": np.uint32, "len": np.uint32, "dev": np.uint6
            "grp": np.uint32}
 
 
+GROUP_LABELS_KEPT = 4096
+"""Below this many group labels the index keeps dead ones (``_forget_groups``)."""
+
+
 class Extent(NamedTuple):
     """One data record of a slice, as the index, the append path and GC name it."""
 
@@ -51,8 +55,10 @@ class Extent(NamedTuple):
 class SliceIndex:
     """slice id -> sorted extents; see the module docstring for the layout."""
 
-    def __init__(self, zone_size: int, zone_count: int, *, tail_limit: int = 65536) -> None:
+    def __init__(self, zone_size: int, zone_count: int, *, tail_limit: int = 65536,
+                 labels_kept: int = GROUP_LABELS_KEPT) -> None:
         self.zone_size = zone_size
+        self.labels_kept = labels_kept
         self.zone_live = np.zeros(zone_count, dtype=np.int64)
         self.tail_limit = max(1, tail_limit)
         self._sid = np.zeros(0, np.uint64)
@@ -342,8 +348,27 @@ class SliceIndex:
         self._grp = np.insert(self._grp, pos, self._t_grp[order])
         self._tail.clear()
         self._t_n = 0
+        self._forget_groups()
         if _malloc_trim is not None and self._sid.size >= 1 << 16:
             _malloc_trim(0)
+
+    def _forget_groups(self) -> None:
+        """Drop the labels of groups no extent is left in (the tail is empty):
+        without it the table kept one label per group ever written on the
+        drive (every large file, every directory of small files), in memory
+        and in every checkpoint. Codes are renumbered; nobody holds one across
+        calls. Only when at least half the labels are dead (amortized O(1))."""
+        labels = self.group_labels
+        if len(labels) < self.labels_kept:
+            return
+        used = np.unique(self._grp)  # merged: every row is live
+        if 2 * used.size > len(labels):
+            return
+        renumber = np.zeros(len(labels), np.uint32)
+        renumber[used] = np.arange(used.size, dtype=np.uint32)
+        self._grp = renumber[self._grp]
+        self.group_labels = [labels[c] for c in used.tolist()]
+        self._group_codes = {g: i for i, g in enumerate(self.group_labels)}
 
     # -- persistence -------------------------------------------------------------------
     def columns(self) -> dict[str, np.ndarray]:
