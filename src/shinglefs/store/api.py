@@ -102,15 +102,18 @@ class PieceFuture(Future[None]):
     the piece's queued run in the calling thread when its writer is idle, else
     has the writer take it at once instead of lingering to coalesce. A no-op
     once the piece is being written, or for a store that does not queue.
+    ``idle_only``: only if the writer is idle (lingering), a no-op while it
+    writes: a caller that waits for the store's progress, not for this piece,
+    gets it anyway, and making the group urgent would end the zone run.
     """
 
-    def __init__(self, on_expedite: Callable[[], None] | None = None) -> None:
+    def __init__(self, on_expedite: Callable[[bool], None] | None = None) -> None:
         super().__init__()
         self._on_expedite = on_expedite
 
-    def expedite(self) -> None:
+    def expedite(self, *, idle_only: bool = False) -> None:
         if self._on_expedite is not None and not (self.done() or self.running()):
-            self._on_expedite()
+            self._on_expedite(idle_only)
 
 
 class WriteQueue(Protocol):

@@ -304,12 +304,13 @@ class WriteScheduler:
         delete done before it, durable; queued pieces stay queued (``DriveSync``)."""
         self._sync.flush()
 
-    def _expedite(self, group: int) -> None:
+    def _expedite(self, group: int, idle_only: bool = False) -> None:
         """A caller waits for a queued piece of ``group`` (``PieceFuture.expedite``):
         write the group's queued run in this thread when no other thread is
-        writing, else make the group eligible at once."""
+        writing, else make the group eligible at once (``idle_only``: else
+        nothing)."""
         with self._cond:
-            if not self._groups.get(group):
+            if not self._groups.get(group) or (idle_only and self._busy):
                 return
             if (self._busy or self._stopping or self._barriers
                     or self.zone_run.group not in (None, group)):
