@@ -325,6 +325,27 @@ def test_an_urgent_piece_queued_behind_a_busy_writer_is_taken_without_lingering(
     assert lazy.result(timeout=30) is None
 
 
+def test_an_idle_only_expedite_leaves_a_busy_writer_alone_and_serves_an_idle_one(lingering):
+    # A storage server's reader stuck for held room expedites with idle_only: while
+    # the writer writes, the piece's group must not become urgent (that ends a
+    # zone run); once the writer idles (lingers), the piece is written at once.
+    store = lingering
+    blocked = WriterBlocked(store, 130, group=1, durable=True)
+    try:
+        held = store.submit(131, 0, b"h" * 2000, group=2)
+        held.expedite(idle_only=True)
+        assert not held.done()
+    finally:
+        blocked.release()
+    # The writer, free again, writes another durable piece; the expedited group
+    # would have gone with it had it become urgent.
+    store.submit(132, 0, b"d" * 2000, group=1, durable=True).result(timeout=30)
+    assert not held.done()
+    held.expedite(idle_only=True)  # the writer idles now: written in this thread
+    assert held.done() and held.exception() is None
+    assert store.read(131, 0, 5000) == b"h" * 2000
+
+
 # ---------------------------------------------------------------- durability and failure
 def test_bytes_written_now_survive_a_close_and_reopen(store):
     written = {sid: payload(sid, 1000 * sid + 17) for sid in range(50, 58)}
