@@ -599,10 +599,12 @@ def _protocol(total: int, rounds: int) -> dict[str, Any]:
 
     sockets, protocols = [], []
     for i in range(max(PROTOCOL_PAIRS, rounds)):
-        pair = (bench_socket, bench_shinglefs) if i % 2 == 0 else (bench_shinglefs, bench_socket)
-        first, second = (f(4 * MiB, 4, total) for f in pair)
-        sockets.append(first if i % 2 == 0 else second)
-        protocols.append(second if i % 2 == 0 else first)
+        if i % 2:
+            protocols.append(bench_shinglefs(4 * MiB, 4, total))
+            sockets.append(bench_socket(4 * MiB, 4, total))
+        else:
+            sockets.append(bench_socket(4 * MiB, 4, total))
+            protocols.append(bench_shinglefs(4 * MiB, 4, total))
     ratio = statistics.median(p / s for p, s in zip(protocols, sockets, strict=True))
     return {"protocol_mib_s": round(statistics.median(protocols), 1),
             "socket_mib_s": round(statistics.median(sockets), 1),
