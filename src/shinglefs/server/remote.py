@@ -95,6 +95,16 @@ def _settle(future: Future[Any], value: Any = None, error: BaseException | None 
         pass
 
 
+@dataclasses.dataclass(slots=True)
+class _Request:
+    """One outstanding request, as its connection's reader thread sees it."""
+
+    future: Future[Any]
+    finish: Finish | None  # what the reader makes of the answer (None: the answer)
+    into: memoryview | None  # readinto: the caller's buffer, written only once claimed
+    room: int | None  # READ: the longest answer payload it accepts (its length)
+
+
 def _arg(header: Header, _body: Any) -> int:
     return header.arg
 
@@ -193,9 +203,7 @@ class _Channel:
         self._sock = sock
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
-        # request id -> its future and what the reader makes of the answer (None: the answer)
-        self._pending: dict[int, tuple[Future[Any], Finish | None]] = {}
-        self._targets: dict[int, memoryview] = {}  # request id -> caller's buffer (readinto)
+        self._pending: dict[int, _Request] = {}  # by request id
         self._failure: WireError | None = None
         self._reader = threading.Thread(target=self._read_loop, name=f"slice-recv {label}",
                                         daemon=True)
@@ -209,15 +217,20 @@ class _Channel:
              into: memoryview | None = None, finish: Finish | None = None) -> Future[Any]:
         """Send one request; the future gets its answer (``finish``: what
         ``finish(header, body)`` returns or raises, run by the reader thread) or a
-        ``WireError``. ``into``: an answer's payload that fits is received
-        straight into it."""
+        ``WireError``. A READ answer longer than the request's length is a
+        ``FrameError`` (that future gets it; the connection fails).
+
+        ``into`` (a READ of ``len(into)`` bytes): its answer's payload is received
+        straight into it, but only if the reader claims the future first
+        (``set_running_or_notify_cancel``): a future cancelled before its answer
+        came has the payload drained into a scratch buffer and dropped, so
+        ``into`` is never written after a successful ``cancel()``."""
         future: Future[Any] = Future()
+        room = header.arg if header.kind == Kind.READ else None
         with self._lock:
             if self._failure is not None:
                 raise self._failure
-            self._pending[header.request_id] = (future, finish)
-            if into is not None:
-                self._targets[header.request_id] = into
+            self._pending[header.request_id] = _Request(future, finish, into, room)
         try:
             with self._send_lock:
                 send_frame(self._sock, self._sealer.seal(header), payload)
@@ -226,40 +239,60 @@ class _Channel:
         return future
 
     def _read_loop(self) -> None:
+        """Receive answers until the connection breaks. A request taken out of
+        ``_pending`` is always settled here (its answer, or the connection's
+        error when the stream breaks in the middle of its payload)."""
         header_buf = bytearray(HEADER_SIZE)
+        request: _Request | None = None
         try:
             while True:
+                request = None
                 recv_exactly(self._sock, header_buf)
                 header = decode_header(header_buf, self._limits)
                 self._opener.check(header, header_buf)
                 with self._lock:
-                    entry = self._pending.pop(header.request_id, None)
-                    target = self._targets.pop(header.request_id, None)
-                payload: bytearray | memoryview
-                if (target is not None and header.kind == Kind.READ.response
-                        and header.payload_len <= len(target)):
-                    payload = target[:header.payload_len]
-                else:
-                    payload = bytearray(header.payload_len)
-                if header.payload_len:
-                    recv_exactly(self._sock, payload)
-                if entry is None:
+                    request = self._pending.pop(header.request_id, None)
+                if request is None:
                     raise FrameError(f"an answer to request {header.request_id}, "
                                      "which is not outstanding")
-                future, finish = entry
-                if finish is None:
-                    _settle(future, (header, payload))
+                if (request.room is not None and header.kind == Kind.READ.response
+                        and header.payload_len > request.room):
+                    error = FrameError(f"a READ answer of {header.payload_len} bytes to a "
+                                       f"request for {request.room}")
+                    _settle(request.future, error=error)
+                    raise error
+                payload = self._payload_of(request, header)
+                if header.payload_len:
+                    recv_exactly(self._sock, payload)
+                if request.finish is None:
+                    _settle(request.future, (header, payload))
                     continue
                 try:
-                    value = finish(header, payload)
+                    value = request.finish(header, payload)
                 except BaseException as exc:
-                    _settle(future, error=exc)
+                    _settle(request.future, error=exc)
                 else:
-                    _settle(future, value)
+                    _settle(request.future, value)
         except WireError as exc:
-            self.fail(ConnectionLost(self.label, f"{type(exc).__name__}: {exc}"))
+            self._broken(request, ConnectionLost(self.label, f"{type(exc).__name__}: {exc}"))
         except (OSError, ssl.SSLError) as exc:
-            self.fail(ConnectionLost(self.label, str(exc) or type(exc).__name__))
+            self._broken(request, ConnectionLost(self.label, str(exc) or type(exc).__name__))
+
+    @staticmethod
+    def _payload_of(request: _Request, header: Header) -> bytearray | memoryview:
+        """Where an answer's payload goes: the caller's buffer when the request has
+        one, the answer is its READ's and the reader claims the future before its
+        caller cancels it; else a fresh buffer (a cancelled request's: dropped)."""
+        if (request.into is not None and header.kind == Kind.READ.response
+                and request.future.set_running_or_notify_cancel()):
+            return request.into[:header.payload_len]
+        return bytearray(header.payload_len)
+
+    def _broken(self, request: _Request | None, error: WireError) -> None:
+        """The stream broke (``request``: the one whose answer was being received)."""
+        if request is not None:
+            _settle(request.future, error=error)
+        self.fail(error)
 
     def fail(self, error: WireError) -> None:
         """Break the connection: every outstanding request gets ``error``. Idempotent."""
@@ -268,14 +301,13 @@ class _Channel:
                 return
             self._failure = error
             pending, self._pending = self._pending, {}
-            self._targets.clear()
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self._sock.close()
-        for future, _ in pending.values():
-            _settle(future, error=error)
+        for request in pending.values():
+            _settle(request.future, error=error)
         if pending:
             log.warning("%s (%d requests outstanding)", error, len(pending))
 
@@ -436,7 +468,11 @@ class RemoteNode:
                         drive_id: int | None = None) -> Future[int]:
         """Ask for ``len(buffer)`` bytes at ``offset``, received straight into ``buffer``
         (no copy, no allocation); the future gives how many came (short at the
-        slice's end). ``buffer`` must stay untouched until the future completes."""
+        slice's end). ``buffer`` belongs to the request until the future is done,
+        or until its ``cancel()`` returns True: from then on it is never written
+        (the answer, if it comes, is drained and dropped). A ``cancel()`` that
+        returns False means the answer is landing in ``buffer``: wait for the
+        future. No timeout of its own (``readinto`` has the client's)."""
         view = memoryview(buffer).cast("B")
         return self._submit(Kind.READ, slice_id=slice_id, offset=offset, arg=view.nbytes,
                             drive_id=drive_id, into=view, pick=_received)[1]
@@ -464,8 +500,27 @@ class RemoteNode:
 
     def readinto(self, slice_id: int, offset: int, buffer: Any,
                  drive_id: int | None = None) -> int:
-        """``read`` straight into ``buffer``; returns the bytes that came."""
-        return self.submit_readinto(slice_id, offset, buffer, drive_id).result()
+        """``read`` straight into ``buffer``; returns the bytes that came.
+
+        Raises as ``read`` does, ``RequestTimeout`` after ``timeout`` seconds
+        without the answer (the connection is then dropped with its other
+        requests, as for every call). Once it returns or raises, ``buffer`` is
+        never written again by this client."""
+        view = memoryview(buffer).cast("B")
+        channel, future = self._submit(Kind.READ, slice_id=slice_id, offset=offset,
+                                       arg=view.nbytes, drive_id=drive_id, into=view,
+                                       pick=_received)
+        try:
+            n: int = future.result(self.timeout)
+            return n
+        except concurrent.futures.TimeoutError:
+            pass
+        error = RequestTimeout(self.label, Kind.READ.name, self.timeout)
+        claimed = not future.cancel()  # else cancelled first: the reader never writes buffer
+        channel.fail(ConnectionLost(self.label, str(error)))
+        if claimed:  # the reader is receiving into buffer: the broken stream stops it
+            concurrent.futures.wait([future])
+        raise error from None
 
     def length(self, slice_id: int, drive_id: int | None = None) -> int:
         return self._call(Kind.LENGTH, slice_id=slice_id, drive_id=drive_id)[0].arg

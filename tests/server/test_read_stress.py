@@ -1,0 +1,251 @@
+"""The client's read path over TCP (server/remote.py, server/cluster_reads.py):
+a caller's buffer is written only while its request is still wanted (never
+after a cancel or a timeout), ``readinto`` honours the client's timeout, an
+answer longer than asked is a ``FrameError``, a piece read ahead is started
+once and not kept after its slice was dropped, and many threads reading into
+their own buffers at once get every byte right.
+
+The servers are real ``shinglefs server`` processes on loopback (``servers``
+fixture; SIGSTOP holds their answers back). Only the two misbehaviours a real
+server never shows — an answer longer than asked, an answer that stops in the
+middle of its payload — come from a peer written here with the real
+handshake and frame code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from tests.server.test_cluster_node import start_server
+from tests.server.test_server_process import Server
+
+from shinglefs.meta.api import MetaStore
+from shinglefs.server.auth import FrameSealer, server_handshake
+from shinglefs.server.errors import ConnectionLost, FrameError, RequestTimeout, WireError
+from shinglefs.server.process import cluster_key
+from shinglefs.server.remote import RemoteNode
+from shinglefs.server.wire import HEADER_SIZE, Header, Kind, Limits, read_frame, send_frame
+
+MiB = 1024 * 1024
+SENTINEL = 0xA5
+PEER_SECRET = b"cluster secret of the tests, 32B"
+
+
+def started(meta_url: str, meta: MetaStore, tmp_path: Path,
+            servers: list[Server]) -> tuple[Server, tuple[str, int], bytes]:
+    """One storage server: ``(its process, its address, the cluster secret)``."""
+    server, port = start_server(meta_url, tmp_path, "s1", servers)
+    return server, ("127.0.0.1", port), cluster_key(meta)
+
+
+@contextlib.contextmanager
+def stopped(server: Server) -> Iterator[None]:
+    """The server process held (SIGSTOP): requests reach its socket, no answer leaves."""
+    os.kill(server.proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(server.proc.pid, signal.SIGCONT)
+
+
+def untouched(buffer: bytearray) -> bool:
+    return buffer == bytes([SENTINEL]) * len(buffer)
+
+
+def stays_untouched(buffer: bytearray, seconds: float = 0.3) -> bool:
+    """Is ``buffer`` still all sentinel during ``seconds`` (a late write would show)?"""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not untouched(buffer):
+            return False
+        time.sleep(0.01)
+    return untouched(buffer)
+
+
+# ---------------------------------------------------------------- 1. a cancelled readinto
+def test_a_cancelled_readinto_never_writes_the_buffer(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+    server, address, secret = started(meta_url, meta, tmp_path, servers)
+    data = os.urandom(MiB)
+    with RemoteNode(address, secret, connections=1, timeout=20) as remote:
+        drive = remote.write(7, 0, data, group=1, durable=True)
+        buffers = [bytearray([SENTINEL]) * size for size in (100, 200 * 1024, MiB)]
+        with stopped(server):
+            futures = [remote.submit_readinto(7, 0, b, drive) for b in buffers]
+            assert all(f.cancel() for f in futures)  # no answer came: cancel wins
+        # the answers come now; a read sent after them on the one connection
+        # lands after them, the stream still in step
+        again = bytearray(MiB)
+        assert remote.readinto(7, 0, again, drive) == MiB and again == data
+        assert all(stays_untouched(b) for b in buffers)
+        assert remote.read(7, 5, 10, drive) == data[5:15]
+
+
+# ---------------------------------------------------------------- 2. readinto's timeout
+def test_readinto_times_out_like_the_other_calls_and_leaves_the_buffer_alone(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+    server, address, secret = started(meta_url, meta, tmp_path, servers)
+    data = os.urandom(300 * 1024)
+    with RemoteNode(address, secret, connections=1, timeout=0.5) as remote:
+        drive = remote.write(8, 0, data, group=1, durable=True)
+        buffer = bytearray([SENTINEL]) * len(data)
+        outcome: list[BaseException | int] = []
+
+        def read() -> None:
+            try:
+                outcome.append(remote.readinto(8, 0, buffer, drive))
+            except BaseException as exc:
+                outcome.append(exc)
+
+        with stopped(server):
+            t0 = time.monotonic()
+            reader = threading.Thread(target=read)
+            reader.start()
+            reader.join(5)
+            waited = time.monotonic() - t0
+            hung = reader.is_alive()
+        reader.join(30)  # today's code: the answer after SIGCONT ends the wait
+        assert not hung, "readinto waited past the client's timeout"
+        assert len(outcome) == 1 and isinstance(outcome[0], RequestTimeout), outcome
+        assert waited < 3
+        assert stays_untouched(buffer)
+        # the connection dropped with the timeout is opened anew by the next request
+        assert remote.readinto(8, 0, buffer, drive) == len(data) and buffer == data
+
+
+class Link:
+    """The peer's side of its one connection: sealed frames, or raw bytes."""
+
+    def __init__(self, sock: socket.socket, sealer: FrameSealer) -> None:
+        self.sock = sock
+        self._sealer = sealer
+
+    def frame(self, header: Header, body: bytes = b"") -> None:
+        send_frame(self.sock, self._sealer.seal(header), body)
+
+    def raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+
+class Peer:
+    """A slice server written here (the real handshake and frame code) that
+    answers each request with ``answer(header, link)``: for what a real
+    server never does. One connection."""
+
+    def __init__(self, answer: Callable[[Header, Link], None]) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address: tuple[str, int] = self.listener.getsockname()[:2]
+        self._answer = answer
+        self._sockets: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError, WireError):
+            sock, _ = self.listener.accept()
+            self._sockets.append(sock)
+            sealer, opener = server_handshake(sock, PEER_SECRET, Limits())
+            link, header_buf = Link(sock, sealer), bytearray(HEADER_SIZE)
+            while True:
+                header, _ = read_frame(sock, header_buf, Limits())
+                opener.check(header, header_buf)
+                self._answer(header, link)
+
+    def close(self) -> None:
+        self.listener.close()
+        for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        self._thread.join(10)
+
+
+def read_answer(header: Header, payload_len: int) -> Header:
+    return Header(Kind.READ.response, request_id=header.request_id, slice_id=header.slice_id,
+                  offset=header.offset, arg=payload_len, drive=header.drive,
+                  payload_len=payload_len)
+
+
+def test_a_readinto_whose_answer_stalls_mid_payload_times_out_and_nothing_lands_after(
+        ) -> None:
+    """The reader thread is already receiving into the caller's buffer when the
+    timeout comes: readinto still raises ``RequestTimeout`` within about the
+    timeout (the connection is dropped, its reader stops), and no byte lands
+    in the buffer once it returned."""
+    size = 2 * MiB
+    proceed = threading.Event()
+
+    def half_then_rest(header: Header, link: Link) -> None:
+        if header.kind == Kind.PING:
+            link.frame(Header(Kind.PING.response, request_id=header.request_id))
+        elif header.kind == Kind.READ:
+            link.frame(read_answer(header, size))  # the header alone, then the payload
+            link.raw(bytes([1]) * (size // 2))
+            proceed.wait(10)
+            link.raw(bytes([2]) * (size - size // 2))
+
+    peer = Peer(half_then_rest)
+    try:
+        with RemoteNode(peer.address, PEER_SECRET, connections=1, timeout=0.5) as remote:
+            remote.ping()
+            buffer = bytearray([SENTINEL]) * size
+            outcome: list[BaseException | int] = []
+
+            def read() -> None:
+                try:
+                    outcome.append(remote.readinto(1, 0, buffer))
+                except BaseException as exc:
+                    outcome.append(exc)
+
+            t0 = time.monotonic()
+            reader = threading.Thread(target=read)
+            reader.start()
+            reader.join(5)
+            hung = reader.is_alive()
+            written = bytes(buffer)
+            proceed.set()
+            reader.join(30)
+            assert not hung, "readinto waited past the client's timeout"
+            assert isinstance(outcome[0], RequestTimeout), outcome
+            assert time.monotonic() - t0 < 6
+            time.sleep(0.3)
+            assert bytes(buffer) == written  # nothing landed after readinto returned
+    finally:
+        proceed.set()
+        peer.close()
+
+
+# ---------------------------------------------------------------- 3. an answer longer than asked
+@pytest.mark.parametrize("into", [True, False], ids=["readinto", "read"])
+def test_a_read_answer_longer_than_asked_is_a_frame_error(into: bool) -> None:
+    asked = 1000
+
+    def too_long(header: Header, link: Link) -> None:
+        if header.kind == Kind.READ:
+            link.frame(read_answer(header, header.arg + 24), bytes([3]) * (header.arg + 24))
+        # a PUT gets no answer: it stays outstanding on the connection
+
+    peer = Peer(too_long)
+    try:
+        with RemoteNode(peer.address, PEER_SECRET, connections=1, timeout=10) as remote:
+            beside = remote.submit_write(2, 0, b"x", group=1)
+            buffer = bytearray([SENTINEL]) * (asked + 24)
+            target = memoryview(buffer)[:asked]
+            with pytest.raises(FrameError):
+                if into:
+                    remote.submit_readinto(1, 0, target).result(10)
+                else:
+                    remote.read(1, 0, asked)
+            with pytest.raises(ConnectionLost):  # the connection is closed with it
+                beside.result(10)
+            assert untouched(buffer)  # neither the asked range nor past it written
+    finally:
+        peer.close()
