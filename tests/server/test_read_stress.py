@@ -21,6 +21,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ from tests.server.test_server_process import Server
 
 from shinglefs.meta.api import MetaStore
 from shinglefs.server.auth import FrameSealer, server_handshake
+from shinglefs.server.cluster_reads import NetworkReadAhead
 from shinglefs.server.errors import ConnectionLost, FrameError, RequestTimeout, WireError
 from shinglefs.server.process import cluster_key
 from shinglefs.server.remote import RemoteNode
@@ -249,3 +251,77 @@ def test_a_read_answer_longer_than_asked_is_a_frame_error(into: bool) -> None:
             assert untouched(buffer)  # neither the asked range nor past it written
     finally:
         peer.close()
+
+
+# ---------------------------------------------------------------- 4. read-ahead pieces
+class GatedStart:
+    """``NetworkReadAhead``'s ``start`` over a real ``RemoteNode``: the first call
+    waits for ``release`` after saying it ``entered`` (so the test acts while
+    that piece is being started); every call is noted."""
+
+    def __init__(self, remote: RemoteNode, drive: int) -> None:
+        self.remote, self.drive = remote, drive
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.calls: list[tuple[int, int]] = []
+
+    def __call__(self, slice_id: int, offset: int, buffer: bytearray) -> Future[int]:
+        self.calls.append((slice_id, offset))
+        if len(self.calls) == 1:
+            self.entered.set()
+            assert self.release.wait(10)
+        return self.remote.submit_readinto(slice_id, offset, buffer, self.drive)
+
+
+PIECE = 256 * 1024
+
+
+@contextlib.contextmanager
+def one_slice(tmp_path: Path, meta_url: str, meta: MetaStore,
+              servers: list[Server]) -> Iterator[tuple[RemoteNode, int, bytes]]:
+    """A server holding slice 9 (4 pieces): ``(a client of it, its drive, its bytes)``."""
+    _, address, secret = started(meta_url, meta, tmp_path, servers)
+    data = os.urandom(4 * PIECE)
+    with RemoteNode(address, secret, connections=2, timeout=20) as remote:
+        yield remote, remote.write(9, 0, data, group=1, durable=True), data
+
+
+def test_two_readers_hinting_one_piece_at_once_share_one_read(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+    with one_slice(tmp_path, meta_url, meta, servers) as (remote, drive, data):
+        ahead = NetworkReadAhead(capacity=8 * PIECE, piece=PIECE)
+        start = GatedStart(remote, drive)
+        first = threading.Thread(target=ahead.prefetch, args=(9, 0, PIECE, start))
+        first.start()
+        assert start.entered.wait(10)
+        second = ahead.prefetch(9, 0, PIECE, start)  # while the first starts that piece
+        start.release.set()
+        first.join(10)
+        assert second == 0 and start.calls == [(9, 0)]
+        assert ahead.started == 1 and ahead.held_bytes == PIECE
+        view = ahead.take(9, 0, PIECE, wait=10)
+        assert view is not None and view == data[:PIECE]
+        assert ahead.held_bytes == 0 and ahead.take(9, 0, PIECE, wait=0) is None
+
+
+@pytest.mark.parametrize("forget", ["drop_slice", "clear"])
+def test_a_piece_started_while_its_slice_is_dropped_is_not_kept(
+        forget: str, tmp_path: Path, meta_url: str, meta: MetaStore,
+        servers: list[Server]) -> None:
+    with one_slice(tmp_path, meta_url, meta, servers) as (remote, drive, data):
+        ahead = NetworkReadAhead(capacity=8 * PIECE, piece=PIECE)
+        start = GatedStart(remote, drive)
+        first = threading.Thread(target=ahead.prefetch, args=(9, 0, PIECE, start))
+        first.start()
+        assert start.entered.wait(10)
+        if forget == "drop_slice":
+            ahead.drop_slice(9)  # deleted while its first piece was being started
+        else:
+            ahead.clear()
+        start.release.set()
+        first.join(10)
+        assert ahead.held_bytes == 0
+        assert ahead.take(9, 0, PIECE, wait=10) is None  # read on demand
+        # started anew once asked again, and served
+        assert ahead.prefetch(9, 0, PIECE, start) == 1
+        view = ahead.take(9, 0, PIECE, wait=10)
+        assert view is not None and view == data[:PIECE] and ahead.held_bytes == 0

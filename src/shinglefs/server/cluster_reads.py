@@ -25,8 +25,16 @@ belongs to its taker (the client's read cache counts it from then on).
 
 Validity: slices are immutable once committed, and a read started ahead is
 only ever served for the same slice, offset and at most its length; a
-deleted slice's reads are dropped (``drop_slice``); a client never reads
-ahead a slice it is still writing (its caller's rule: ``ClusterNode``).
+deleted slice's reads are dropped (``drop_slice``), those being started at
+that moment included (they are not kept once their ``start`` returns); a
+client never reads ahead a slice it is still writing (its caller's rule:
+``ClusterNode``).
+
+Once: a piece is started at most once at a time. A piece being started is
+noted (``_starting``, under the lock, with a token of its starter) before its
+``start`` is called, so a concurrent ``prefetch`` of it skips it; only the
+starter whose token is still noted keeps its read (``drop_slice`` and
+``clear`` forget the tokens).
 
 Failures: a read started ahead that failed, or that does not answer within
 the wait its taker allows, is not served: the taker reads the range as any
@@ -85,6 +93,8 @@ class NetworkReadAhead:
         self.piece = piece
         self._lock = threading.Lock()
         self._entries: OrderedDict[tuple[int, int], _Ahead] = OrderedDict()
+        # pieces whose start() is being called -> their starter's token
+        self._starting: dict[tuple[int, int], object] = {}
         self._bytes = 0
         self.started = 0  # reads started ahead
         self.taken = 0  # of them served to a reader
@@ -97,31 +107,47 @@ class NetworkReadAhead:
 
     def prefetch(self, slice_id: int, offset: int, length: int, start: StartRead) -> int:
         """Start reads of ``slice_id``'s ``[offset, offset + length)`` in pieces of
-        ``piece`` (whole pieces; one already started is not started again),
-        as many as fit ``capacity``; returns how many were started. ``start``'s
-        errors propagate (nothing is kept of the piece it failed for)."""
+        ``piece`` (whole pieces; one already started, or being started by
+        another caller, is not started again), as many as fit ``capacity``;
+        returns how many were started and kept (a piece whose slice was
+        dropped or cleared while it was started is cancelled, not kept).
+        ``start``'s errors propagate (nothing is kept of the piece it failed for)."""
         first = offset // self.piece
         last = (offset + max(length, 1) - 1) // self.piece
         started = 0
         for index in range(first, last + 1):
             key = (slice_id, index * self.piece)
-            buffer: bytearray | None = None
+            token = object()
             with self._lock:
-                if key in self._entries or not self._room_locked(self.piece):
+                if (key in self._entries or key in self._starting
+                        or not self._room_locked(self.piece)):
                     continue
-                buffer = bytearray(self.piece)
+                self._starting[key] = token
                 self._bytes += self.piece
+            buffer = bytearray(self.piece)
             try:
                 future = start(slice_id, key[1], buffer)
             except BaseException:
                 with self._lock:
-                    self._bytes -= self.piece
+                    self._forget_start_locked(key, token)
                 raise
             with self._lock:
-                self._entries[key] = _Ahead(buffer, future)
-                self.started += 1
+                kept = self._starting.get(key) is token
+                if kept:
+                    del self._starting[key]
+                    self._entries[key] = _Ahead(buffer, future)
+                    self.started += 1
+            if not kept:  # dropped meanwhile: its bytes no longer counted, its buffer no one's
+                future.cancel()
+                continue
             started += 1
         return started
+
+    def _forget_start_locked(self, key: tuple[int, int], token: object) -> None:
+        """Un-note a piece being started, and its bytes, if ``token`` still holds it."""
+        if self._starting.get(key) is token:
+            del self._starting[key]
+            self._bytes -= self.piece
 
     def _room_locked(self, nbytes: int) -> bool:
         """Is there room for ``nbytes`` more, after dropping landed reads no one took?"""
@@ -157,16 +183,21 @@ class NetworkReadAhead:
         return memoryview(entry.buffer)[: min(n, length)].toreadonly()
 
     def drop_slice(self, slice_id: int) -> None:
-        """Forget the reads started ahead of a slice (deleted). Reads in flight
-        finish into buffers no one keeps."""
+        """Forget the reads started ahead of a slice (deleted), those being
+        started now included (not kept when their ``start`` returns). Reads in
+        flight finish into buffers no one keeps."""
         with self._lock:
             for key in [k for k in self._entries if k[0] == slice_id]:
                 self._bytes -= len(self._entries.pop(key).buffer)
+            for key in [k for k in self._starting if k[0] == slice_id]:
+                self._forget_start_locked(key, self._starting[key])
 
     def clear(self) -> None:
-        """Forget every read started ahead (the node closes)."""
+        """Forget every read started ahead (the node closes), those being started
+        now included."""
         with self._lock:
             self._entries.clear()
+            self._starting.clear()
             self._bytes = 0
 
 
