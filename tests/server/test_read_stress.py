@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -325,3 +327,115 @@ def test_a_piece_started_while_its_slice_is_dropped_is_not_kept(
         assert ahead.prefetch(9, 0, PIECE, start) == 1
         view = ahead.take(9, 0, PIECE, wait=10)
         assert view is not None and view == data[:PIECE] and ahead.held_bytes == 0
+
+
+# ---------------------------------------------------------------- many readers at once
+SIZES = [1, 100, 4096, 65_535, 65_537, 200_000, MiB + 3, 3 * MiB]
+THREADS = 6
+REQUESTS = 120  # per thread
+IN_FLIGHT = 8  # per thread
+
+
+def a_length(rng: random.Random) -> int:
+    kind = rng.random()
+    if kind < 0.35:
+        return rng.randint(1, 64)  # tiny
+    if kind < 0.7:
+        return rng.randint(65, 64 * 1024)
+    return rng.randint(64 * 1024 + 1, MiB + MiB // 2)  # more than one 64 KiB send
+
+
+@pytest.mark.parametrize("connections", [1, 4])
+def test_threads_reading_into_their_buffers_at_once_get_every_byte(
+        connections: int, tmp_path: Path, meta_url: str, meta: MetaStore,
+        servers: list[Server]) -> None:
+    """``THREADS`` threads each keep ``IN_FLIGHT`` readinto requests going over
+    one ``RemoteNode`` (ranges of every size, some past a slice's end), cancel
+    about one in five at a random moment and reuse a buffer at once when its
+    cancel won: every answer's bytes are checked (CRC-32 against the slice
+    written, nothing written past the count), a buffer whose cancel won is never
+    written again, and the streams stay in step."""
+    _, address, secret = started(meta_url, meta, tmp_path, servers)
+    slices = {100 + i: os.urandom(size) for i, size in enumerate(SIZES)}
+    errors: list[str] = []
+    counts = {"read": 0, "cancelled": 0, "cancel_lost": 0}
+    counts_lock = threading.Lock()
+    with RemoteNode(address, secret, connections=connections, timeout=30) as remote:
+        drive = {sid: remote.write(sid, 0, data, group=1, durable=True)
+                 for sid, data in slices.items()}
+
+        def check(buffer: bytearray, sid: int, offset: int, length: int, n: int) -> None:
+            want = slices[sid][offset:offset + length]
+            if n != len(want) or zlib.crc32(buffer[:n]) != zlib.crc32(want):
+                errors.append(f"slice {sid} [{offset}, +{length}): {n} bytes, wrong")
+            elif not untouched(buffer[n:length]):
+                errors.append(f"slice {sid} [{offset}, +{length}): written past {n}")
+
+        def reader(seed: int) -> None:
+            rng = random.Random(seed)
+            free = [bytearray(2 * MiB) for _ in range(IN_FLIGHT)]
+            flying: list[tuple[Future[int], bytearray, int, int, int]] = []
+            quarantined: list[bytearray] = []  # cancel won: must stay sentinel forever
+            done = {"read": 0, "cancelled": 0, "cancel_lost": 0}
+            for i in range(REQUESTS):
+                sid = rng.choice(list(slices))
+                offset = rng.randint(0, len(slices[sid]))
+                length = a_length(rng)
+                buffer = free.pop()
+                buffer[:] = bytes([SENTINEL]) * len(buffer)
+                target = memoryview(buffer)[:length]
+                if i % 10 == 9:  # now and then the blocking call
+                    check(buffer, sid, offset, length,
+                          remote.readinto(sid, offset, target, drive[sid]))
+                    done["read"] += 1
+                    free.append(buffer)
+                    continue
+                future = remote.submit_readinto(sid, offset, target, drive[sid])
+                if rng.random() < 0.2:
+                    if rng.random() < 0.5:
+                        time.sleep(rng.random() / 1000)
+                    if future.cancel():
+                        done["cancelled"] += 1
+                        if rng.random() < 0.5:
+                            quarantined.append(buffer)
+                            free.append(bytearray(2 * MiB))
+                        else:
+                            free.append(buffer)  # reused at once: a late write shows
+                        continue
+                    done["cancel_lost"] += 1
+                flying.append((future, buffer, sid, offset, length))
+                if len(flying) == IN_FLIGHT or not free:
+                    future, buffer, sid, offset, length = flying.pop(0)
+                    check(buffer, sid, offset, length, future.result(30))
+                    done["read"] += 1
+                    free.append(buffer)
+            for future, buffer, sid, offset, length in flying:
+                check(buffer, sid, offset, length, future.result(30))
+                done["read"] += 1
+            # every connection answered after the cancelled requests: their answers came
+            for sid in slices:
+                remote.readinto(sid, 0, bytearray(1), drive[sid])
+            if not all(stays_untouched(b, 0.05) for b in quarantined):
+                errors.append("a buffer whose cancel won was written")
+            with counts_lock:
+                for key, value in done.items():
+                    counts[key] += value
+
+        def guarded(seed: int) -> None:
+            try:
+                reader(seed)
+            except BaseException as exc:
+                errors.append(f"reader {seed}: {type(exc).__name__}: {exc}")
+
+        threads = [threading.Thread(target=guarded, args=(seed,)) for seed in range(THREADS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads)
+        assert errors == []
+        # the streams are still in step after it all
+        for sid, data in slices.items():
+            assert remote.read(sid, 0, len(data), drive[sid]) == data
+    assert counts["read"] + counts["cancelled"] == THREADS * REQUESTS
+    assert counts["cancelled"] > THREADS * REQUESTS // 20, counts  # cancels did race answers
