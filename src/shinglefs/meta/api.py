@@ -110,9 +110,13 @@ class ServerRegistry(ABC):
         ids, a tier not in ``TIERS`` or labels that are not strings."""
 
     @abstractmethod
-    def heartbeat_server(self, server_id: int, drives: Sequence[ServerDrive]) -> None:
-        """Mark the server alive now and record its drives as they are now (free
-        bytes). ESTALE when the server is stopped or removed: it must
+    def heartbeat_server(self, server_id: int, drives: Sequence[ServerDrive], *,
+                         at_ns: int | None = None) -> None:
+        """Mark the server alive and record its drives' figures (free bytes).
+        ``at_ns``: when the figures were read, taken before reading them (default:
+        now); it is the heartbeat's time, so a piece stored after it is known not
+        to be in the figures however long the transaction waits for the
+        database. ESTALE when the server is stopped or removed: it must
         ``register_server`` again."""
 
     @abstractmethod

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import logging
 import threading
+import time
 from collections.abc import Mapping
 
 from shinglefs.errors import ShingleError
@@ -66,7 +67,9 @@ class Membership:
         """One heartbeat; registers again when meta says the registration is gone."""
         assert self.server_id is not None
         try:
-            self.meta.heartbeat_server(self.server_id, server_drives(self.node, self.uuids))
+            at = time.time_ns()  # before the figures: pieces stored later are not in them
+            self.meta.heartbeat_server(self.server_id, server_drives(self.node, self.uuids),
+                                       at_ns=at)
         except FsError as exc:
             if exc.errno != errno.ESTALE:
                 raise

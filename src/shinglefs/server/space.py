@@ -467,9 +467,10 @@ class ReplicatedHolds:
 
 FIGURE_SKEW_NS = 250_000_000
 """A piece stored this long before a server's heartbeat may still be missing from
-the figure the heartbeat carries: the figure is read before the heartbeat's
-transaction takes its time (which may wait for the database), and the hosts'
-clocks differ. ``SentBytes`` keeps counting it until a later heartbeat: the
+the figure the heartbeat carries: the hosts' clocks differ, and the client
+notes a piece stored when its answer arrives. (The heartbeat's time is taken
+before its figure is read, ``Membership.heartbeat``, not in its transaction,
+which may wait long for the database.) ``SentBytes`` keeps counting it until a later heartbeat: the
 price is ENOSPC early by what a drive stores in that long, until the next
 heartbeat. Filling 512 + 128 + 128 MiB servers at goal 2 (df: 123.5 MiB)
 stopped at 124 MiB in 6 runs of 8, 120 and 84 in the others; at 0.1 s one

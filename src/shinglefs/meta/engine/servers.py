@@ -323,10 +323,12 @@ class ServerOps(SqlCore):
         self._require_formatted()
         return self._run(txn)
 
-    def heartbeat_server(self, server_id: int, drives: Sequence[ServerDrive]) -> None:
+    def heartbeat_server(self, server_id: int, drives: Sequence[ServerDrive], *,
+                         at_ns: int | None = None) -> None:
         _check_drives(drives)
         text = _drives_json(drives)
-        if not self._run(lambda tx: tx.run(S.HEARTBEAT_SERVER, (now_ns(), text, server_id)),
+        at = now_ns() if at_ns is None else at_ns
+        if not self._run(lambda tx: tx.run(S.HEARTBEAT_SERVER, (at, text, server_id)),
                          "autocommit"):
             raise FsError(E.ESTALE, f"server {server_id} is not registered (stopped or removed)",
                           hint="register again")
