@@ -489,9 +489,8 @@ class _Connection:
         try:
             if self._closed.is_set() or self._sealer is None:
                 return False
-            with self._outbox_ready:
-                if self._outbox:
-                    return False
+            if self._outbox:  # no lock needed: a rest is queued only under _send_lock
+                return False
             raw = self._sealer.seal(answer) + bytes(body)
             try:
                 sent = self._sock.send(raw, socket.MSG_DONTWAIT)
