@@ -50,10 +50,29 @@ def started(meta_url: str, meta: MetaStore, tmp_path: Path,
     return server, ("127.0.0.1", port), cluster_key(meta)
 
 
+def all_threads_stopped(pid: int) -> bool:
+    """Is every thread of ``pid`` in state T (stopped), per /proc?"""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended
+        if state not in ("T", "t"):
+            return False
+    return True
+
+
 @contextlib.contextmanager
 def stopped(server: Server) -> Iterator[None]:
-    """The server process held (SIGSTOP): requests reach its socket, no answer leaves."""
-    os.kill(server.proc.pid, signal.SIGSTOP)
+    """The server process held (SIGSTOP): requests reach its socket, no answer leaves.
+    Returns once every thread of it is stopped (a signal is delivered
+    asynchronously: a thread still running could answer)."""
+    pid = server.proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while not all_threads_stopped(pid):
+        assert time.monotonic() < deadline, f"server {pid} did not stop"
+        time.sleep(0.001)
     try:
         yield
     finally:

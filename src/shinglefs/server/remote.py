@@ -289,10 +289,12 @@ class _Channel:
         return bytearray(header.payload_len)
 
     def _broken(self, request: _Request | None, error: WireError) -> None:
-        """The stream broke (``request``: the one whose answer was being received)."""
+        """The stream broke (``request``: the one whose answer was being received).
+        The connection fails before that request's caller hears of it: a caller
+        woken by its error must find the connection failed, never send on it."""
+        self.fail(error)
         if request is not None:
             _settle(request.future, error=error)
-        self.fail(error)
 
     def fail(self, error: WireError) -> None:
         """Break the connection: every outstanding request gets ``error``. Idempotent."""
