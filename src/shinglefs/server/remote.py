@@ -475,9 +475,13 @@ class RemoteNode:
         (the answer, if it comes, is drained and dropped). A ``cancel()`` that
         returns False means the answer is landing in ``buffer``: wait for the
         future. No timeout of its own (``readinto`` has the client's)."""
+        return self._submit_readinto(slice_id, offset, buffer, drive_id)[1]
+
+    def _submit_readinto(self, slice_id: int, offset: int, buffer: Any,
+                         drive_id: int | None) -> tuple[_Channel, Future[int]]:
         view = memoryview(buffer).cast("B")
         return self._submit(Kind.READ, slice_id=slice_id, offset=offset, arg=view.nbytes,
-                            drive_id=drive_id, into=view, pick=_received)[1]
+                            drive_id=drive_id, into=view, pick=_received)
 
     # ------------------------------------------------------------------ StorageNode's calls
     def write(self, slice_id: int, offset: int, data: Any, group: int, *,
@@ -508,10 +512,7 @@ class RemoteNode:
         without the answer (the connection is then dropped with its other
         requests, as for every call). Once it returns or raises, ``buffer`` is
         never written again by this client."""
-        view = memoryview(buffer).cast("B")
-        channel, future = self._submit(Kind.READ, slice_id=slice_id, offset=offset,
-                                       arg=view.nbytes, drive_id=drive_id, into=view,
-                                       pick=_received)
+        channel, future = self._submit_readinto(slice_id, offset, buffer, drive_id)
         try:
             n: int = future.result(self.timeout)
             return n
