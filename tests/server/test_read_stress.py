@@ -306,17 +306,28 @@ def one_slice(tmp_path: Path, meta_url: str, meta: MetaStore,
         yield remote, remote.write(9, 0, data, group=1, durable=True), data
 
 
+@contextlib.contextmanager
+def first_piece_being_started(remote: RemoteNode,
+                              drive: int) -> Iterator[tuple[NetworkReadAhead, GatedStart]]:
+    """A read-ahead of slice 9 whose first piece is being started (its ``start``
+    held) for the body: ``(the read-ahead, its start)``; then released and joined."""
+    ahead = NetworkReadAhead(capacity=8 * PIECE, piece=PIECE)
+    start = GatedStart(remote, drive)
+    first = threading.Thread(target=ahead.prefetch, args=(9, 0, PIECE, start))
+    first.start()
+    assert start.entered.wait(10)
+    try:
+        yield ahead, start
+    finally:
+        start.release.set()
+        first.join(10)
+
+
 def test_two_readers_hinting_one_piece_at_once_share_one_read(
         tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
     with one_slice(tmp_path, meta_url, meta, servers) as (remote, drive, data):
-        ahead = NetworkReadAhead(capacity=8 * PIECE, piece=PIECE)
-        start = GatedStart(remote, drive)
-        first = threading.Thread(target=ahead.prefetch, args=(9, 0, PIECE, start))
-        first.start()
-        assert start.entered.wait(10)
-        second = ahead.prefetch(9, 0, PIECE, start)  # while the first starts that piece
-        start.release.set()
-        first.join(10)
+        with first_piece_being_started(remote, drive) as (ahead, start):
+            second = ahead.prefetch(9, 0, PIECE, start)  # while the first starts that piece
         assert second == 0 and start.calls == [(9, 0)]
         assert ahead.started == 1 and ahead.held_bytes == PIECE
         view = ahead.take(9, 0, PIECE, wait=10)
@@ -329,17 +340,11 @@ def test_a_piece_started_while_its_slice_is_dropped_is_not_kept(
         forget: str, tmp_path: Path, meta_url: str, meta: MetaStore,
         servers: list[Server]) -> None:
     with one_slice(tmp_path, meta_url, meta, servers) as (remote, drive, data):
-        ahead = NetworkReadAhead(capacity=8 * PIECE, piece=PIECE)
-        start = GatedStart(remote, drive)
-        first = threading.Thread(target=ahead.prefetch, args=(9, 0, PIECE, start))
-        first.start()
-        assert start.entered.wait(10)
-        if forget == "drop_slice":
-            ahead.drop_slice(9)  # deleted while its first piece was being started
-        else:
-            ahead.clear()
-        start.release.set()
-        first.join(10)
+        with first_piece_being_started(remote, drive) as (ahead, start):
+            if forget == "drop_slice":
+                ahead.drop_slice(9)  # deleted while its first piece was being started
+            else:
+                ahead.clear()
         assert ahead.held_bytes == 0
         assert ahead.take(9, 0, PIECE, wait=10) is None  # read on demand
         # started anew once asked again, and served
