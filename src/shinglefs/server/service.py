@@ -478,8 +478,8 @@ class _Connection:
         answer). While anything is queued the worker never sends: a queued item
         may be the unsent rest of a frame, and bytes sent before it would land
         inside that frame (the client would read them as its payload). The
-        reader sends the answer of a PUT that completed as it submitted it: queueing it for
-        the writer instead (one more wake-up, but no wake-up of the client's
+        reader sends the answer of a PUT that completed as it submitted it:
+        queueing it for the writer instead (one more wake-up, but no wake-up of the client's
         reader onto the reader's core mid-stream) measured the same (``bench
         wire``, 4 MiB pieces, 22 interleaved pairs: -6 % with 1 connection,
         +5 % with 4)."""
