@@ -37,6 +37,7 @@ import socket
 import ssl
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
@@ -171,8 +172,21 @@ def remote_error(body: bytearray | memoryview) -> NodeError:
     return RemoteNodeError(kind or "error", message, errno if isinstance(errno, int) else 5)
 
 
+# A request whose payload is at least this large is handed to its connection's
+# sender thread instead of being sent by its caller; see ``_Channel.call``.
+HANDOFF_BYTES = 256 * 1024
+# The bytes of payload a connection's sender holds before callers wait for room.
+OUTBOX_BYTES = 16 * 1024 * 1024
+
+
 class _Channel:
-    """One authenticated connection: requests sent under a lock, answers matched by id."""
+    """One authenticated connection: requests sent in order, answers matched by id.
+
+    A small request is sent by its caller's thread; a large one (``HANDOFF_BYTES``)
+    goes to the connection's sender thread, so that one caller feeding several
+    connections keeps them all busy at once (measured: one thread sending 4 MiB
+    pieces over 4 loopback connections, bench wire).
+    """
 
     def __init__(self, address: tuple[str, int], label: str, secret: bytes, limits: Limits,
                  connect_timeout: float, ssl_context: ssl.SSLContext | None,
@@ -202,7 +216,14 @@ class _Channel:
         sock.settimeout(None)
         self._sock = sock
         self._lock = threading.Lock()
+        # Guards the sealer, the outbox and the socket's send side: frames leave
+        # in the order they were sealed, whoever sends them.
         self._send_lock = threading.Lock()
+        self._outbox: deque[tuple[bytes, Any, int]] = deque()  # (sealed header, payload, size)
+        self._outbox_bytes = 0
+        self._sender_busy = False  # the sender thread is sending a frame it took
+        self._outbox_changed = threading.Condition(self._send_lock)
+        self._sender: threading.Thread | None = None
         self._pending: dict[int, _Request] = {}  # by request id
         self._failure: WireError | None = None
         self._reader = threading.Thread(target=self._read_loop, name=f"slice-recv {label}",
@@ -231,12 +252,45 @@ class _Channel:
             if self._failure is not None:
                 raise self._failure
             self._pending[header.request_id] = _Request(future, finish, into, room)
+        size = header.payload_len
         try:
             with self._send_lock:
-                send_frame(self._sock, self._sealer.seal(header), payload)
+                if size < HANDOFF_BYTES and not self._outbox and not self._sender_busy:
+                    send_frame(self._sock, self._sealer.seal(header), payload)
+                    return future
+                while (self._outbox_bytes > OUTBOX_BYTES and self._failure is None):
+                    self._outbox_changed.wait()
+                if self._failure is not None:
+                    return future  # fail() settled it
+                self._outbox.append((self._sealer.seal(header), payload, size))
+                self._outbox_bytes += size
+                if self._sender is None:
+                    self._sender = threading.Thread(target=self._send_loop, daemon=True,
+                                                    name=f"slice-send {self.label}")
+                    self._sender.start()
+                self._outbox_changed.notify_all()
         except (OSError, ssl.SSLError) as exc:
             self.fail(ConnectionLost(self.label, f"sending failed: {exc}"))
         return future
+
+    def _send_loop(self) -> None:
+        """The sender thread: send the outbox's frames in order, outside the lock
+        (callers queue more meanwhile; none sends while a frame is under way)."""
+        try:
+            while True:
+                with self._send_lock:
+                    self._sender_busy = False
+                    self._outbox_changed.notify_all()
+                    while not self._outbox and self._failure is None:
+                        self._outbox_changed.wait()
+                    if self._failure is not None:
+                        return
+                    sealed, payload, size = self._outbox.popleft()
+                    self._outbox_bytes -= size
+                    self._sender_busy = True
+                send_frame(self._sock, sealed, payload)
+        except (OSError, ssl.SSLError) as exc:
+            self.fail(ConnectionLost(self.label, f"sending failed: {exc}"))
 
     def _read_loop(self) -> None:
         """Receive answers until the connection breaks. A request taken out of
@@ -303,11 +357,15 @@ class _Channel:
                 return
             self._failure = error
             pending, self._pending = self._pending, {}
-        try:
+        try:  # first: a send blocked on a full socket (holding the send lock) returns
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self._sock.close()
+        with self._send_lock:  # the sender thread stops; callers waiting for room return
+            self._outbox.clear()
+            self._outbox_bytes = 0
+            self._outbox_changed.notify_all()
         for request in pending.values():
             _settle(request.future, error=error)
         if pending:
@@ -316,6 +374,8 @@ class _Channel:
     def close(self) -> None:
         self.fail(ConnectionLost(self.label, "closed by this client"))
         self._reader.join()
+        if self._sender is not None:
+            self._sender.join()
 
 
 class RemoteNode:
@@ -390,6 +450,12 @@ class RemoteNode:
                 self._channels[index] = channel
             return channel
 
+    def connection_of(self, slice_id: int) -> int:
+        """The connection (0 .. ``connections`` - 1) every request naming
+        ``slice_id`` goes over: Fibonacci hashing, so ids with a common stride
+        still spread."""
+        return (((slice_id * _GOLDEN) & _U64) >> 32) % len(self._channels)
+
     def _submit(self, kind: Kind, *, slice_id: int | None = None, offset: int = 0,
                 arg: int = 0, drive_id: int | None = None, flags: int = 0,
                 payload: Any = b"", into: memoryview | None = None,
@@ -398,9 +464,8 @@ class RemoteNode:
         or (``pick``) what ``pick`` takes from it once checked (``_checked``)."""
         if slice_id is None:
             index, sid = next(self._spread) % len(self._channels), 0
-        else:  # Fibonacci hashing: ids with a common stride still spread
-            index = ((slice_id * _GOLDEN) & _U64) >> 32
-            index, sid = index % len(self._channels), slice_id
+        else:
+            index, sid = self.connection_of(slice_id), slice_id
         channel = self._channel(index)
         header = Header(kind, flags=flags, request_id=next(self._ids), slice_id=sid,
                         offset=offset, arg=arg,
