@@ -12,8 +12,10 @@ from shinglefs.zoned import EmulatedZonedDrive
 
 
 class HintedDrive(EmulatedZonedDrive):
-    """The real emulated drive, remembering the read hints it was given."""
+    """The real emulated drive, remembering the read hints it was given (read
+    buffered: a drive reading around the page cache takes no hints)."""
 
+    DIRECT_READS = False
     hints: list[tuple[int, int]]
 
     def prefetch(self, offset: int, length: int) -> None:

@@ -10,6 +10,7 @@ the slice store) are here too, each taking the index lock itself.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -55,7 +56,8 @@ class LogReads(LogZones):
     def _scratch(self, n: int) -> memoryview:
         buf = getattr(self._tls, "buf", None)
         if buf is None or len(buf) < n:
-            buf = bytearray(max(n, CRC_BLOCK + HEADER_BLOCK))
+            # page-aligned, so that a drive may read into it around the page cache
+            buf = mmap.mmap(-1, max(n, CRC_BLOCK + HEADER_BLOCK))
             self._tls.buf = buf
         return memoryview(buf)[:n]
 

@@ -1,14 +1,19 @@
-"""Writes around the page cache: a descriptor opened ``O_DIRECT``, fed through a bounce buffer.
+"""I/O around the page cache: descriptors opened ``O_DIRECT``.
 
 The emulated drive writes this way where its backing file allows it, as a
 real zoned device is written: no double caching, and no dirty-page throttling
-of the writer. Reads stay buffered (the kernel keeps the two coherent).
-Whether to try is the environment's call (``SHINGLEFS_EMULATED_DIRECT``, on
-unless "0"), read when a drive is opened, never at import.
+of the writer (``DirectWriter``, fed through a bounce buffer). It reads this
+way too whenever every buffer of a read is page-aligned (``page_aligned``):
+the bytes go from the disk straight into the caller's buffer, with no copy
+through the page cache and no page cache filled with the drive's image; any
+other read is buffered (the kernel keeps the two coherent). Whether to try
+is the environment's call (``SHINGLEFS_EMULATED_DIRECT``, on unless "0"),
+read when a drive is opened, never at import.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import mmap
 import os
@@ -17,12 +22,38 @@ BOUNCE_BYTES = 8 * 1024 * 1024  # O_DIRECT writes go out in rounds of at most th
 DIRECT_ENV = "SHINGLEFS_EMULATED_DIRECT"
 
 
+ALIGN = 4096  # the alignment a direct read asks of offsets, lengths and buffers
+
+
 def direct_writes_from_env() -> bool:
-    """Whether emulated drives write with O_DIRECT: on unless ``SHINGLEFS_EMULATED_DIRECT=0``.
+    """Whether emulated drives go around the page cache (writes, aligned reads):
+    on unless ``SHINGLEFS_EMULATED_DIRECT=0``.
 
     Read each time a drive is opened, never at import.
     """
     return os.environ.get(DIRECT_ENV, "1") != "0"
+
+
+def page_aligned(views: list[memoryview]) -> bool:
+    """Can ``views`` take a direct read: each writable, its address and length
+    multiples of ``ALIGN``?"""
+    for view in views:
+        if view.readonly or view.nbytes % ALIGN or not view.c_contiguous:
+            return False
+        if ctypes.addressof(ctypes.c_char.from_buffer(view)) % ALIGN:
+            return False
+    return True
+
+
+def open_direct_reads(path: str) -> int | None:
+    """A descriptor of ``path`` opened ``O_RDONLY | O_DIRECT``, or None where the
+    file system (tmpfs, some overlays) refuses it."""
+    if not hasattr(os, "O_DIRECT"):
+        return None
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        return None
 
 
 class DirectWriter:

@@ -263,6 +263,7 @@ class EmulatedZonedDrive(EmulatedIO):
             if self._direct is not None:
                 self._direct.close()
                 self._direct = None
+            self._close_direct_reads()
             self._table.close()
 
     # -- failures and crashes (tests) ----------------------------------------------------

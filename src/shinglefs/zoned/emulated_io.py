@@ -10,11 +10,13 @@ zeros, never as stale garbage.
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Sequence
 
 from shinglefs.zoned import fileio
+from shinglefs.zoned.directio import ALIGN, page_aligned
 from shinglefs.zoned.emulated_zones import EmulatedZones
 from shinglefs.zoned.errors import (
     OutOfRangeError,
@@ -199,10 +201,11 @@ class EmulatedIO(EmulatedZones):
             if wp < seg_end:
                 zero_ranges.append((max(wp, seg_start) - offset, seg_end - offset))
         try:
-            if len(views) == 1:
-                fileio.preadv_all(self._fd, views[0], offset)
-            else:
-                fileio.preadv_views_all(self._fd, views, offset)
+            if not self._read_direct(views, offset):
+                if len(views) == 1:
+                    fileio.preadv_all(self._fd, views[0], offset)
+                else:
+                    fileio.preadv_views_all(self._fd, views, offset)
         except OSError as exc:
             raise ZoneError(
                 f"read failed: {exc.strerror}", drive=self.name, zone=first, offset=offset,
@@ -211,6 +214,38 @@ class EmulatedIO(EmulatedZones):
         for a, b in zero_ranges:
             _zero_span(views, a, b)
         return length
+
+    def _read_direct(self, views: list[memoryview], offset: int) -> bool:
+        """Read around the page cache when the drive may and every view is
+        page-aligned (directio.py); False when not done (the caller reads
+        buffered). A file that refuses a direct read (EINVAL) is read
+        buffered from then on."""
+        fd = self._direct_reads
+        if fd is None or not self._reads_direct or offset % ALIGN or not page_aligned(views):
+            return False
+        try:
+            if len(views) == 1:
+                fileio.preadv_all(fd, views[0], offset)
+            else:
+                fileio.preadv_views_all(fd, views, offset)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            self._reads_direct = False  # its descriptor closes with the drive
+            return False
+        return True
+
+    def _close_direct_reads(self) -> None:
+        """Close the direct-read descriptor (the drive closing). Idempotent."""
+        fd, self._direct_reads = self._direct_reads, None
+        self._reads_direct = False
+        if fd is not None:
+            os.close(fd)
+
+    @property
+    def reads_direct(self) -> bool:
+        """True while page-aligned reads go around the page cache (O_DIRECT)."""
+        return self._reads_direct
 
     def prefetch(self, offset: int, length: int) -> None:
         """Hint that ``[offset, offset + length)`` will be read soon; returns without waiting.

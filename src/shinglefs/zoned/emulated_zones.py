@@ -21,7 +21,7 @@ from array import array
 from collections import OrderedDict
 
 from shinglefs.zoned import fileio
-from shinglefs.zoned.directio import DirectWriter, direct_writes_from_env
+from shinglefs.zoned.directio import DirectWriter, direct_writes_from_env, open_direct_reads
 from shinglefs.zoned.errors import (
     DriveClosedError,
     OutOfRangeError,
@@ -32,6 +32,7 @@ from shinglefs.zoned.errors import (
     ZoneTypeError,
 )
 from shinglefs.zoned.model import (
+    DriveAbilities,
     TraceRecord,
     ZoneCondition,
     ZonedDrive,
@@ -48,6 +49,8 @@ class EmulatedZones(ZonedDrive):
     # the environment (``SHINGLEFS_EMULATED_DIRECT``, on unless "0") decides when
     # a drive is opened; a subclass or a test may fix it to True or False.
     DIRECT_WRITES: bool | None = None
+    # Read page-aligned buffers with O_DIRECT (see __init__); None as above.
+    DIRECT_READS: bool | None = None
 
     def __init__(
         self,
@@ -70,11 +73,19 @@ class EmulatedZones(ZonedDrive):
         # Writes go around the page cache (O_DIRECT through an aligned bounce
         # buffer) where the file system allows it, as on a real zoned device:
         # no double caching, and no dirty-page throttling of the writer.
-        # Reads stay buffered (the kernel keeps the two coherent).
+        # Reads into page-aligned buffers do too (directio.py); other reads
+        # are buffered (the kernel keeps the two coherent).
         direct = self.DIRECT_WRITES
         if direct is None:
             direct = direct_writes_from_env()
         self._direct = DirectWriter.open(path) if direct else None
+        direct_reads = self.DIRECT_READS
+        if direct_reads is None:
+            direct_reads = direct_writes_from_env()
+        self._direct_reads = open_direct_reads(path) if direct_reads else None
+        self._reads_direct = self._direct_reads is not None
+        # Read-ahead hints fill the page cache, which direct reads pass by.
+        self.abilities = DriveAbilities(readv=True, prefetch=self._direct_reads is None)
         self._table = table
         self._closed = False
         # Serialises state changes and sequential writes. _persist_lock (taken

@@ -30,7 +30,7 @@ import mmap
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Self
+from typing import Any, Self
 
 from shinglefs.zoned.errors import ZoneTypeError
 
@@ -167,8 +167,10 @@ class ZonedDrive(ABC):
     kind: str = "zoned"
     #: False when every zone is CONVENTIONAL (random aligned writes anywhere, no write pointers)
     is_zoned: bool = True
-    #: which optional calls (``readv``, ``prefetch``, ``discard``) this backend implements natively
-    abilities: ClassVar[DriveAbilities] = DriveAbilities()
+    #: which optional calls (``readv``, ``prefetch``, ``discard``) this backend implements
+    #: natively; an instance may narrow them (an emulated drive reading around the
+    #: page cache has no use for read-ahead hints)
+    abilities: DriveAbilities = DriveAbilities()
 
     @property
     def capacity(self) -> int:
