@@ -165,7 +165,18 @@ class OpenSlice:
         return self.start + self.length
 
     def inflight_bytes(self) -> int:
-        return sum(n for f, n in self.inflight if not f.done())
+        """Bytes of this slice's pieces not answered yet. First drops the pieces
+        at the head of ``inflight`` answered without error, as reaping them
+        would (their budget went back in their done callbacks), so that a
+        steady writer's check looks at the few pieces really in flight, not
+        at every piece answered since its last reap. The writer's lock is held."""
+        inflight = self.inflight
+        while inflight:
+            head = inflight[0][0]
+            if not head.done() or head.cancelled() or head.exception() is not None:
+                break
+            inflight.popleft()
+        return sum(n for f, n in inflight if not f.done())
 
     def finished(self, ino: int, chunk_size: int, durable: bool,
                  replica_drives: tuple[int, ...]) -> FinishedSlice:
