@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from shinglefs.store import SliceStore
+from shinglefs.store.scrub import scrub_drive
 from shinglefs.zoned import EmulatedZonedDrive
 
 MiB = 1024 * 1024
@@ -147,5 +148,24 @@ def test_a_store_reads_its_records_around_the_page_cache(tmp_path: Path) -> None
         part = aligned(MiB)
         assert store.readinto(7, 12345, part) == MiB
         assert part.tobytes() == data[12345:12345 + MiB]
+    finally:
+        store.close()
+
+
+def test_a_scrub_reads_the_medium_not_the_page_cache(tmp_path: Path) -> None:
+    """Every extent a scrub verifies is read direct: a scrub of a whole drive
+    checks what the disk holds and leaves the page cache as it found it."""
+    path = tmp_path / "s.img"
+    drive = EmulatedZonedDrive.create(path, zone_size=ZONE, zone_count=8,
+                                      conventional_zones=1, max_open_zones=4)
+    store = SliceStore.format(drive)
+    try:
+        for sid in range(1, 6):
+            store.write(sid, 0, os.urandom(MiB + sid * 4096), group=sid)
+        store.flush()
+        drop_cache(path)
+        state = scrub_drive(store, tmp_path / "scrub.json")
+        assert state.finished and not state.damaged and state.bytes_read >= 5 * MiB
+        assert resident_pages(path, ZONE, 7 * ZONE) == 0
     finally:
         store.close()
