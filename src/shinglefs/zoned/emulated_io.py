@@ -202,10 +202,7 @@ class EmulatedIO(EmulatedZones):
                 zero_ranges.append((max(wp, seg_start) - offset, seg_end - offset))
         try:
             if not self._read_direct(views, offset):
-                if len(views) == 1:
-                    fileio.preadv_all(self._fd, views[0], offset)
-                else:
-                    fileio.preadv_views_all(self._fd, views, offset)
+                _preadv(self._fd, views, offset)
         except OSError as exc:
             raise ZoneError(
                 f"read failed: {exc.strerror}", drive=self.name, zone=first, offset=offset,
@@ -224,10 +221,7 @@ class EmulatedIO(EmulatedZones):
         if fd is None or not self._reads_direct or offset % ALIGN or not page_aligned(views):
             return False
         try:
-            if len(views) == 1:
-                fileio.preadv_all(fd, views[0], offset)
-            else:
-                fileio.preadv_views_all(fd, views, offset)
+            _preadv(fd, views, offset)
         except OSError as exc:
             if exc.errno != errno.EINVAL:
                 raise
@@ -273,6 +267,15 @@ class EmulatedIO(EmulatedZones):
                 f"read of {length} bytes is outside the drive (capacity {self.capacity})",
                 drive=self.name, offset=offset,
             )
+
+
+def _preadv(fd: int, views: list[memoryview], offset: int) -> None:
+    """Fill ``views`` back to back from ``offset`` of ``fd`` (one buffer: the
+    simpler loop)."""
+    if len(views) == 1:
+        fileio.preadv_all(fd, views[0], offset)
+    else:
+        fileio.preadv_views_all(fd, views, offset)
 
 
 def _zero_span(views: list[memoryview], start: int, end: int) -> None:
