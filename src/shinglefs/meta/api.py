@@ -411,6 +411,19 @@ class MetaStore(ServerRegistry):
         EEXIST, ENOENT (inode gone or already unlinked), EACCES."""
 
     @abstractmethod
+    def snapshot(self, src: int, parent: int, name: bytes, ctx: Ctx = ROOT_CTX, *,
+                 read_only: bool = False) -> InodeAttr:
+        """Make ``name`` in ``parent`` a copy of ``src`` (a file, or a directory
+        with everything below it) that shares its slices: metadata only, one
+        transaction, the source as committed at that instant. Modes, owners,
+        times (ctime: now), xattrs, symlinks, hard links inside the tree and
+        directory policy are copied, retention rules are not; ``read_only``
+        clears every write bit of the copy. Writes to either side later never
+        show in the other. EEXIST, ENOENT, ENOTDIR, EACCES (``ctx`` may not
+        read the tree or write ``parent``), EINVAL (``parent`` inside ``src``),
+        EMLINK. Returns the copy's attributes."""
+
+    @abstractmethod
     def symlink(self, parent: int, name: bytes, target: bytes, ctx: Ctx = ROOT_CTX) -> InodeAttr:
         """Create a symbolic link to ``target`` (1..4095 bytes: ENOENT if empty,
         ENAMETOOLONG if longer). Mode 0o777 | S_IFLNK, size = len(target)."""

@@ -14,6 +14,7 @@ allocation, freeing):
 | sessions and the deletion queue | ``sessions`` | sessions, open files, abandoned/discard, pop/ack deletions |
 | storage servers | ``servers`` | register/heartbeat/list/unregister_server, server_slices, forget_server, cluster_secret |
 | format and statfs | ``format`` | format, format_info, sync, close, drives, statfs, capacity, migrations |
+| snapshots | ``snapshot`` | snapshot (a copy-on-write copy of a file or a tree) |
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from shinglefs.meta.engine.namespace import NamespaceOps
 from shinglefs.meta.engine.rename import RenameOps
 from shinglefs.meta.engine.servers import ServerOps
 from shinglefs.meta.engine.sessions import SessionOps
+from shinglefs.meta.engine.snapshot import SnapshotOps
 from shinglefs.meta.engine.xattrs import XattrOps
 
 
 class SqlMetaStore(
-    NamespaceOps, RenameOps, AttributeOps, XattrOps, ChunkOps, SessionOps, ServerOps, FormatOps
+    NamespaceOps, RenameOps, AttributeOps, XattrOps, ChunkOps, SessionOps, ServerOps, FormatOps,
+    SnapshotOps,
 ):
     """The metadata engine on SQLite or PostgreSQL (see ``backend``).
 

@@ -1,0 +1,267 @@
+"""``SnapshotOps``: an instant copy of a file or a directory tree that shares
+its slices (``MetaStore.snapshot``; docs/metadata.md, "Snapshots").
+
+A slice is immutable and reference-counted by the chunk references naming
+it, so a copy is metadata only: new inodes, entries, extended attributes,
+chunks and chunk references beside the source's, and each slice's
+``refcount`` raised by the references the copy adds. A later write to either
+side makes new slices for that side alone; deleting either side drops only
+its own references, and a slice is queued for deletion when the last side
+naming it is gone (``core.deref_slices``). No byte is read or written on a
+drive.
+
+The copy is ONE transaction, so it is the source exactly as committed at one
+instant (bytes a writer still holds in its buffers are not in it, as after a
+crash). On PostgreSQL it runs at ``REPEATABLE READ`` (mode ``"snapshot"``):
+every row it reads and another transaction changes before it commits is
+either a row it also writes (the destination directory, each slice's
+refcount) or one whose change does not matter to a copy of the instant it
+read (a file of the source rewritten or moved meanwhile), so a concurrent
+unlink that frees a slice the copy references makes one of the two fail and
+run again. On SQLite it holds the write lock while it runs (other writers
+wait; docs/metadata.md gives the rate).
+
+Inode numbers are taken before the transaction, as every operation does
+(``SqlCore._alloc``): the tree is counted in a read snapshot, that many
+numbers plus a margin are allocated at once, and a tree that grew past them
+before the copy ran is counted again.
+"""
+
+from __future__ import annotations
+
+import errno as E
+import functools
+import stat
+from collections import Counter
+from dataclasses import dataclass, field
+
+from shinglefs.meta import schema as S
+from shinglefs.meta.backend import Tx
+from shinglefs.meta.engine.core import SqlCore, attr_of, enoent, now_ns
+from shinglefs.meta.engine.namespace import check_new_name
+from shinglefs.meta.engine.permissions import check_may_write_dir, check_parent
+from shinglefs.meta.errors import FsError, TxConflict
+from shinglefs.meta.records import LINK_MAX, R_OK, ROOT_CTX, ROOT_INO, X_OK, Ctx, InodeAttr, permits
+
+SPARE_INODES = 64
+"""Inode numbers allocated beyond the counted tree, for files made meanwhile."""
+RECOUNTS = 5
+"""How often a tree that outgrew its allocated numbers is counted again."""
+_BATCH = 256  # source inodes per refcount query (an ``in_list`` size)
+
+_CHILDREN = (
+    f"SELECT d.name, d.cookie, {S.INODE_COLS_I} FROM dentries d JOIN inodes i ON i.ino = d.ino "
+    "WHERE d.parent = ? ORDER BY d.cookie"
+)
+# The copy's inode: the source's row with a new number, link count, ctime,
+# parent, owner (a user's copy is theirs) and mode (read-only copies, set-id
+# bits); no retention rule (a snapshot keeps what it holds); generation 1 as
+# for any new inode.
+_COPY_INODE = (
+    "INSERT INTO inodes (ino, mode, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, rdev, "
+    "generation, flags, parent, next_cookie, tier, retention, target, replicas) "
+    "SELECT ?, mode & ?, COALESCE(?, uid), COALESCE(?, gid), ?, size, atime_ns, mtime_ns, ?, "
+    "rdev, 1, flags, ?, "
+    "next_cookie, tier, NULL, target, replicas FROM inodes WHERE ino = ?"
+)
+_COPY_DENTRY = "INSERT INTO dentries (parent, name, ino, cookie) VALUES (?, ?, ?, ?)"
+_COPY_XATTRS = "INSERT INTO xattrs (ino, name, value) SELECT ?, name, value FROM xattrs WHERE ino = ?"
+_COPY_CHUNKS = (
+    "INSERT INTO chunks (ino, chunk_index, version, nrefs) "
+    "SELECT ?, chunk_index, version, nrefs FROM chunks WHERE ino = ?"
+)
+_COPY_REFS = (
+    "INSERT INTO chunk_refs (ino, chunk_index, seq, slice_id, chunk_offset, length, slice_offset) "
+    "SELECT ?, chunk_index, seq, slice_id, chunk_offset, length, slice_offset "
+    "FROM chunk_refs WHERE ino = ?"
+)
+_ADD_REFS = "UPDATE slices SET refcount = refcount + ? WHERE id = ?"
+_PARENT_OF = "SELECT parent FROM inodes WHERE ino = ?"
+
+
+def _refs_of(count: int) -> str:
+    return (f"SELECT slice_id, COUNT(*) FROM chunk_refs WHERE ino IN ({S.in_marks(count)}) "
+            "GROUP BY slice_id")
+
+
+class _Outgrown(Exception):
+    """The tree holds more inodes than were allocated for its copy."""
+
+
+@dataclass
+class _Tree:
+    """A source tree as one transaction read it: its inodes in first-seen order
+    (the root first) and its entries ``(parent, name, ino, cookie)``."""
+
+    root: int
+    inos: list[int] = field(default_factory=list)
+    attrs: dict[int, InodeAttr] = field(default_factory=dict)
+    entries: list[tuple[int, bytes, int, int]] = field(default_factory=list)
+    links: Counter[int] = field(default_factory=Counter)  # entries naming each inode
+    subdirs: Counter[int] = field(default_factory=Counter)  # subdirectories of each directory
+    home: dict[int, int] = field(default_factory=dict)  # each inode's first directory
+
+
+def _walk(tx: Tx, root: InodeAttr) -> _Tree:
+    """Every inode and entry below ``root`` (depth first), with their attributes."""
+    tree = _Tree(root.ino, [root.ino], {root.ino: root})
+    if not stat.S_ISDIR(root.mode):
+        return tree
+    dirs = [root.ino]
+    while dirs:
+        parent = dirs.pop()
+        for row in tx.all(_CHILDREN, (parent,)):
+            name, cookie, a = bytes(row[0]), row[1], attr_of(row, 2)
+            tree.entries.append((parent, name, a.ino, cookie))
+            tree.links[a.ino] += 1
+            if stat.S_ISDIR(a.mode):
+                tree.subdirs[parent] += 1
+                dirs.append(a.ino)
+            if a.ino not in tree.attrs:
+                tree.attrs[a.ino] = a
+                tree.inos.append(a.ino)
+                tree.home[a.ino] = parent
+    return tree
+
+
+def _check_readable(tree: _Tree, ctx: Ctx) -> None:
+    """EACCES unless ``ctx`` may read every file and list every directory of
+    ``tree`` (what ``cp -a`` would need)."""
+    if ctx.uid == 0:
+        return
+    for a in tree.attrs.values():
+        if stat.S_ISREG(a.mode) or stat.S_ISDIR(a.mode):
+            want = R_OK | X_OK if stat.S_ISDIR(a.mode) else R_OK
+            if not permits(a.mode, a.uid, a.gid, ctx, want):
+                raise FsError(E.EACCES, f"no read permission on inode {a.ino}", ino=a.ino)
+
+
+class SnapshotOps(SqlCore):
+    """snapshot: a copy-on-write copy of a file or a directory tree."""
+
+    def snapshot(
+        self,
+        src: int,
+        parent: int,
+        name: bytes,
+        ctx: Ctx = ROOT_CTX,
+        *,
+        read_only: bool = False,
+    ) -> InodeAttr:
+        check_new_name(name)
+        self._require_formatted()
+        spare = SPARE_INODES
+        for _ in range(RECOUNTS):
+            count = self._run(lambda tx: len(self._read_tree(tx, src, ctx).inos), "read")
+            first = self._alloc_range(count + spare)
+            numbers = range(first, first + count + spare)
+            try:
+                return self._run(
+                    functools.partial(self._copy, src=src, parent=parent, name=name,
+                                      numbers=numbers, ctx=ctx, read_only=read_only),
+                    "snapshot",
+                )
+            except _Outgrown:
+                spare *= 4
+        raise TxConflict(f"the tree under inode {src} kept growing while it was copied")
+
+    def _alloc_range(self, count: int) -> int:
+        """The first of ``count`` consecutive fresh inode numbers (one autocommit
+        statement, outside any transaction, like ``_alloc``)."""
+        row = self._run(lambda tx: tx.one(S.ALLOC_IDS, (count, "inode")), "autocommit")
+        return int(row[0]) - count
+
+    @staticmethod
+    def _read_tree(tx: Tx, src: int, ctx: Ctx) -> _Tree:
+        row = tx.one(S.SEL_INODE, (src,))
+        if row is None:
+            raise enoent(src)
+        tree = _walk(tx, attr_of(row))
+        _check_readable(tree, ctx)
+        return tree
+
+    def _copy(
+        self,
+        tx: Tx,
+        src: int,
+        parent: int,
+        name: bytes,
+        numbers: range,
+        ctx: Ctx,
+        read_only: bool,
+    ) -> InodeAttr:
+        now = now_ns()
+        tree = self._read_tree(tx, src, ctx)
+        if len(tree.inos) > len(numbers):
+            raise _Outgrown
+        row = tx.one(S.PARENT_AND_CHILD, (name, parent))
+        check_parent(row, parent, ctx)
+        pmode, puid, pgid, pnlink = row[:4]
+        if row[6] is not None:
+            raise FsError(E.EEXIST, f"{name!r} exists in directory {parent}", ino=parent, name=name)
+        check_may_write_dir(pmode, puid, pgid, ctx, parent)
+        is_dir = stat.S_ISDIR(tree.attrs[src].mode)
+        if is_dir:
+            self._refuse_inside(tx, src, parent)
+            if pnlink + 1 > LINK_MAX:
+                raise FsError(E.EMLINK, f"directory {parent} has {LINK_MAX} subdirectories")
+        new = dict(zip(tree.inos, numbers, strict=False))
+        # As ``cp -p`` by a user: the copy is the caller's, and a file loses its
+        # set-id bits (no one makes a setuid file of another owner's by copying).
+        owner = (None, None) if ctx.uid == 0 else (ctx.uid, ctx.gid)
+        size = 0
+        for ino in tree.inos:
+            old = tree.attrs[ino]
+            size += old.size
+            mask = ~0o222 if read_only else ~0
+            if stat.S_ISDIR(old.mode):
+                nlink = 2 + tree.subdirs[ino]
+            else:
+                nlink = max(tree.links[ino], 1)
+                if ctx.uid != 0:
+                    mask &= ~(stat.S_ISUID | stat.S_ISGID)
+            home = new[tree.home[ino]] if ino in tree.home else parent
+            tx.put(_COPY_INODE, (new[ino], mask, *owner, nlink, now, home, ino))
+            tx.put(_COPY_XATTRS, (new[ino], ino))
+            if stat.S_ISREG(old.mode):
+                tx.put(_COPY_CHUNKS, (new[ino], ino))
+                tx.put(_COPY_REFS, (new[ino], ino))
+        for old_parent, entry, ino, cookie in tree.entries:
+            tx.put(_COPY_DENTRY, (new[old_parent], entry, new[ino], cookie))
+        self._add_references(tx, tree.inos)
+        seen = (pmode, puid, pgid)
+        tx.put(S.TOUCH_PARENT_TAKE_COOKIE, (now, now, 1 if is_dir else 0, parent, *seen))
+        tx.insert(
+            S.INS_NEW_DENTRY, (parent, name, new[src], parent, *seen),
+            lambda: FsError(E.EEXIST, f"{name!r} exists in directory {parent}", ino=parent,
+                            name=name),
+            lambda: TxConflict(f"directory {parent} changed under a snapshot"),
+        )
+        self._counters(tx, size, len(tree.inos))
+        return attr_of(tx.one(S.SEL_INODE, (new[src],)))
+
+    @staticmethod
+    def _refuse_inside(tx: Tx, src: int, parent: int) -> None:
+        """EINVAL when ``parent`` is ``src`` or below it (a tree copied into itself)."""
+        at = parent
+        while True:
+            if at == src:
+                raise FsError(E.EINVAL, f"cannot copy directory {src} into itself", ino=src)
+            if at == ROOT_INO:
+                return
+            up = tx.one(_PARENT_OF, (at,))
+            if up is None or up[0] == at:
+                return
+            at = up[0]
+
+    @staticmethod
+    def _add_references(tx: Tx, inos: list[int]) -> None:
+        """Raise each slice's refcount by the references the copy of ``inos`` adds."""
+        counts: Counter[int] = Counter()
+        for start in range(0, len(inos), _BATCH):
+            batch = S.in_list(inos[start : start + _BATCH])
+            for sid, n in tx.all(_refs_of(len(batch)), batch):
+                counts[sid] += n
+        # in_list pads a batch with repeats of its last inode, which IN ignores.
+        for sid, n in sorted(counts.items()):
+            tx.put(_ADD_REFS, (n, sid))
