@@ -29,7 +29,8 @@ app = typer.Typer(
 
 # Modules of shinglefs.cli that add commands; a missing one is skipped so the
 # layers can land one at a time.
-COMMAND_MODULES = ["bench", "demo", "filesystem", "status", "recovery", "server", "policy", "sim"]
+COMMAND_MODULES = ["bench", "demo", "filesystem", "status", "recovery", "server", "policy",
+                   "snapshot", "sim"]
 
 
 def _register_all() -> None:

@@ -39,7 +39,7 @@ drive_app = typer.Typer(name="drive", help="A storage server's drive states (off
 
 
 @contextmanager
-def _meta(meta_url: str) -> Iterator[MetaStore]:
+def opened_meta(meta_url: str) -> Iterator[MetaStore]:
     from shinglefs.client.filesystem import absolute_meta_url, require_metadata_file
     from shinglefs.meta import open_meta
 
@@ -53,7 +53,7 @@ def _meta(meta_url: str) -> Iterator[MetaStore]:
         meta.close()
 
 
-def _resolve(meta: MetaStore, path: str) -> int:
+def resolve_path(meta: MetaStore, path: str) -> int:
     """The inode of absolute ``path`` (ENOENT, ENOTDIR from meta)."""
     from shinglefs.meta.api import ROOT_INO
 
@@ -89,9 +89,14 @@ def _retention(text: str | None) -> str | None:
     return str(RetentionRule.parse(text))
 
 
-def _on_mount(target: str) -> tuple[str, str]:
-    """(metadata URL, absolute path inside the file system) of directory
-    ``target`` on a ShingleFS mount of this host (``policy ./mnt/ckpt``)."""
+POLICY_USAGE = ("shinglefs policy ./mnt/ckpt (a directory on a mount), or "
+                "shinglefs policy META_URL /ckpt")
+
+
+def path_on_mount(target: str, usage: str = POLICY_USAGE) -> tuple[str, str]:
+    """(metadata URL, absolute path inside the file system) of ``target`` on a
+    ShingleFS mount of this host (``policy ./mnt/ckpt``); ``usage`` is the
+    hint when it is on none."""
     import os
 
     from shinglefs.cli.status import _status_of_mount
@@ -102,8 +107,7 @@ def _on_mount(target: str) -> tuple[str, str]:
         top = os.path.dirname(top)
     if entry is None or entry["fstype"] != FSTYPE:
         raise UsageError(f"{target!r} is neither a metadata URL nor on a ShingleFS mount",
-                         hint="shinglefs policy ./mnt/ckpt (a directory on a mount), or "
-                              "shinglefs policy META_URL /ckpt")
+                         hint=usage)
     inside = os.path.relpath(real, top)
     return str(_status_of_mount(top)["meta_url"]), "/" if inside == "." else "/" + inside
 
@@ -129,9 +133,9 @@ def policy_command(
     goal = _goal(replicas)
     rule = _retention(retention)
     if path is None:
-        meta_url, path = _on_mount(meta_url)
-    with _meta(meta_url) as meta:
-        ino = _resolve(meta, path)
+        meta_url, path = path_on_mount(meta_url)
+    with opened_meta(meta_url) as meta:
+        ino = resolve_path(meta, path)
         policy = meta.get_policy(ino)
         changed = policy
         if goal != "":
@@ -175,7 +179,7 @@ def _drive_ref(text: str) -> tuple[int, int]:
 
 def _set_state(meta_url: str, ref: str, state: str | None) -> None:
     server, drive = _drive_ref(ref)
-    with _meta(meta_url) as meta:
+    with opened_meta(meta_url) as meta:
         meta.set_drive_state(server, drive, state)
     typer.echo(f"drive {drive} of server {server}: "
                + ("offline; the servers copy its slices to other drives (`shinglefs status "
@@ -302,7 +306,7 @@ def forget_server_command(
     from shinglefs.meta.errors import FsError
 
     server_id = _server_ref(server)
-    with _meta(meta_url) as meta:
+    with opened_meta(meta_url) as meta:
         record = next((s for s in meta.list_servers() if s.id == server_id), None)
         if record is not None and record.live:
             raise FsError(errno.EBUSY, f"storage server {server_id} ({record.address}) is up",

@@ -1,0 +1,158 @@
+"""Snapshots on a real mount, made with the real ``shinglefs snapshot`` command
+while mounted (docs/cli.md, docs/metadata.md "Snapshots").
+
+A versioned dataset as a user keeps one: a corpus written through the mount,
+a copy taken, the corpus then changed and finally deleted. Each step tries to
+break a promise: the copy appears at once and reads bit-exact from the
+drives (caches dropped); changes on either side never reach the other;
+deleting the source frees nothing the copy still names (the deletion queue
+is drained before the copy is read again); deleting the last side frees the
+drives' bytes; the metadata stays consistent throughout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from shinglefs.fuse.harness import MountedFileSystem, drop_caches, shinglefs_command
+from shinglefs.meta import open_meta
+from shinglefs.meta.check import check_consistency
+
+MiB = 1 << 20
+
+
+def snapshot(*args: str) -> dict:
+    done = subprocess.run([*shinglefs_command(), "snapshot", *args, "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout))
+
+
+def status(fs: MountedFileSystem) -> dict:
+    return dict(json.loads(os.getxattr(fs.mountpoint, "user.shinglefs.status")))
+
+
+def drain_deletions(fs: MountedFileSystem, timeout: float = 60) -> None:
+    """Wait until the mount's deletion consumer has emptied the queue."""
+    db = fs.meta_url.removeprefix("sqlite3://")
+    deadline = time.monotonic() + timeout
+    while True:
+        with sqlite3.connect(db) as con:
+            (queued,) = con.execute("SELECT COUNT(*) FROM deletions").fetchone()
+        if queued == 0:
+            return
+        assert time.monotonic() < deadline, f"{queued} deletions still queued"
+        time.sleep(0.2)
+
+
+def consistent(fs: MountedFileSystem) -> None:
+    meta = open_meta(fs.meta_url)
+    try:
+        problems = check_consistency(meta)
+    finally:
+        meta.close()
+    assert problems == [], problems
+
+
+def read_all(root: Path) -> dict[str, bytes]:
+    drop_caches()
+    out = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            out[str(path.relative_to(root))] = path.read_bytes()
+    return out
+
+
+@pytest.fixture
+def fs(tmp_path: Path):
+    with MountedFileSystem(tmp_path / "data", tmp_path / "mnt") as mounted:
+        yield mounted
+
+
+def test_a_versioned_corpus_through_its_whole_life(fs: MountedFileSystem) -> None:
+    corpus = fs.mountpoint / "corpus"
+    (corpus / "shard-0").mkdir(parents=True)
+    want = {}
+    for i in range(3):  # big shards on the drives, small files inline in meta
+        want[f"shard-0/part-{i}.tar"] = os.urandom(3 * MiB + i)
+        want[f"shard-0/meta-{i}.json"] = b'{"i": %d}' % i
+    for rel, data in want.items():
+        (corpus / rel).write_bytes(data)
+    os.link(corpus / "shard-0/part-0.tar", corpus / "part-0.link")
+    want["part-0.link"] = want["shard-0/part-0.tar"]
+    os.symlink("shard-0/part-1.tar", corpus / "latest")
+    os.setxattr(corpus / "shard-0/part-2.tar", "user.origin", b"crawl-7")
+    live_before = status(fs)["live_bytes"]
+
+    out = snapshot(str(corpus), str(fs.mountpoint / "corpus@v1"))
+    assert out["copy"] == "/corpus@v1"
+    snapshot(fs.meta_url, "/corpus", "/corpus@ro", "--read-only")
+    v1, ro = fs.mountpoint / "corpus@v1", fs.mountpoint / "corpus@ro"
+    assert read_all(v1) == want == read_all(ro)
+    assert os.readlink(v1 / "latest") == "shard-0/part-1.tar"
+    assert os.stat(v1 / "part-0.link").st_ino == os.stat(v1 / "shard-0/part-0.tar").st_ino
+    assert os.getxattr(v1 / "shard-0/part-2.tar", "user.origin") == b"crawl-7"
+    assert os.stat(ro / "shard-0/part-0.tar").st_mode & 0o222 == 0
+    assert status(fs)["live_bytes"] == live_before  # no byte was copied
+    consistent(fs)
+
+    # The corpus moves on: appended, rewritten in place, a file replaced.
+    with open(corpus / "shard-0/part-0.tar", "ab") as f:
+        f.write(b"appended")
+    with open(corpus / "shard-0/part-1.tar", "r+b") as f:
+        f.seek(MiB)
+        f.write(b"x" * MiB)
+    (corpus / "shard-0/meta-0.json").write_bytes(b"{}")
+    # ... and so does the writable copy.
+    with open(v1 / "shard-0/part-2.tar", "ab") as f:
+        f.write(b"v1 only")
+    assert read_all(ro) == want
+    got = read_all(v1)
+    assert got.pop("shard-0/part-2.tar") == want["shard-0/part-2.tar"] + b"v1 only"
+    assert got == {k: v for k, v in want.items() if k != "shard-0/part-2.tar"}
+    assert (corpus / "shard-0/part-2.tar").read_bytes() == want["shard-0/part-2.tar"]
+
+    # The source goes; what the copies name stays on the drives.
+    subprocess.run(["rm", "-rf", str(corpus)], check=True)
+    drain_deletions(fs)
+    assert read_all(ro) == want
+    consistent(fs)
+
+    # The last copy goes: the drives' bytes are freed.
+    subprocess.run(["rm", "-rf", str(v1), str(ro)], check=True)
+    drain_deletions(fs)
+    deadline = time.monotonic() + 60
+    while status(fs)["live_bytes"] > 0:
+        assert time.monotonic() < deadline, status(fs)["live_bytes"]
+        time.sleep(0.2)
+    consistent(fs)
+
+
+def test_refusals_are_one_line_and_change_nothing(fs: MountedFileSystem, tmp_path: Path) -> None:
+    (fs.mountpoint / "d").mkdir()
+    (fs.mountpoint / "d" / "f").write_bytes(b"x")
+    cases = [
+        ([str(fs.mountpoint / "d"), str(fs.mountpoint / "d")], 1, "/d exists"),
+        ([str(fs.mountpoint / "d"), str(fs.mountpoint / "d" / "in")], 1, "into itself"),
+        ([str(fs.mountpoint / "nope"), str(fs.mountpoint / "x")], 1, "/nope does not exist"),
+        ([str(fs.mountpoint / "d"), str(fs.mountpoint / "x" / "y")], 1, "/x does not exist"),
+        ([str(fs.mountpoint / "d"), str(tmp_path / "x")], 2, "nor on a ShingleFS mount"),
+        ([str(tmp_path), str(fs.mountpoint / "x")], 2, "nor on a ShingleFS mount"),
+        ([fs.meta_url, "d", "/x"], 2, "absolute path"),
+        ([fs.meta_url, "/d", "/"], 2, "no new entry"),
+    ]
+    for args, code, words in cases:
+        done = subprocess.run([*shinglefs_command(), "snapshot", *args],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == code, (args, done.stderr)
+        assert words in done.stderr, (args, done.stderr)
+        assert "Traceback" not in done.stderr
+    assert sorted(os.listdir(fs.mountpoint)) == ["d"]
+    consistent(fs)
