@@ -71,6 +71,33 @@ def test_namespace_calls_and_oserror_subclasses(pyfs: ShingleFS) -> None:
     assert not pyfs.exists("/a/b/x")
 
 
+def test_snapshot_through_the_python_api(pyfs: ShingleFS) -> None:
+    """A copy of a checkpoint directory, taken while this process still has a
+    file open: it holds what the process would read then (the open file's
+    buffered bytes too), and the two sides change independently afterwards."""
+    pyfs.makedirs("/ckpt/step-1")
+    pyfs.write_bytes("/ckpt/step-1/rank0.pt", pattern(3 * MiB, 1))
+    with pyfs.open("/ckpt/step-1/rank1.pt", "wb") as f:
+        f.write(b"partial")
+        f.flush()  # from io's buffer to the file system's
+        pyfs.snapshot("/ckpt", "/ckpt@1")
+        pyfs.snapshot("/ckpt/step-1/rank0.pt", "/rank0@1", read_only=True)
+        f.write(b" more")
+    assert pyfs.read_bytes("/ckpt@1/step-1/rank0.pt") == pattern(3 * MiB, 1)
+    assert pyfs.read_bytes("/ckpt@1/step-1/rank1.pt") == b"partial"
+    assert pyfs.read_bytes("/ckpt/step-1/rank1.pt") == b"partial more"
+    assert pyfs.stat("/rank0@1").st_mode & 0o777 == 0o444
+    pyfs.write_bytes("/ckpt/step-1/rank0.pt", b"new")
+    assert pyfs.read_bytes("/rank0@1") == pattern(3 * MiB, 1)
+    with pytest.raises(FileExistsError):
+        pyfs.snapshot("/ckpt", "/ckpt@1")
+    with pytest.raises(FileNotFoundError):
+        pyfs.snapshot("/missing", "/x")
+    with pytest.raises(OSError) as exc:
+        pyfs.snapshot("/ckpt", "/ckpt/step-1/inside")
+    assert exc.value.errno == 22  # EINVAL
+
+
 def test_torch_save_and_load_through_the_python_api(pyfs: ShingleFS) -> None:
     state = {"weight": torch.randn(512, 512), "step": torch.tensor(7)}
     with pyfs.open("/model.pt", "wb") as f:
@@ -101,6 +128,15 @@ def test_connect_and_fsspec_share_one_connection(fs_factory: FsFactory, monkeypa
         assert sfs.ls("/ckpt", detail=False) == ["/ckpt/model.pt"]
         info = sfs.info("shinglefs://ckpt/model.pt")
         assert info["type"] == "file" and info["size"] > 4000
+        sfs.pipe_file("/ckpt/big.bin", pattern(5 * MiB, 3))
+        free = sfs.fs.statvfs().free_bytes
+        sfs.cp_file("/ckpt/model.pt", "/ckpt/copy.pt")
+        sfs.cp_file("/ckpt/big.bin", "/ckpt/copy.pt")  # over an existing file
+        assert sfs.fs.statvfs().free_bytes == free  # shares the data: nothing stored
+        assert sorted(sfs.ls("/ckpt", detail=False)) == [
+            "/ckpt/big.bin", "/ckpt/copy.pt", "/ckpt/model.pt"]  # no temporary left
+        sfs.pipe_file("/ckpt/big.bin", b"changed")
+        assert sfs.cat_file("/ckpt/copy.pt") == pattern(5 * MiB, 3)
         sfs.cp_file("/ckpt/model.pt", "/ckpt/copy.pt")
         sfs.mv("/ckpt/copy.pt", "/ckpt/moved.pt")
         assert sfs.cat_file("/ckpt/moved.pt") == sfs.cat_file("/ckpt/model.pt")

@@ -532,6 +532,15 @@ class ShingleFS:
         with _as_oserror(src, dst):
             self.vfs.link(attr.ino, parent, name, self.ctx)
 
+    def snapshot(self, src: str, dst: str, *, read_only: bool = False) -> None:
+        """Make ``dst`` an instant copy of the file or tree ``src`` that shares its
+        data (``MetaStore.snapshot``): what is committed now (closed or fsynced
+        files); later writes to either never show in the other."""
+        attr = self._resolve(src, follow=False)
+        parent, name = self._parent(dst)
+        with _as_oserror(src, dst):
+            self.vfs.snapshot(attr.ino, parent, name, self.ctx, read_only=read_only)
+
     def truncate(self, path: str, size: int) -> None:
         attr = self._resolve(path)
         with _as_oserror(path):

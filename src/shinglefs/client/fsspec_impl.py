@@ -19,9 +19,12 @@ Registered through the ``fsspec.specs`` entry point in pyproject.toml.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import os
+import posixpath
 import threading
+import uuid
 from typing import Any
 
 from fsspec import AbstractFileSystem
@@ -31,7 +34,6 @@ from shinglefs.errors import UsageError
 from shinglefs.meta.api import InodeAttr
 
 META_ENV = "SHINGLEFS_META"
-COPY_BLOCK = 8 * 1024 * 1024
 
 _connections: dict[str, ShingleFS] = {}
 _connections_lock = threading.Lock()
@@ -168,12 +170,18 @@ class ShingleFileSystem(AbstractFileSystem):
         if self.isdir(src):
             self.makedirs(dst, exist_ok=True)
             return
-        with self.fs.open(src, "rb") as fin, self.fs.open(dst, "wb") as fout:
-            while True:
-                block = fin.read(COPY_BLOCK)
-                if not block:
-                    break
-                fout.write(block)
+        # An instant copy sharing the data (``ShingleFS.snapshot``), made under a
+        # temporary name and renamed over ``dst``: readers of ``dst`` see the
+        # old file or the whole copy, never a part.
+        parent, name = posixpath.split(dst)
+        tmp = posixpath.join(parent, f".{name}.cp-{uuid.uuid4().hex[:12]}")
+        self.fs.snapshot(src, tmp)
+        try:
+            self.fs.rename(tmp, dst)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self.fs.unlink(tmp)
+            raise
 
     def mv(self, path1: Any, path2: Any, recursive: bool = False, maxdepth: Any = None, **kwargs: Any) -> None:
         """Rename (atomic, replacing the target) when given two single paths."""

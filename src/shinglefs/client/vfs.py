@@ -300,6 +300,18 @@ class VFS:
         self.jobs.retention.note(new_parent)
         return self.writes.with_buffered_size(attr)
 
+    def snapshot(self, src: int, parent: int, name: bytes, ctx: Ctx = ROOT_CTX, *,
+                 read_only: bool = False) -> InodeAttr:
+        """``MetaStore.snapshot``: ``name`` in ``parent`` becomes a copy of ``src``
+        sharing its slices, holding what this client would read now: its own
+        buffered writes are committed first (another client's are not in it
+        until that client closes or fsyncs)."""
+        self._check_open()
+        for writer in self.inodes.writers():
+            writer.flush()
+        self.inodes.dirs.clear()
+        return self.meta.snapshot(src, parent, name, ctx, read_only=read_only)
+
     # ================================================================== open / close
     def open(self, ino: int, flags: int, ctx: Ctx = ROOT_CTX) -> int:
         """Open an inode; returns a file handle. O_TRUNC truncates (with write access).
