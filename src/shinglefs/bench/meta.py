@@ -7,6 +7,10 @@ server), each figure the median of ``REPEATS`` runs on a fresh database:
 - ``stat_per_s``: ``getattr`` of each; ``lookup_per_s``: ``lookup`` of each name;
 - ``rename_per_s``: ``rename`` of each file into another directory;
 - ``unlink_per_s``: ``unlink`` of each;
+- ``snapshot_files_per_s``: a ``snapshot`` of a tree of N files (10
+  directories, one committed slice a file) in one call, files copied per
+  second; ``snapshot_vs_create`` its ratio to ``create_per_s`` of the same
+  run (making the files one by one);
 - ``readdir_100k_s``: listing a directory of 100,000 entries (10,000 with
   ``quick``; the entry count is reported as ``readdir_entries``) through
   ``readdir`` pages of 1,000 entries with attributes;
@@ -55,7 +59,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from shinglefs.meta import open_meta
 from shinglefs.meta import schema as S
-from shinglefs.meta.api import FIRST_COOKIE, ROOT_INO, MetaStore
+from shinglefs.meta.api import FIRST_COOKIE, ROOT_INO, MetaStore, SliceRef
 from shinglefs.meta.backend import PAGE_SIZE, Tx
 from shinglefs.meta.engine import SqlMetaStore
 from shinglefs.meta.errors import MetaUnavailable, MetaURLError
@@ -183,6 +187,24 @@ def _namespace_ops(url: str, n: int) -> dict[str, float]:
     }
     store.close()
     return out
+
+
+def _snapshot_rate(url: str, n: int) -> float:
+    """Files per second a ``snapshot`` copies: a tree of ``n`` files in 10
+    directories, each file holding one committed slice (its chunk and
+    reference rows, its slice's refcount), copied in one call."""
+    store = _fresh(url)
+    src = store.mkdir(ROOT_INO, b"corpus", 0o755).ino
+    shards = [store.mkdir(src, b"shard-%d" % d, 0o755).ino for d in range(10)]
+    for i in range(n):
+        ino = store.create(shards[i % 10], b"f-%07d" % i, 0o644).ino
+        store.commit_slice(ino, 0, SliceRef(store.next_slice_id(), 0, SMALL_FILE, 0),
+                           SMALL_FILE, slice_length=SMALL_FILE)
+    started = time.perf_counter()
+    store.snapshot(src, ROOT_INO, b"corpus@v1")
+    seconds = time.perf_counter() - started
+    store.close()
+    return _rate(n + 11, seconds)
 
 
 def _populate(store: SqlMetaStore, parent: int, n: int) -> None:
@@ -403,6 +425,10 @@ def _bench_backend(
             statistics.median(_readdir(dbs.new(), n_readdir) for _ in range(repeats)), 4
         )
         result["readdir_entries"] = n_readdir
+        result["snapshot_files_per_s"] = _median([_snapshot_rate(dbs.new(), n)
+                                                  for _ in range(repeats)])
+        result["snapshot_vs_create"] = round(
+            result["snapshot_files_per_s"] / result["create_per_s"], 2)
         result.update(_client_scaling(dbs, max(100, n // CLIENT_COUNTS[-1]), repeats))
         probe = open_meta(dbs.new())
         result["durability"] = probe.durability
