@@ -17,7 +17,15 @@ import threading
 import pytest
 from tests.meta.test_meta_content import errno_of, write
 
-from shinglefs.meta.api import ROOT_CTX, ROOT_INO, Ctx, DirPolicy, ReadPiece, SliceRef
+from shinglefs.meta.api import (
+    ROOT_CTX,
+    ROOT_INO,
+    Ctx,
+    DirPolicy,
+    ReadPiece,
+    SessionInfo,
+    SliceRef,
+)
 from shinglefs.meta.errors import FsError
 
 USER = Ctx(uid=1000, gid=1000, pid=1, umask=0o022)
@@ -131,6 +139,85 @@ def test_refusals_change_nothing(meta, check):
     assert errno_of(meta.snapshot, src.ino, home.ino, b"x", USER) == E.EACCES
     assert names(meta, ROOT_INO) == [b"home", b"src"]
     assert meta.get_slice(s1).refcount == 1
+    check()
+
+
+def inode_ids_taken(meta) -> int:
+    return int(meta.backend.run(
+        lambda tx: tx.one("SELECT next_id FROM ids WHERE name = 'inode'"), "read")[0])
+
+
+def test_a_refusal_is_found_before_the_tree_is_walked(meta, check):
+    """A refused copy takes no inode numbers (on SQLite it would otherwise hold
+    the write lock for a whole walk just to say EEXIST)."""
+    src, _, _, _ = tree(meta)
+    for i in range(300):
+        meta.create(src.ino, b"f%d" % i, 0o644)
+    before = inode_ids_taken(meta)
+    for _ in range(3):
+        assert errno_of(meta.snapshot, src.ino, ROOT_INO, b"src") == E.EEXIST
+        assert errno_of(meta.snapshot, src.ino, src.ino, b"x") == E.EINVAL
+    assert inode_ids_taken(meta) == before
+    check()
+
+
+def test_an_unlinked_open_file_is_not_brought_back(meta, check):
+    """As ``link`` refuses to: a file whose last name is gone stays gone."""
+    session = meta.register_session(SessionInfo("host", 1, "/mnt", "test"))
+    f = meta.create(ROOT_INO, b"f", 0o644, session=session)
+    write(meta, f.ino, 0, 10)
+    meta.unlink(ROOT_INO, b"f")
+    assert errno_of(meta.link, f.ino, ROOT_INO, b"back") == E.ENOENT
+    assert errno_of(meta.snapshot, f.ino, ROOT_INO, b"back") == E.ENOENT
+    assert names(meta, ROOT_INO) == []
+    check()
+
+
+def test_a_user_copies_no_device_node_and_no_privileged_xattr(meta, check):
+    """What a user may not make (a device node, a file capability, a trusted.*
+    attribute) a copy does not make for them either; root's copy keeps all."""
+    home = meta.mkdir(ROOT_INO, b"home", 0o777)
+    pub = meta.mkdir(ROOT_INO, b"pub", 0o755)
+    meta.mknod(pub.ino, b"sda", stat.S_IFBLK | 0o600, rdev=8 << 8)
+    assert errno_of(meta.mknod, home.ino, b"sdb", stat.S_IFBLK | 0o600, 8 << 8, USER) == E.EPERM
+    assert errno_of(meta.snapshot, pub.ino, home.ino, b"mine", USER) == E.EPERM
+    tools = meta.mkdir(ROOT_INO, b"tools", 0o755)
+    ping = meta.create(tools.ino, b"ping", 0o755)
+    caps = {b"security.capability": b"\x01\0\0\x02" + bytes(16), b"trusted.secret": b"root",
+            b"user.note": b"kept"}
+    for xname, value in caps.items():
+        meta.setxattr(ping.ino, xname, value)
+    mine = meta.lookup(meta.snapshot(tools.ino, home.ino, b"tools", USER).ino, b"ping")
+    assert meta.listxattr(mine.ino) == [b"user.note"]
+    roots = meta.lookup(meta.snapshot(tools.ino, ROOT_INO, b"tools@1").ino, b"ping")
+    assert sorted(meta.listxattr(roots.ino)) == sorted(caps)
+    assert names(meta, home.ino) == [b"tools"]
+    check()
+
+
+def test_a_busy_destination_does_not_starve_a_copy(meta, check):
+    """Creates in the destination directory all along: the copy still commits
+    (on PostgreSQL it takes the directory first, so they wait for it rather
+    than making it start over until its retries run out)."""
+    src = meta.mkdir(ROOT_INO, b"src", 0o755)
+    for i in range(1500):
+        meta.create(src.ino, b"f%d" % i, 0o644)
+    stop, made = threading.Event(), []
+
+    def creator():
+        while not stop.is_set():
+            made.append(meta.create(ROOT_INO, b"busy%d" % len(made), 0o644).ino)
+
+    busy = threading.Thread(target=creator)
+    busy.start()
+    try:
+        while len(made) < 5:  # the creator is running
+            stop.wait(0.01)
+        copy = meta.snapshot(src.ino, ROOT_INO, b"copy")
+    finally:
+        stop.set()
+        busy.join()
+    assert len(meta.readdir(copy.ino, 0, limit=2000)) == 1500
     check()
 
 

@@ -18,8 +18,21 @@ either a row it also writes (the destination directory, each slice's
 refcount) or one whose change does not matter to a copy of the instant it
 read (a file of the source rewritten or moved meanwhile), so a concurrent
 unlink that frees a slice the copy references makes one of the two fail and
-run again. On SQLite it holds the write lock while it runs (other writers
+run again. The destination directory is written first, before the walk: an
+operation in that directory then waits for the copy instead of making it
+start over (a busy destination would otherwise never let a large copy
+commit). On SQLite it holds the write lock while it runs (other writers
 wait; docs/metadata.md gives the rate).
+
+Everything that can refuse the copy without walking the tree (the source
+gone or unlinked, the destination taken, not writable, inside the source,
+full of links) is checked before the tree is counted, so a refusal costs
+two rows, not two walks.
+
+A user (not root) copies as ``cp -p`` would let them: the copy is theirs,
+files lose their set-id bits, only ``user.*`` and ``system.*`` extended
+attributes come along (not ``security.capability`` or ``trusted.*``), and a
+tree holding a device node is refused (EPERM, as ``mknod`` would be).
 
 Inode numbers are taken before the transaction, as every operation does
 (``SqlCore._alloc``): the tree is counted in a read snapshot, that many
@@ -75,6 +88,11 @@ _COPY_REFS = (
     "SELECT ?, chunk_index, seq, slice_id, chunk_offset, length, slice_offset "
     "FROM chunk_refs WHERE ino = ?"
 )
+_XATTRS_OF = "SELECT name, value FROM xattrs WHERE ino = ?"
+_PUT_XATTR = "INSERT INTO xattrs (ino, name, value) VALUES (?, ?, ?)"
+# The extended attributes a user's copy keeps: what an unprivileged ``cp -p``
+# can set (not file capabilities or other security labels, nor trusted.*).
+_USER_XATTRS = (b"user.", b"system.")
 _ADD_REFS = "UPDATE slices SET refcount = refcount + ? WHERE id = ?"
 _PARENT_OF = "SELECT parent FROM inodes WHERE ino = ?"
 
@@ -124,12 +142,16 @@ def _walk(tx: Tx, root: InodeAttr) -> _Tree:
     return tree
 
 
-def _check_readable(tree: _Tree, ctx: Ctx) -> None:
+def _check_copyable(tree: _Tree, ctx: Ctx) -> None:
     """EACCES unless ``ctx`` may read every file and list every directory of
-    ``tree`` (what ``cp -a`` would need)."""
+    ``tree`` (what ``cp -a`` would need); EPERM for a user's copy of a device
+    node (only root makes them)."""
     if ctx.uid == 0:
         return
     for a in tree.attrs.values():
+        if stat.S_ISCHR(a.mode) or stat.S_ISBLK(a.mode):
+            raise FsError(E.EPERM, f"inode {a.ino} is a device node: only root may copy it",
+                          ino=a.ino)
         if stat.S_ISREG(a.mode) or stat.S_ISDIR(a.mode):
             want = R_OK | X_OK if stat.S_ISDIR(a.mode) else R_OK
             if not permits(a.mode, a.uid, a.gid, ctx, want):
@@ -152,7 +174,8 @@ class SnapshotOps(SqlCore):
         self._require_formatted()
         spare = SPARE_INODES
         for _ in range(RECOUNTS):
-            count = self._run(lambda tx: len(self._read_tree(tx, src, ctx).inos), "read")
+            count = self._run(functools.partial(self._count, src=src, parent=parent, name=name,
+                                                ctx=ctx), "read")
             first = self._alloc_range(count + spare)
             numbers = range(first, first + count + spare)
             try:
@@ -171,14 +194,42 @@ class SnapshotOps(SqlCore):
         row = self._run(lambda tx: tx.one(S.ALLOC_IDS, (count, "inode")), "autocommit")
         return int(row[0]) - count
 
+    def _count(self, tx: Tx, src: int, parent: int, name: bytes, ctx: Ctx) -> int:
+        """The inodes of the tree to copy, once every cheap refusal was checked."""
+        root = self._source(tx, src)
+        self._destination(tx, root, parent, name, ctx)
+        tree = _walk(tx, root)
+        _check_copyable(tree, ctx)
+        return len(tree.inos)
+
     @staticmethod
-    def _read_tree(tx: Tx, src: int, ctx: Ctx) -> _Tree:
+    def _source(tx: Tx, src: int) -> InodeAttr:
+        """The source's attributes: ENOENT when it is gone or unlinked (an open,
+        unlinked file is not brought back, as ``link`` refuses to)."""
         row = tx.one(S.SEL_INODE, (src,))
         if row is None:
             raise enoent(src)
-        tree = _walk(tx, attr_of(row))
-        _check_readable(tree, ctx)
-        return tree
+        root = attr_of(row)
+        if root.nlink == 0:
+            raise FsError(E.ENOENT, f"inode {src} is unlinked", ino=src)
+        return root
+
+    def _destination(self, tx: Tx, root: InodeAttr, parent: int, name: bytes,
+                     ctx: Ctx) -> tuple[int, int, int]:
+        """Checks on the new name: ``parent`` a directory ``ctx`` may write,
+        ``name`` free in it, not inside a copied tree, room for one more
+        subdirectory. Returns the parent's (mode, uid, gid) as read."""
+        row = tx.one(S.PARENT_AND_CHILD, (name, parent))
+        check_parent(row, parent, ctx)
+        pmode, puid, pgid, pnlink = row[:4]
+        if row[6] is not None:
+            raise FsError(E.EEXIST, f"{name!r} exists in directory {parent}", ino=parent, name=name)
+        check_may_write_dir(pmode, puid, pgid, ctx, parent)
+        if stat.S_ISDIR(root.mode):
+            self._refuse_inside(tx, root.ino, parent)
+            if pnlink + 1 > LINK_MAX:
+                raise FsError(E.EMLINK, f"directory {parent} has {LINK_MAX} subdirectories")
+        return pmode, puid, pgid
 
     def _copy(
         self,
@@ -191,20 +242,16 @@ class SnapshotOps(SqlCore):
         read_only: bool,
     ) -> InodeAttr:
         now = now_ns()
-        tree = self._read_tree(tx, src, ctx)
+        root = self._source(tx, src)
+        seen = self._destination(tx, root, parent, name, ctx)
+        is_dir = stat.S_ISDIR(root.mode)
+        # The destination first: a create there now waits for this copy rather
+        # than making it start over (module docstring).
+        tx.put(S.TOUCH_PARENT_TAKE_COOKIE, (now, now, 1 if is_dir else 0, parent, *seen))
+        tree = _walk(tx, root)
+        _check_copyable(tree, ctx)
         if len(tree.inos) > len(numbers):
             raise _Outgrown
-        row = tx.one(S.PARENT_AND_CHILD, (name, parent))
-        check_parent(row, parent, ctx)
-        pmode, puid, pgid, pnlink = row[:4]
-        if row[6] is not None:
-            raise FsError(E.EEXIST, f"{name!r} exists in directory {parent}", ino=parent, name=name)
-        check_may_write_dir(pmode, puid, pgid, ctx, parent)
-        is_dir = stat.S_ISDIR(tree.attrs[src].mode)
-        if is_dir:
-            self._refuse_inside(tx, src, parent)
-            if pnlink + 1 > LINK_MAX:
-                raise FsError(E.EMLINK, f"directory {parent} has {LINK_MAX} subdirectories")
         new = dict(zip(tree.inos, numbers, strict=False))
         # As ``cp -p`` by a user: the copy is the caller's, and a file loses its
         # set-id bits (no one makes a setuid file of another owner's by copying).
@@ -222,15 +269,13 @@ class SnapshotOps(SqlCore):
                     mask &= ~(stat.S_ISUID | stat.S_ISGID)
             home = new[tree.home[ino]] if ino in tree.home else parent
             tx.put(_COPY_INODE, (new[ino], mask, *owner, nlink, now, home, ino))
-            tx.put(_COPY_XATTRS, (new[ino], ino))
+            self._copy_xattrs(tx, ino, new[ino], ctx)
             if stat.S_ISREG(old.mode):
                 tx.put(_COPY_CHUNKS, (new[ino], ino))
                 tx.put(_COPY_REFS, (new[ino], ino))
         for old_parent, entry, ino, cookie in tree.entries:
             tx.put(_COPY_DENTRY, (new[old_parent], entry, new[ino], cookie))
         self._add_references(tx, tree.inos)
-        seen = (pmode, puid, pgid)
-        tx.put(S.TOUCH_PARENT_TAKE_COOKIE, (now, now, 1 if is_dir else 0, parent, *seen))
         tx.insert(
             S.INS_NEW_DENTRY, (parent, name, new[src], parent, *seen),
             lambda: FsError(E.EEXIST, f"{name!r} exists in directory {parent}", ino=parent,
@@ -239,6 +284,17 @@ class SnapshotOps(SqlCore):
         )
         self._counters(tx, size, len(tree.inos))
         return attr_of(tx.one(S.SEL_INODE, (new[src],)))
+
+    @staticmethod
+    def _copy_xattrs(tx: Tx, ino: int, copy: int, ctx: Ctx) -> None:
+        """The extended attributes of ``ino`` onto ``copy``: all of them for root,
+        a user's only those ``_USER_XATTRS`` name."""
+        if ctx.uid == 0:
+            tx.put(_COPY_XATTRS, (copy, ino))
+            return
+        for xname, value in tx.all(_XATTRS_OF, (ino,)):
+            if bytes(xname).startswith(_USER_XATTRS):
+                tx.put(_PUT_XATTR, (copy, bytes(xname), bytes(value)))
 
     @staticmethod
     def _refuse_inside(tx: Tx, src: int, parent: int) -> None:
