@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import subprocess
 import sys
@@ -98,6 +99,25 @@ def test_snapshot_through_the_python_api(pyfs: ShingleFS) -> None:
     assert exc.value.errno == 22  # EINVAL
 
 
+def test_a_snapshot_leaves_another_files_write_error_to_that_file(pyfs: ShingleFS) -> None:
+    """A snapshot commits every buffered file of this client first; a failure
+    of one of them is that file's to report (at its close), not the copy's.
+    The failure is recorded the way a background store failure records it."""
+    pyfs.makedirs("/a")
+    pyfs.makedirs("/b")
+    pyfs.write_bytes("/b/x", b"x")
+    f = pyfs.open("/a/victim", "wb")
+    f.write(b"data")
+    f.flush()
+    (writer,) = pyfs.vfs.inodes.writers()
+    writer._failures.keep(OSError(errno.EIO, "drive failed"))
+    pyfs.snapshot("/b", "/b@1")
+    assert pyfs.read_bytes("/b@1/x") == b"x"
+    with pytest.raises(OSError) as exc:
+        f.close()
+    assert exc.value.errno == errno.EIO
+
+
 def test_torch_save_and_load_through_the_python_api(pyfs: ShingleFS) -> None:
     state = {"weight": torch.randn(512, 512), "step": torch.tensor(7)}
     with pyfs.open("/model.pt", "wb") as f:
@@ -140,6 +160,13 @@ def test_connect_and_fsspec_share_one_connection(fs_factory: FsFactory, monkeypa
         sfs.cp_file("/ckpt/model.pt", "/ckpt/copy.pt")
         sfs.mv("/ckpt/copy.pt", "/ckpt/moved.pt")
         assert sfs.cat_file("/ckpt/moved.pt") == sfs.cat_file("/ckpt/model.pt")
+        sfs.fs.symlink("moved.pt", "/ckpt/latest")
+        long_name = "/ckpt/" + "n" * 250
+        sfs.cp_file("/ckpt/latest", long_name)  # the data a link points at, a long name
+        assert sfs.cat_file(long_name) == sfs.cat_file("/ckpt/model.pt")
+        assert sfs.info(long_name)["type"] == "file"
+        sfs.rm_file(long_name)
+        sfs.rm_file("/ckpt/latest")
         sfs.pipe_file("/ckpt/.metadata", b"meta")
         assert sfs.exists("/ckpt/.metadata")
         sfs.rm("/ckpt", recursive=True)

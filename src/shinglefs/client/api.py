@@ -532,11 +532,13 @@ class ShingleFS:
         with _as_oserror(src, dst):
             self.vfs.link(attr.ino, parent, name, self.ctx)
 
-    def snapshot(self, src: str, dst: str, *, read_only: bool = False) -> None:
+    def snapshot(self, src: str, dst: str, *, read_only: bool = False,
+                 follow_symlinks: bool = False) -> None:
         """Make ``dst`` an instant copy of the file or tree ``src`` that shares its
         data (``MetaStore.snapshot``): what is committed now (closed or fsynced
-        files); later writes to either never show in the other."""
-        attr = self._resolve(src, follow=False)
+        files); later writes to either never show in the other. A symlink
+        ``src`` is copied as a link unless ``follow_symlinks``."""
+        attr = self._resolve(src, follow=follow_symlinks)
         parent, name = self._parent(dst)
         with _as_oserror(src, dst):
             self.vfs.snapshot(attr.ino, parent, name, self.ctx, read_only=read_only)

@@ -170,12 +170,12 @@ class ShingleFileSystem(AbstractFileSystem):
         if self.isdir(src):
             self.makedirs(dst, exist_ok=True)
             return
-        # An instant copy sharing the data (``ShingleFS.snapshot``), made under a
-        # temporary name and renamed over ``dst``: readers of ``dst`` see the
+        # An instant copy sharing the data (``ShingleFS.snapshot``; of what a
+        # symlink points at, as a read would), made under a temporary name of
+        # bounded length and renamed over ``dst``: readers of ``dst`` see the
         # old file or the whole copy, never a part.
-        parent, name = posixpath.split(dst)
-        tmp = posixpath.join(parent, f".{name}.cp-{uuid.uuid4().hex[:12]}")
-        self.fs.snapshot(src, tmp)
+        tmp = posixpath.join(posixpath.dirname(dst), f".cp-{uuid.uuid4().hex}")
+        self.fs.snapshot(src, tmp, follow_symlinks=True)
         try:
             self.fs.rename(tmp, dst)
         except BaseException:

@@ -305,12 +305,16 @@ class VFS:
         """``MetaStore.snapshot``: ``name`` in ``parent`` becomes a copy of ``src``
         sharing its slices, holding what this client would read now: its own
         buffered writes are committed first (another client's are not in it
-        until that client closes or fsyncs)."""
+        until that client closes or fsyncs). A file whose bytes fail to store
+        meanwhile is not this call's error: its own next call reports it (and
+        the copy holds what that file had committed)."""
         self._check_open()
         for writer in self.inodes.writers():
-            writer.flush()
+            writer.flush_for_another()
         self.inodes.dirs.clear()
-        return self.meta.snapshot(src, parent, name, ctx, read_only=read_only)
+        attr = self.meta.snapshot(src, parent, name, ctx, read_only=read_only)
+        self.jobs.retention.note(parent)
+        return attr
 
     # ================================================================== open / close
     def open(self, ino: int, flags: int, ctx: Ctx = ROOT_CTX) -> int:

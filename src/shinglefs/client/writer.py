@@ -538,6 +538,15 @@ class FileWriter:
                         self._raise_pending_error()
             self._raise_pending_error()
 
+    def flush_for_another(self) -> None:
+        """``flush`` on behalf of an operation that is not this file's (a snapshot
+        wanting every buffered byte committed): a failure is not raised to that
+        caller but kept for this file's own next call, which reports it."""
+        try:
+            self.flush()
+        except Exception as exc:
+            self._failures.keep(exc)
+
     def abandon(self) -> None:
         """Forget buffered bytes without storing them (process death in tests)."""
         with self.lock:
