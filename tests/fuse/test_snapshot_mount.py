@@ -156,3 +156,35 @@ def test_refusals_are_one_line_and_change_nothing(fs: MountedFileSystem, tmp_pat
         assert "Traceback" not in done.stderr
     assert sorted(os.listdir(fs.mountpoint)) == ["d"]
     consistent(fs)
+
+
+def test_names_are_taken_as_given(fs: MountedFileSystem) -> None:
+    """A name that is not UTF-8 is copied byte for byte (the command neither
+    crashes nor mangles it); a symlink is copied as the link, with a URL or on
+    the mount alike, and a symlink's target is never where a copy lands."""
+    mnt = os.fsencode(fs.mountpoint)
+    os.mkdir(mnt + b"/\xffdata")
+    with open(mnt + b"/\xffdata/f\xfe", "wb") as f:
+        f.write(b"odd")
+    os.symlink("\xffdata".encode("utf-8", "surrogateescape").decode("utf-8", "surrogateescape"),
+               mnt + b"/ln")
+    os.symlink(b"elsewhere", mnt + b"/dangling")
+    runs = [
+        [mnt + b"/\xffdata", mnt + b"/\xffdata@1"],
+        [fs.meta_url.encode(), b"/\xffdata", b"/\xffdata@2"],
+        [mnt + b"/ln", mnt + b"/ln@1"],
+    ]
+    for args in runs:
+        done = subprocess.run([*shinglefs_command(), "snapshot", *args], capture_output=True,
+                              timeout=120)
+        assert done.returncode == 0, (args, done.stderr)
+        assert b"Traceback" not in done.stderr
+    for copy in (b"/\xffdata@1", b"/\xffdata@2"):
+        with open(mnt + copy + b"/f\xfe", "rb") as f:
+            assert f.read() == b"odd"
+    assert os.readlink(mnt + b"/ln@1") == os.readlink(mnt + b"/ln")
+    done = subprocess.run([*shinglefs_command(), "snapshot", mnt + b"/ln", mnt + b"/dangling"],
+                          capture_output=True, timeout=120)
+    assert done.returncode == 1 and b"/dangling exists" in done.stderr, done.stderr
+    assert not os.path.lexists(mnt + b"/elsewhere")
+    consistent(fs)

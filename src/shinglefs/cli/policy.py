@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import errno
 import json
+import os
+import posixpath
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
@@ -61,8 +63,8 @@ def resolve_path(meta: MetaStore, path: str) -> int:
         raise UsageError(f"{path!r} is not an absolute path inside the file system",
                          hint="e.g. /ckpt (the path as the mount shows it below its root)")
     ino = ROOT_INO
-    for name in (p for p in path.split("/") if p):
-        ino = meta.lookup(ino, name.encode()).ino
+    for name in (p for p in posixpath.normpath(path).split("/") if p):
+        ino = meta.lookup(ino, os.fsencode(name)).ino
     return ino
 
 
@@ -97,8 +99,6 @@ def path_on_mount(target: str, usage: str = POLICY_USAGE) -> tuple[str, str]:
     """(metadata URL, absolute path inside the file system) of ``target`` on a
     ShingleFS mount of this host (``policy ./mnt/ckpt``); ``usage`` is the
     hint when it is on none."""
-    import os
-
     from shinglefs.cli.status import _status_of_mount
     from shinglefs.fuse.mount import FSTYPE, mount_entry
 

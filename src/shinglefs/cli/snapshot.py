@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import posixpath
 import time
 from collections.abc import Callable
@@ -38,6 +39,20 @@ def _split(path: str) -> tuple[str, str]:
     if not name or name in (".", ".."):
         raise UsageError(f"{path!r} names no new entry", hint="e.g. /corpus@v1")
     return parent, name
+
+
+def _entry_on_mount(path: str) -> tuple[str, str]:
+    """(metadata URL, absolute path inside the file system) of the entry
+    ``path`` names on a mount: its directory resolved, its last name kept, so
+    a symlink is the link itself (as with a URL) and a new name need not exist."""
+    from shinglefs.cli.policy import path_on_mount
+
+    absolute = os.path.abspath(path)
+    head, tail = os.path.split(absolute)
+    if not tail or os.path.ismount(absolute):
+        return path_on_mount(absolute, USAGE)
+    meta_url, inside = path_on_mount(head, USAGE)
+    return meta_url, posixpath.join(inside, tail)
 
 
 def _named(call: Callable[[], T], path: str, dst: str | None = None) -> T:
@@ -70,11 +85,11 @@ def snapshot_command(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Copy a file or a directory tree instantly, sharing its data (copy on write)."""
-    from shinglefs.cli.policy import opened_meta, path_on_mount, resolve_path
+    from shinglefs.cli.policy import opened_meta, resolve_path
 
     if third is None:
-        meta_url, src = path_on_mount(first, USAGE)
-        dst_url, dst = path_on_mount(second, USAGE)
+        meta_url, src = _entry_on_mount(first)
+        dst_url, dst = _entry_on_mount(second)
         if dst_url != meta_url:
             raise UsageError(f"{first!r} and {second!r} are not on the same file system",
                              hint="a snapshot stays in its file system; copy across with cp")
@@ -85,7 +100,8 @@ def snapshot_command(
     with opened_meta(meta_url) as meta:
         src_ino = _named(lambda: resolve_path(meta, src), src)
         parent = _named(lambda: resolve_path(meta, parent_path), parent_path)
-        attr = _named(lambda: meta.snapshot(src_ino, parent, name.encode(), read_only=read_only),
+        attr = _named(lambda: meta.snapshot(src_ino, parent, os.fsencode(name),
+                                            read_only=read_only),
                       src, dst)
     took = time.perf_counter() - started
     out = {"source": src, "copy": dst, "ino": attr.ino, "read_only": read_only,
