@@ -419,9 +419,12 @@ class MetaStore(ServerRegistry):
         times (ctime: now), xattrs, symlinks, hard links inside the tree and
         directory policy are copied, retention rules are not; ``read_only``
         clears every write bit of the copy. Writes to either side later never
-        show in the other. EEXIST, ENOENT, ENOTDIR, EACCES (``ctx`` may not
-        read the tree or write ``parent``), EINVAL (``parent`` inside ``src``),
-        EMLINK. Returns the copy's attributes."""
+        show in the other. A user's (not root's) copy is theirs, without
+        set-id bits or extended attributes other than ``user.*``/``system.*``.
+        EEXIST, ENOENT (also for an unlinked ``src``), ENOTDIR, EACCES (``ctx``
+        may not read the tree or write ``parent``), EPERM (a user's copy of a
+        device node), EINVAL (``parent`` inside ``src``), EMLINK; a refusal
+        changes nothing. Returns the copy's attributes."""
 
     @abstractmethod
     def symlink(self, parent: int, name: bytes, target: bytes, ctx: Ctx = ROOT_CTX) -> InodeAttr:
