@@ -12,6 +12,7 @@ drives' bytes; the metadata stays consistent throughout.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sqlite3
@@ -188,3 +189,45 @@ def test_names_are_taken_as_given(fs: MountedFileSystem) -> None:
     assert done.returncode == 1 and b"/dangling exists" in done.stderr, done.stderr
     assert not os.path.lexists(mnt + b"/elsewhere")
     consistent(fs)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switches users: needs root")
+def test_a_user_snapshots_on_a_shared_mount_with_their_own_rights() -> None:
+    """``shinglefs snapshot`` on a mount is a request to the daemon, made as
+    the caller (fuse/requests.py): a user of root's mount copies what they
+    may read into where they may write, owns the copy, and gets the errno
+    of anything else; the mount's own buffered writes are in the copy."""
+    from tests.fuse.opskit import NOBODY, as_user, root_mount_and_local
+
+    from shinglefs.fuse.requests import SNAPSHOT_XATTR, snapshot_request
+
+    def ask(directory: Path, src: str, name: str, read_only: bool = False) -> None:
+        os.setxattr(directory, SNAPSHOT_XATTR,
+                    snapshot_request(src.encode(), name.encode(), read_only))
+
+    with root_mount_and_local("shinglefs-snap-") as (mnt, _local):
+        shared, data, private = mnt / "shared", mnt / "shared" / "data", mnt / "private"
+        shared.mkdir(mode=0o777)
+        shared.chmod(0o777)
+        data.mkdir()
+        (data / "part-0").write_bytes(b"readable")
+        private.mkdir(mode=0o700)
+        (private / "secret").write_bytes(b"root only")
+        os.mknod(shared / "sda", 0o600 | 0o060000, os.makedev(8, 0))
+        with open(data / "open-file", "wb") as f:  # still open: buffered in the mount
+            f.write(b"not closed yet")
+            f.flush()
+            assert as_user(lambda: ask(shared, "/shared/data", "mine")) == 0
+        assert sorted(os.listdir(shared / "mine")) == ["open-file", "part-0"]
+        assert (shared / "mine" / "open-file").read_bytes() == b"not closed yet"
+        assert (shared / "mine" / "part-0").read_bytes() == b"readable"
+        assert (shared / "mine").stat().st_uid == NOBODY
+        assert (shared / "mine" / "part-0").stat().st_uid == NOBODY
+        assert as_user(lambda: ask(shared, "/private", "p")) == errno.EACCES
+        assert as_user(lambda: ask(mnt, "/shared/data", "top")) == errno.EACCES
+        assert as_user(lambda: ask(shared, "/shared/sda", "dev")) == errno.EPERM
+        assert as_user(lambda: ask(shared, "/shared/data", "mine")) == errno.EEXIST
+        assert as_user(lambda: ask(shared, "/nope", "x")) == errno.ENOENT
+        assert as_user(lambda: os.setxattr(shared, SNAPSHOT_XATTR, b"junk")) == errno.EINVAL
+        assert sorted(os.listdir(shared)) == ["data", "mine", "sda"]
+        assert SNAPSHOT_XATTR.decode() not in os.listxattr(shared)  # a request, never stored

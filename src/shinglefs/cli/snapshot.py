@@ -1,12 +1,15 @@
 """The ``snapshot`` command: an instant copy-on-write copy of a file or a
 directory tree (``MetaStore.snapshot``: metadata only, the slices shared).
 
-``shinglefs snapshot URL SRC DST`` with absolute paths inside the file
-system, or ``shinglefs snapshot SRC DST`` with both paths on one ShingleFS
-mount of this host (the mount names its metadata URL). The copy is made in
-the metadata database by this process, as root (like ``policy``: whoever can
-open the metadata URL administers the file system), so it works with the
-file system mounted or not; a mount shows the new name at its next lookup.
+``shinglefs snapshot SRC DST`` with both paths on one ShingleFS mount of
+this host asks that mount's daemon to make the copy (fuse/requests.py): it
+runs as the caller, with the caller's permissions, after the mount has
+committed what it still buffers, and needs no access to the metadata
+database, so any user of a shared mount can version their own data.
+``shinglefs snapshot URL SRC DST``, with absolute paths inside the file
+system, makes it in the metadata database from this process, as root (like
+``policy``: whoever can open the metadata URL administers the file system),
+mounted or not; a mount shows the new name at its next lookup.
 Errors are typed and printed by the boundary in ``cli.main``: a path that does
 not exist, a name that does, a tree copied into itself are exit 1; a
 malformed argument exit 2.
@@ -14,6 +17,7 @@ malformed argument exit 2.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -55,6 +59,19 @@ def _entry_on_mount(path: str) -> tuple[str, str]:
     return meta_url, posixpath.join(inside, tail)
 
 
+def _why(code: int, path: str, dst: str) -> str | None:
+    """What an errno of a snapshot of ``path`` to ``dst`` means, in their names."""
+    return {errno.ENOENT: f"{path} does not exist",
+            errno.ENOTDIR: f"a part of {path} is not a directory",
+            errno.EEXIST: f"{dst} exists",
+            errno.EINVAL: f"{dst} is inside {path}: a tree cannot be copied into itself",
+            errno.EACCES: f"{path} or {posixpath.dirname(dst)}: permission denied",
+            errno.EPERM: f"{path} holds a device node (only root copies one), or "
+                         f"{posixpath.dirname(dst)} is another user's sticky directory",
+            errno.EROFS: f"{dst}: the mount is read-only",
+            errno.EMLINK: f"{posixpath.dirname(dst)} has too many subdirectories"}.get(code)
+
+
 def _named(call: Callable[[], T], path: str, dst: str | None = None) -> T:
     """``call()``, its ``FsError`` retold with the paths the user gave, not inodes."""
     from shinglefs.meta.errors import FsError
@@ -62,14 +79,43 @@ def _named(call: Callable[[], T], path: str, dst: str | None = None) -> T:
     try:
         return call()
     except FsError as exc:
-        why = {errno.ENOENT: f"{path} does not exist",
-               errno.ENOTDIR: f"a part of {path} is not a directory",
-               errno.EEXIST: f"{dst} exists",
-               errno.EINVAL: f"{dst} is inside {path}: a tree cannot be copied into itself",
-               errno.EACCES: f"{path}: permission denied"}.get(exc.errno)
+        why = _why(exc.errno, path, dst or path)
         if why is None:
             raise
         raise FsError(exc.errno, why) from exc
+
+
+def _through_mount(first: str, second: str, read_only: bool) -> tuple[str, str, int]:
+    """Ask the mount holding ``first`` and ``second`` to make the copy
+    (fuse/requests.py): as the caller, after the mount's buffered writes.
+    Returns (source, copy) inside the file system and the copy's inode."""
+    from shinglefs.fuse.requests import SNAPSHOT_XATTR, snapshot_request
+    from shinglefs.meta.errors import FsError
+
+    meta_url, src = _entry_on_mount(first)
+    dst_url, dst = _entry_on_mount(second)
+    if dst_url != meta_url:
+        raise UsageError(f"{first!r} and {second!r} are not on the same file system",
+                         hint="a snapshot stays in its file system; copy across with cp")
+    _split(dst)
+    here, name = os.path.split(os.path.abspath(second))
+    if not os.path.isdir(here):  # the request goes to the copy's directory: it must be one
+        code = errno.ENOTDIR if os.path.lexists(here) else errno.ENOENT
+        raise FsError(code, f"{posixpath.dirname(dst)} " + (
+            "is not a directory" if code == errno.ENOTDIR else "does not exist"))
+    try:
+        os.setxattr(here, SNAPSHOT_XATTR, snapshot_request(os.fsencode(src), os.fsencode(name),
+                                                           read_only))
+    except OSError as exc:
+        code = exc.errno or errno.EIO
+        raise FsError(code, _why(code, src, dst) or f"{dst}: {os.strerror(code)}") from exc
+    try:
+        return src, dst, os.lstat(second).st_ino
+    except FileNotFoundError:  # a daemon that stored the request as an attribute
+        with contextlib.suppress(OSError):
+            os.removexattr(here, SNAPSHOT_XATTR)
+        raise FsError(errno.ENOTSUP, f"the mount of {first} runs an older ShingleFS that "
+                                     "cannot make snapshots: unmount and mount it again") from None
 
 
 def snapshot_command(
@@ -87,24 +133,19 @@ def snapshot_command(
     """Copy a file or a directory tree instantly, sharing its data (copy on write)."""
     from shinglefs.cli.policy import opened_meta, resolve_path
 
-    if third is None:
-        meta_url, src = _entry_on_mount(first)
-        dst_url, dst = _entry_on_mount(second)
-        if dst_url != meta_url:
-            raise UsageError(f"{first!r} and {second!r} are not on the same file system",
-                             hint="a snapshot stays in its file system; copy across with cp")
-    else:
-        meta_url, src, dst = first, second, third
-    parent_path, name = _split(dst)
     started = time.perf_counter()
-    with opened_meta(meta_url) as meta:
-        src_ino = _named(lambda: resolve_path(meta, src), src)
-        parent = _named(lambda: resolve_path(meta, parent_path), parent_path)
-        attr = _named(lambda: meta.snapshot(src_ino, parent, os.fsencode(name),
-                                            read_only=read_only),
-                      src, dst)
+    if third is None:
+        src, dst, ino = _through_mount(first, second, read_only)
+    else:
+        src, dst = second, third
+        parent_path, name = _split(dst)
+        with opened_meta(first) as meta:
+            src_ino = _named(lambda: resolve_path(meta, src), src)
+            parent = _named(lambda: resolve_path(meta, parent_path), parent_path)
+            ino = _named(lambda: meta.snapshot(src_ino, parent, os.fsencode(name),
+                                               read_only=read_only).ino, src, dst)
     took = time.perf_counter() - started
-    out = {"source": src, "copy": dst, "ino": attr.ino, "read_only": read_only,
+    out = {"source": src, "copy": dst, "ino": ino, "read_only": read_only,
            "seconds": round(took, 3)}
     if as_json:
         typer.echo(json.dumps(out))

@@ -61,6 +61,7 @@ from shinglefs.client.readpath import ReadPath
 from shinglefs.client.writepath import WritePath
 from shinglefs.meta.api import (
     ROOT_CTX,
+    ROOT_INO,
     Ctx,
     DirEntry,
     InodeAttr,
@@ -315,6 +316,16 @@ class VFS:
         attr = self.meta.snapshot(src, parent, name, ctx, read_only=read_only)
         self.jobs.retention.note(parent)
         return attr
+
+    def snapshot_path(self, src: bytes, parent: int, name: bytes, ctx: Ctx = ROOT_CTX, *,
+                      read_only: bool = False) -> InodeAttr:
+        """``snapshot`` of the entry at ``src``, an absolute path inside the file
+        system looked up as ``ctx`` (search permission on each directory; no
+        symlink followed, the last one copied as a link)."""
+        ino = ROOT_INO
+        for part in (p for p in src.split(b"/") if p):
+            ino = self.lookup(ino, part, ctx).ino
+        return self.snapshot(ino, parent, name, ctx, read_only=read_only)
 
     # ================================================================== open / close
     def open(self, ino: int, flags: int, ctx: Ctx = ROOT_CTX) -> int:

@@ -38,6 +38,7 @@ import trio
 
 from shinglefs.client.vfs import VFS, Declined, SetAttrChanges
 from shinglefs.errors import ShingleError
+from shinglefs.fuse.requests import SNAPSHOT_XATTR, parse_snapshot_request
 from shinglefs.meta.api import Ctx
 
 log = logging.getLogger(__name__)
@@ -654,9 +655,18 @@ class ShingleOperations(pyfuse3.Operations):
     ) -> None:
         if inode == pyfuse3.ROOT_INODE and name == STATUS_XATTR:
             raise pyfuse3.FUSEError(errno.EPERM)
+        if name == SNAPSHOT_XATTR:  # a request, never stored (fuse/requests.py)
+            # Always in a worker thread: a big tree's copy takes seconds.
+            await self._call("snapshot", True, self._snapshot, inode, value, self._ctx(ctx),
+                             ino=inode)
+            return
         # pyfuse3 checks XATTR_CREATE/REPLACE itself (getxattr first) and passes no flags.
         await self._meta("setxattr", self.vfs.setxattr, inode, name, value, 0, self._ctx(ctx),
                          ino=inode)
+
+    def _snapshot(self, parent: int, request: bytes, ctx: Ctx) -> None:
+        src, name, read_only = parse_snapshot_request(request)
+        self.vfs.snapshot_path(src, parent, name, ctx, read_only=read_only)
 
     async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
         return await self._meta("listxattr", self.vfs.listxattr, inode, self._ctx(ctx), ino=inode)
