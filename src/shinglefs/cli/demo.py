@@ -6,8 +6,11 @@ What it does, printing each step and its figures:
    system — SQLite metadata and emulated host-managed SMR drives on sparse
    files in DATA_DIR — and mounts it with FUSE.
 2. Appends a tokenized pre-training corpus (uint16 token shards) to the mount.
+   Pins it as ``corpus@v1`` (``shinglefs snapshot --read-only``: a versioned
+   dataset sharing the data) and appends one more shard to the corpus, which
+   ``corpus@v1`` does not see.
 3. Trains a small PyTorch model for a few steps with a ``DataLoader`` (2
-   workers) reading those shards, checkpointing every few steps with
+   workers) reading the shards of ``corpus@v1``, checkpointing every few steps with
    ``torch.save`` into ``step-N/`` written under a temporary name and renamed
    into place (crash-safe commit); the file system keeps the last 2 steps
    (``shinglefs policy DIR --retention keep-last=2``) and deletes older ones.
@@ -61,22 +64,38 @@ def _say(step: str, detail: str = "") -> None:
     typer.echo(f"[demo] {step}" + (f": {detail}" if detail else ""))
 
 
-def write_corpus(root: Path) -> int:
-    """Append CORPUS_SHARDS token shards under root/corpus; returns bytes written."""
+def write_corpus(root: Path, shards: range = range(CORPUS_SHARDS)) -> int:
+    """Append token shards number ``shards`` under root/corpus; returns bytes written."""
     import numpy as np
 
     corpus = root / "corpus"
     corpus.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
     total = 0
-    for i in range(CORPUS_SHARDS):
-        tokens = rng.integers(0, 50_000, SHARD_TOKENS, dtype=np.uint16)
+    for i in shards:
+        tokens = np.random.default_rng(i).integers(0, 50_000, SHARD_TOKENS, dtype=np.uint16)
         with open(corpus / f"shard-{i:05d}.bin", "wb") as f:
             f.write(tokens.tobytes())
             f.flush()
             os.fsync(f.fileno())
         total += tokens.nbytes
     return total
+
+
+def pin_version(root: Path, version: str) -> Path:
+    """Snapshot root/corpus as root/corpus@VERSION (read-only, sharing its data),
+    then let the corpus move on by one shard; checks the version did not."""
+    pinned = root / f"corpus@{version}"
+    t0 = time.perf_counter()
+    _shinglefs("snapshot", str(root / "corpus"), str(pinned), "--read-only")
+    dt = time.perf_counter() - t0
+    write_corpus(root, range(CORPUS_SHARDS, CORPUS_SHARDS + 1))
+    kept = len(list(pinned.glob("shard-*.bin")))
+    grown = len(list((root / "corpus").glob("shard-*.bin")))
+    if kept != CORPUS_SHARDS or grown != CORPUS_SHARDS + 1:
+        raise RuntimeError(f"{pinned.name} holds {kept} shards, the corpus {grown}")
+    _say("versioned", f"{pinned.name} pinned in {dt:.2f} s (read-only snapshot, no byte "
+         f"copied); the corpus grew to {grown} shards, {pinned.name} still holds {kept}")
+    return pinned
 
 
 class TokenShards:
@@ -100,8 +119,9 @@ class TokenShards:
         return torch.from_numpy(data.astype(np.int64))
 
 
-def train(root: Path) -> tuple[int, Path]:
-    """Train a few steps, checkpointing with keep-last-N; returns (samples, newest)."""
+def train(root: Path, corpus: Path) -> tuple[int, Path]:
+    """Train a few steps on ``corpus``, checkpointing with keep-last-N; returns
+    (samples, newest)."""
     import torch
 
     torch.manual_seed(0)
@@ -109,7 +129,7 @@ def train(root: Path) -> tuple[int, Path]:
         torch.nn.Embedding(50_000, 64), torch.nn.Flatten(), torch.nn.Linear(64 * SEQ_LEN, 16)
     )
     optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    dataset: Any = TokenShards(root / "corpus")  # a map-style dataset (no torch at import)
+    dataset: Any = TokenShards(corpus)  # a map-style dataset (no torch at import)
     loader: Any = torch.utils.data.DataLoader(
         dataset, batch_size=16, shuffle=True, num_workers=2
     )
@@ -176,11 +196,13 @@ def run_job(root: Path) -> None:
     dt = time.perf_counter() - t0
     _say("corpus appended", f"{CORPUS_SHARDS} shards, {written / 2**20:.0f} MiB in {dt:.1f} s "
          f"({written / 2**20 / dt:.0f} MiB/s, fsync per shard)")
+    pinned = pin_version(root, "v1")
     t0 = time.perf_counter()
-    samples, newest = train(root)
+    samples, newest = train(root, pinned)
     dt = time.perf_counter() - t0
     kept = kept_steps(root / "checkpoints")
-    _say("trained", f"{TRAIN_STEPS} steps, {samples} samples via DataLoader(2 workers) in {dt:.1f} s")
+    _say("trained", f"{TRAIN_STEPS} steps on {pinned.name}, {samples} samples via "
+         f"DataLoader(2 workers) in {dt:.1f} s")
     _say("checkpoints", f"committed by rename every {CHECKPOINT_EVERY} steps, kept {kept} "
          f"(retention keep-last={KEEP_LAST})")
     if len(kept) > KEEP_LAST:
