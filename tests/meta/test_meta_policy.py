@@ -1,4 +1,4 @@
-"""A directory's replication goal and drive states, on every metadata backend."""
+"""A directory's replication goal and tier, and drive states, on every metadata backend."""
 
 from __future__ import annotations
 
@@ -61,6 +61,33 @@ def test_many_inodes_are_answered_in_pages(meta: SqlMetaStore) -> None:
     meta.set_policy(d.ino, DirPolicy(replicas=2))
     files = [meta.create(d.ino, f"f{i}".encode(), 0o644).ino for i in range(1200)]
     assert meta.replica_goals(files) == dict.fromkeys(files, 2)
+
+
+def test_new_slices_take_the_tier_of_their_directory(meta: SqlMetaStore) -> None:
+    """A directory's own tier; a file's, that of the directory it was made in;
+    a subdirectory made later copies its parent's; unknown inodes, none."""
+    hot = meta.mkdir(ROOT_INO, b"hot", 0o755)
+    before = meta.mkdir(hot.ino, b"old-sub", 0o755)
+    f = meta.create(hot.ino, b"f", 0o644)
+    loose = meta.create(ROOT_INO, b"loose", 0o644)
+    inos = [hot.ino, before.ino, f.ino, loose.ino, ROOT_INO, 10**9]
+    assert meta.placement_tiers(inos) == {}
+    meta.set_policy(hot.ino, DirPolicy(tier="hot"))
+    new_sub = meta.mkdir(hot.ino, b"new-sub", 0o755)
+    g = meta.create(new_sub.ino, b"g", 0o644)
+    assert meta.placement_tiers([*inos, new_sub.ino, g.ino]) == {
+        hot.ino: "hot", f.ino: "hot", new_sub.ino: "hot", g.ino: "hot"}
+    meta.rename(hot.ino, b"f", ROOT_INO, b"moved")  # a file keeps its tree's tier
+    assert meta.placement_tiers([f.ino]) == {f.ino: "hot"}
+    files = [meta.create(new_sub.ino, f"p{i}".encode(), 0o644).ino for i in range(700)]
+    assert meta.placement_tiers(files) == dict.fromkeys(files, "hot")  # in pages
+
+
+@pytest.mark.parametrize("tier", ["warm", "HOT", ""])
+def test_a_tier_that_is_not_hot_or_cold_is_einval(meta: SqlMetaStore, tier: str) -> None:
+    d = meta.mkdir(ROOT_INO, b"d", 0o755)
+    assert errno_of(meta.set_policy, d.ino, DirPolicy(tier=tier)) == errno.EINVAL
+    assert meta.get_policy(d.ino) == DirPolicy()
 
 
 @pytest.mark.parametrize("goal", [0, 17, -1, True])

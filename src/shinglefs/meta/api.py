@@ -483,12 +483,18 @@ class MetaStore(ServerRegistry):
     def set_policy(self, ino: int, policy: DirPolicy, ctx: Ctx = ROOT_CTX) -> None:
         """Store a directory's policy (tier, retention, replication goal), replacing
         the one it had, durable on return. ENOTDIR; EPERM unless owner or root;
-        EINVAL for a goal outside 1..16."""
+        EINVAL for a goal outside 1..16 or a tier not in ``TIERS``."""
 
     @abstractmethod
     def get_policy(self, ino: int) -> DirPolicy:
         """A directory's own policy (``replicas`` None: it inherits its goal).
         ENOTDIR, ENOENT."""
+
+    @abstractmethod
+    def placement_tiers(self, inos: Iterable[int]) -> dict[int, str]:
+        """The tier new slices of each of ``inos`` go to, for those that have
+        one: a directory's ``DirPolicy.tier``, a file's that of the directory
+        it was created in. Others, and unknown inodes, are left out. A read."""
 
     @abstractmethod
     def replica_goals(self, inos: Iterable[int]) -> dict[int, int]:

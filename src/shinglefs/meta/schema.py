@@ -444,6 +444,16 @@ def replica_goals(count: int) -> str:
         ") SELECT start, replicas FROM up WHERE replicas IS NOT NULL"
     )
 
+def placement_tiers(count: int) -> str:
+    """The tier of ``count`` inodes (``?`` each): rows ``(ino, tier)``, a
+    directory's own, a file's that of the directory it was made in (its
+    ``parent``; ``mkdir`` copies a tier to new subdirectories, so no walk)."""
+    return (
+        "SELECT i.ino, CASE WHEN (i.mode & 61440) = 16384 THEN i.tier ELSE p.tier END "
+        f"FROM inodes i LEFT JOIN inodes p ON p.ino = i.parent WHERE i.ino IN ({in_marks(count)})"
+    )
+
+
 INS_DENTRY = (
     "INSERT INTO dentries (parent, name, ino, cookie) VALUES (?, ?, ?, ?) "
     "ON CONFLICT (parent, name) DO NOTHING"

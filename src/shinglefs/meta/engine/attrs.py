@@ -25,6 +25,7 @@ from shinglefs.meta.engine.permissions import check_setattr_rights, permits, pri
 from shinglefs.meta.errors import FsError
 from shinglefs.meta.records import (
     ROOT_CTX,
+    TIERS,
     UTIME_NOW,
     UTIME_OMIT,
     Ctx,
@@ -49,6 +50,17 @@ def check_replicas(replicas: int | None) -> None:
 def _goals_of(tx: Tx, inos: list[int]) -> list[Any]:
     padded = S.in_list(inos)
     return tx.all(S.replica_goals(len(padded)), padded)
+
+
+def _tiers_of(tx: Tx, inos: list[int]) -> list[Any]:
+    padded = S.in_list(inos)
+    return tx.all(S.placement_tiers(len(padded)), padded)
+
+
+def check_tier(tier: str | None) -> None:
+    """EINVAL for a tier that is not one of ``TIERS`` (None: no tier)."""
+    if tier is not None and tier not in TIERS:
+        raise FsError(E.EINVAL, f"tier {tier!r} is not one of {', '.join(TIERS)}")
 
 
 def check_resizable(a: InodeAttr) -> None:
@@ -156,6 +168,7 @@ class AttributeOps(ChunkOps):
 
     def set_policy(self, ino: int, policy: DirPolicy, ctx: Ctx = ROOT_CTX) -> None:
         check_replicas(policy.replicas)
+        check_tier(policy.tier)
 
         def txn(tx: Tx) -> None:
             row = tx.one(S.SEL_INODE, (ino,))
@@ -177,6 +190,15 @@ class AttributeOps(ChunkOps):
         if not stat.S_ISDIR(row[0]):
             raise FsError(E.ENOTDIR, f"inode {ino} is not a directory", ino=ino)
         return DirPolicy(row[1], row[2], None if row[3] is None else int(row[3]))
+
+    def placement_tiers(self, inos: Iterable[int]) -> dict[int, str]:
+        wanted = sorted(set(inos))
+        out: dict[int, str] = {}
+        for at in range(0, len(wanted), GOALS_PAGE):
+            page = wanted[at:at + GOALS_PAGE]
+            rows = self._run(functools.partial(_tiers_of, inos=page), "read")
+            out.update((int(ino), str(tier)) for ino, tier in rows if tier is not None)
+        return out
 
     def replica_goals(self, inos: Iterable[int]) -> dict[int, int]:
         wanted = sorted(set(inos))
