@@ -18,7 +18,7 @@ from tests.support.polling import wait_until
 from shinglefs.cli.main import main
 from shinglefs.client.filesystem import format_filesystem
 from shinglefs.meta import open_meta
-from shinglefs.meta.api import MetaStore, ServerRecord
+from shinglefs.meta.api import ROOT_INO, DirPolicy, MetaStore, ServerRecord
 from shinglefs.server.process import ServerConfig, StorageServer, cluster_key
 from shinglefs.server.remote import RemoteNode
 
@@ -134,6 +134,31 @@ def life_cycle(tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Ser
     assert second.proc.wait(timeout=60) == 0
     stopped = only(meta)
     assert not stopped.live and stopped.stopped_ns > 0
+
+
+def test_a_server_places_a_groups_slices_on_the_tier_its_directory_sets(
+        tmp_path: Path, meta_url: str, servers: list[Server]) -> None:
+    """A storage server reads the tier of the group a client sends (the file's
+    directory's ``DirPolicy.tier``) and uses that tier's drive of its own."""
+    drives = [f"emulated:{tmp_path / 's0.img'}:{256 * MiB}",
+              f"conventional:{tmp_path / 's1.img'}:{128 * MiB}"]
+    servers.append(server := Server(meta_url, drives, free_port()))
+    server.ready()
+    meta = open_meta(meta_url)
+    try:
+        record = only(meta)
+        tier_of = {d.drive_id: d.tier for d in record.drives}
+        files = {}
+        for tier in ("hot", "cold"):
+            directory = meta.mkdir(ROOT_INO, tier.encode(), 0o755)
+            meta.set_policy(directory.ino, DirPolicy(tier=tier))
+            files[tier] = meta.create(directory.ino, b"f", 0o644).ino
+        with RemoteNode(record.address, cluster_key(meta), timeout=30) as remote:
+            for n, (tier, group) in enumerate(sorted(files.items())):
+                drive = remote.write(100 + n, 0, os.urandom(2 * MiB), group=group, durable=True)
+                assert tier_of[drive] == tier
+    finally:
+        meta.close()
 
 
 def cli(*args: str) -> int:

@@ -48,6 +48,7 @@ from shinglefs.meta.backend import SQLITE_SCHEMES
 from shinglefs.meta.errors import AlreadyFormatted, NotFormatted
 from shinglefs.server.errors import DriveInUse
 from shinglefs.server.node import StorageNode
+from shinglefs.server.tiers import TierLookup
 from shinglefs.store.config import StoreConfig
 from shinglefs.store.log import check_drive_size
 from shinglefs.zoned.drivespec import (
@@ -441,6 +442,7 @@ def open_filesystem(
             if owner is None:
                 raise
             return _open_on_servers(meta, config, mountpoint, groups, local_server=owner)
+        node.tier_of = TierLookup(meta)
         try:
             _adopt_unidentified(meta, info, records, specs, found)
             vfs = VFS(meta, node, config, mountpoint=mountpoint, groups=groups)

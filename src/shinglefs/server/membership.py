@@ -22,13 +22,10 @@ from collections.abc import Mapping
 from shinglefs.errors import ShingleError
 from shinglefs.meta.api import MetaStore, ServerDrive
 from shinglefs.meta.errors import FsError
-from shinglefs.server.node import StorageNode
+from shinglefs.server.node import TIER_OF_KIND, StorageNode
 from shinglefs.zoned.drivespec import parse_drive_spec
 
 log = logging.getLogger(__name__)
-
-TIER_OF_KIND = {"emulated": "cold", "linux": "cold", "conventional": "hot"}
-
 
 def server_drives(node: StorageNode, uuids: Mapping[int, str | None]) -> list[ServerDrive]:
     """A node's drives as meta records a server's, free bytes as of now."""

@@ -11,7 +11,13 @@ Placement rule: all pieces of a slice live on one drive. A new slice goes to
 the drive its lifetime group used last (so a group fills zones on one drive,
 and deleting it resets zones there) unless that drive has less than
 ``min_free_fraction`` of its capacity free; otherwise to the drive with the
-most free bytes.
+most free bytes. Tiers narrow the choice: when ``tier_of(group)`` (set by
+whoever owns the node and can read the directory policies: the client of an
+embedded file system, a storage server process) names a tier, only drives of
+that tier (``drive_tier``: conventional drives are ``hot``, SMR drives
+``cold``) are considered while one of them has room for the slice; when none
+has, the slice goes to the other drives rather than fail (a full tier spills,
+``stats`` shows where bytes are).
 
 Concurrency: every method is thread-safe. The placement table has its own
 lock; each slice store is thread-safe by contract.
@@ -31,7 +37,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -148,6 +154,16 @@ class DriveLock:
                 self._fd = None
 
 
+TIER_OF_KIND = {"emulated": "cold", "linux": "cold", "conventional": "hot"}
+"""The tier (``meta.records.TIERS``) of a drive by its spec's kind."""
+
+
+def drive_tier(spec: str) -> str | None:
+    """The tier of the drive ``spec`` (``KIND:PATH[:SIZE]``); None for a kind
+    with none (a store built directly, in tests)."""
+    return TIER_OF_KIND.get(spec.split(":", 1)[0])
+
+
 def drive_path(spec: str) -> str:
     """The PATH of a ``KIND:PATH[:SIZE]`` drive spec (for lock files)."""
     parts = spec.split(":")
@@ -237,6 +253,10 @@ class StorageNode:
         self._claims: dict[int, int] = {}  # slice -> bytes it claims on its drive (``place``)
         self._claimed: dict[int, int] = dict.fromkeys(stores, 0)  # drive -> claimed bytes
         self.server_id: int | None = None  # set while shared as a server (server.share)
+        self._tiers = {d: drive_tier(spec) for d, spec in self._specs.items()}
+        # The tier a lifetime group's new slices go to (None: any drive); set by
+        # the node's owner, who can read directory policies (module docstring).
+        self.tier_of: Callable[[int], str | None] | None = None
         self._closed = False
 
     # ------------------------------------------------------------------ opening
@@ -396,20 +416,21 @@ class StorageNode:
         with self._lock:
             if slice_id in self._placed:
                 return self._placed[slice_id]
+        tier = self._tier_wanted(group)  # may ask meta: not under the lock
+        with self._lock:
+            if slice_id in self._placed:
+                return self._placed[slice_id]
             chosen: int | None = None
             preferred = self._affinity.get(group)
-            if preferred is not None:
-                free, stats = self._estimated_free(preferred)
-                free -= self._claimed[preferred]
-                if free - size_hint >= self._min_free_fraction * stats.capacity_bytes:
-                    chosen = preferred
+            if preferred is not None and (tier is None or self._tiers[preferred] == tier) \
+                    and self._room_for(preferred, size_hint):
+                chosen = preferred
+            if chosen is None and tier is not None:
+                chosen = self._most_free([d for d in self.drive_ids if self._tiers[d] == tier])
+                if chosen is not None and not self._room_for(chosen, size_hint):
+                    chosen = None  # the tier is full: spill to the others
             if chosen is None:
-                best_free = None
-                for drive_id in self.drive_ids:
-                    free, _stats = self._estimated_free(drive_id)
-                    free -= self._claimed[drive_id]
-                    if best_free is None or free > best_free:
-                        chosen, best_free = drive_id, free
+                chosen = self._most_free(self.drive_ids)
             assert chosen is not None
             self._affinity[group] = chosen
             self._affinity.move_to_end(group)
@@ -422,6 +443,37 @@ class StorageNode:
             self._claims[slice_id] = claim
             self._claimed[chosen] += claim
             return chosen
+
+    def _tier_wanted(self, group: int) -> str | None:
+        """``tier_of(group)`` when some drive here has that tier and another has
+        not (else there is no choice to make); None when the lookup fails (a
+        slice is placed anyway: the tier is a preference)."""
+        lookup = self.tier_of
+        if lookup is None or len(set(self._tiers.values())) < 2:
+            return None
+        try:
+            tier = lookup(group)
+        except Exception:
+            log.warning("the tier of group %d could not be read; placing anywhere", group,
+                        exc_info=True)
+            return None
+        return tier if tier in self._tiers.values() else None
+
+    def _room_for(self, drive_id: int, size_hint: int) -> bool:
+        """Whether ``drive_id`` keeps ``min_free_fraction`` free after ``size_hint``
+        more bytes, its claims counted (caller holds the lock)."""
+        free, stats = self._estimated_free(drive_id)
+        free -= self._claimed[drive_id]
+        return free - size_hint >= self._min_free_fraction * stats.capacity_bytes
+
+    def _most_free(self, drive_ids: Sequence[int]) -> int | None:
+        """The drive of ``drive_ids`` with the most free bytes less its claims."""
+        best, best_free = None, None
+        for drive_id in drive_ids:
+            free = self._estimated_free(drive_id)[0] - self._claimed[drive_id]
+            if best_free is None or free > best_free:
+                best, best_free = drive_id, free
+        return best
 
     def replicas_of(self, slice_id: int, drive_id: int) -> tuple[int, ...]:
         """The drives holding ``slice_id``, which went to ``drive_id``: one replica here."""

@@ -75,6 +75,7 @@ from shinglefs.server.node import DriveLock, StorageNode
 from shinglefs.server.repair import Repairer
 from shinglefs.server.service import SliceServer
 from shinglefs.server.sweep import ORPHAN_GRACE_S, SWEEP_INTERVAL_S, Sweeper
+from shinglefs.server.tiers import TierLookup
 from shinglefs.store.config import SERVER_SWITCH_BYTES, StoreConfig
 from shinglefs.store.log import check_drive_size
 from shinglefs.zoned.drivespec import (
@@ -323,6 +324,7 @@ class StorageServer:
             known = {d.uuid: d.drive_id for s in self._meta.list_servers()
                      for d in s.drives if d.uuid is not None}
             self._node, self._uuids = open_drives(self.config, fs_uuid, known)
+            self._node.tier_of = TierLookup(self._meta)
             try:
                 stores = server_store_config(self.config.store_config)
                 self._slices = SliceServer(self._node, key, host=host, port=port,

@@ -1,0 +1,50 @@
+"""The tier a lifetime group's new slices go to (``StorageNode.tier_of``), read
+from the directory policies in meta (``MetaStore.placement_tiers``: a
+directory's ``DirPolicy.tier``, a file's that of the directory it was made
+in) and remembered per group for ``ttl_s``: a policy set with ``shinglefs
+policy DIR --tier hot`` applies to slices placed from at most ``ttl_s`` later.
+Slices placed before stay where they are (no mover yet: docs/cluster.md,
+"Tiers").
+
+Whoever owns a node and can read meta installs one: the client of an
+embedded file system (client/filesystem.py) and a storage server process
+(server/process.py), whose node places the slices clients send it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+
+from shinglefs.meta.api import MetaStore
+
+TIER_TTL_S = 5.0
+TIER_ENTRIES = 4096
+
+
+class TierLookup:
+    """``lookup(group)``: the tier of ``group``'s directory, or None. Thread-safe;
+    a failed read raises (the node then places the slice anywhere)."""
+
+    def __init__(self, meta: MetaStore, ttl_s: float = TIER_TTL_S,
+                 entries: int = TIER_ENTRIES) -> None:
+        self._meta = meta
+        self._ttl = ttl_s
+        self._entries = entries
+        self._known: OrderedDict[int, tuple[str | None, float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, group: int) -> str | None:
+        now = time.monotonic()
+        with self._lock:
+            known = self._known.get(group)
+            if known is not None and now - known[1] < self._ttl:
+                return known[0]
+        tier = self._meta.placement_tiers([group]).get(group)  # not under the lock
+        with self._lock:
+            self._known[group] = (tier, now)
+            self._known.move_to_end(group)
+            while len(self._known) > self._entries:
+                self._known.popitem(last=False)
+        return tier
