@@ -27,7 +27,7 @@ from shinglefs.client.config import ClientConfig
 from shinglefs.client.filesystem import format_filesystem
 from shinglefs.errors import UsageError
 from shinglefs.fuse.harness import MountedFileSystem
-from shinglefs.meta.api import ROOT_CTX, MetaStore
+from shinglefs.meta.api import ROOT_CTX, DirPolicy, MetaStore
 from shinglefs.server.errors import SliceMissing
 from shinglefs.server.process import cluster_key
 from shinglefs.server.remote import RemoteNode
@@ -473,3 +473,39 @@ def test_reserving_counts_every_copy_a_byte_takes(
         node.reserve(free * 4 // 10)
     finally:
         node.close()
+
+
+def test_a_directorys_tier_chooses_drives_across_servers(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+    """Three servers, one with a conventional (hot) drive beside its SMR one: a
+    hot directory's files go to that drive first, their second copy to
+    another server (no other hot drive: the tier spills); a cold directory's
+    never touch the hot drive."""
+    start_server(meta_url, tmp_path, "s1", servers)
+    hot_server = Server(meta_url, [f"emulated:{tmp_path / 's2'}.img:{1024 * MiB}",
+                                   f"conventional:{tmp_path / 's2c'}.img:{512 * MiB}"],
+                        free_port())
+    hot_server.ready()
+    servers.append(hot_server)
+    start_server(meta_url, tmp_path, "s3", servers)
+    wait_until(lambda: live_count(meta) == 3, "three servers live")
+    tier_of = {(s.id, d.drive_id): d.tier for s in meta.list_servers() for d in s.drives}
+    fs = shinglefs.connect(meta_url)
+    try:
+        for tier in ("hot", "cold"):
+            fs.makedirs(f"/{tier}")
+            meta.set_policy(fs.stat(f"/{tier}").st_ino, DirPolicy(tier=tier, replicas=2))
+        want = {path: os.urandom(8 * MiB + 5) for path in ("/hot/a", "/hot/b", "/cold/c")}
+        for path, data in want.items():
+            fs.write_bytes(path, data)
+        placed = {path: slices_of(meta, fs, path) for path in want}
+        assert all(fs.read_bytes(path) == data for path, data in want.items())
+    finally:
+        fs.close()
+    for path, replicas in placed.items():
+        by_slice: dict[int, list[str]] = {}
+        for slice_id, drive in replicas:
+            by_slice.setdefault(slice_id, []).append(tier_of[split_drive_id(drive)])
+        for tiers in by_slice.values():
+            assert sorted(tiers) == (["cold", "hot"] if path.startswith("/hot") else
+                                     ["cold", "cold"]), (path, tiers)

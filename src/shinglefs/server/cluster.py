@@ -119,6 +119,7 @@ from shinglefs.server.space import (
     replicated_room,
     server_frees,
 )
+from shinglefs.server.tiers import TierLookup
 from shinglefs.store.api import Declined, PieceBytes, PieceFuture, StoreStats
 from shinglefs.zoned.fileio import Payload
 
@@ -162,6 +163,8 @@ class ClusterNode:
         self._remotes: dict[int, RemoteNode] = {}
         self._servers: dict[int, ServerRecord] = {}  # every registered server, live or not
         self._live: dict[int, tuple[int, int]] = {}  # drive -> (capacity, free) of live servers
+        self._tiers: dict[int, str] = {}  # live drive -> its tier
+        self.tier_of: Callable[[int], str | None] = TierLookup(meta)  # group -> tier wanted
         self._read_at = -1e9
         self._sent = SentBytes()  # bytes the drives' last figures may not hold
         self._holds = ReplicatedHolds()  # accepted bytes not stored yet, by goal
@@ -182,6 +185,7 @@ class ClusterNode:
                    else self._meta.list_servers(timeout_s=self._server_timeout))
         offline = self._meta.drive_states()
         live: dict[int, tuple[int, int]] = {}
+        tiers: dict[int, str] = {}
         heartbeats: dict[int, int] = {}  # drive -> its server's heartbeat (ns)
         for record in records:
             failed_at = self._suspects.get(record.id)
@@ -194,6 +198,7 @@ class ClusterNode:
                     if (record.id, d.drive_id) not in offline:  # drained: no new slices
                         drive = cluster_drive_id(record.id, d.drive_id)
                         live[drive] = (d.capacity_bytes, d.free_bytes)
+                        tiers[drive] = d.tier
                         heartbeats[drive] = record.heartbeat_ns
         for record in records:  # a server that came back elsewhere (a new port, a new host)
             remote = self._remotes.get(record.id)
@@ -204,6 +209,7 @@ class ClusterNode:
                 threading.Thread(target=remote.close, name="remote-close", daemon=True).start()
         self._servers = {r.id: r for r in records}
         self._live = live
+        self._tiers = tiers
         self._sent.figures_read(heartbeats)
         self._read_at = now
 
@@ -318,6 +324,7 @@ class ClusterNode:
             if placed:
                 return placed[0]
         wanted = self.goal_of(group) or self._replicas
+        tier = self._tier_wanted(group)
         with self._lock:
             placed = self._placed.get(slice_id)
             if placed:
@@ -329,10 +336,14 @@ class ClusterNode:
                 raise no_servers(self._local_server)
             chosen = self._affinity.get(group)
             if chosen is not None and (
-                    chosen not in self._live
-                    or self._free(chosen) - size_hint
-                    < self._min_free_fraction * self._live[chosen][0]):
+                    chosen not in self._live or not self._room_for(chosen, size_hint)
+                    or (tier is not None and self._tiers.get(chosen) != tier)):
                 chosen = None
+            if chosen is None and tier is not None:
+                # The tier's drives while one has room; else the others (a full tier spills).
+                pool = [d for d in self._live
+                        if self._tiers.get(d) == tier and self._room_for(d, size_hint)]
+                chosen = _freest(self._free, pool) if pool else None
             if chosen is None:
                 chosen = _freest(self._free, list(self._live))
             self._affinity[group] = chosen
@@ -340,19 +351,45 @@ class ClusterNode:
             servers = {split_drive_id(d)[0] for d in self._live}
             goal = wanted or min(2, len(servers))
             while len(drives) < goal:
-                more = self._next_replica(drives)
+                more = self._next_replica(drives, tier, size_hint)
                 if more is None:
                     break
                 drives.append(more)
             self._placed[slice_id] = drives
             return chosen
 
-    def _next_replica(self, drives: list[int]) -> int | None:
+    def _tier_wanted(self, group: int) -> str | None:
+        """The tier ``group``'s directory sets (``tier_of``), when the live drives
+        offer a choice of tiers; None when they do not or the lookup fails (the
+        slice is placed anyway: the tier is a preference)."""
+        with self._lock:
+            self._refresh()
+            offered = set(self._tiers.values())
+        if len(offered) < 2:
+            return None
+        try:
+            tier = self.tier_of(group)
+        except Exception:
+            log.warning("the tier of group %d could not be read; placing anywhere", group,
+                        exc_info=True)
+            return None
+        return tier if tier in offered else None
+
+    def _room_for(self, drive: int, size_hint: int) -> bool:
+        """``drive`` keeps ``min_free_fraction`` free after ``size_hint`` more bytes."""
+        return self._free(drive) - size_hint >= self._min_free_fraction * self._live[drive][0]
+
+    def _next_replica(self, drives: list[int], tier: str | None = None,
+                      size_hint: int = 0) -> int | None:
         """The freest live drive on a server ``drives`` do not use, on a rack
-        they do not use when there is one."""
+        they do not use when there is one; of ``tier`` when one such has room."""
         used = {split_drive_id(d)[0] for d in drives}
         racks = {self._rack(s) for s in used} - {None}
         others = [d for d in self._live if split_drive_id(d)[0] not in used]
+        if tier is not None:
+            tiered = [d for d in others
+                      if self._tiers.get(d) == tier and self._room_for(d, size_hint)]
+            others = tiered or others
         elsewhere = [d for d in others if self._rack(split_drive_id(d)[0]) not in racks]
         pool = elsewhere or others
         return _freest(self._free, pool) if pool else None
