@@ -12,7 +12,8 @@ scheduler that runs them (one thread, passes in a fixed order):
 - ``scheduler``: the thread, its passes and intervals;
 - ``jobs``: every job of one client, registered in pass order (``ClientJobs``).
 
-Tiers join here as another job (re-replication is the storage servers'). The VFS makes
+A tier mover (existing slices to a directory's new tier) would join here as another
+job; placement by tier is the nodes' (server/tiers.py). The VFS makes
 one ``ClientJobs``, starts it and stops it.
 
 May call: ``shinglefs.meta``, ``shinglefs.server``, and the client's own
