@@ -477,19 +477,21 @@ def test_reserving_counts_every_copy_a_byte_takes(
 
 def test_a_directorys_tier_chooses_drives_across_servers(
         tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
-    """Three servers, one with a conventional (hot) drive beside its SMR one: a
-    hot directory's files go to that drive first, their second copy to
-    another server (no other hot drive: the tier spills); a cold directory's
-    never touch the hot drive."""
-    start_server(meta_url, tmp_path, "s1", servers)
-    hot_server = Server(meta_url, [f"emulated:{tmp_path / 's2'}.img:{1024 * MiB}",
-                                   f"conventional:{tmp_path / 's2c'}.img:{512 * MiB}"],
-                        free_port())
-    hot_server.ready()
-    servers.append(hot_server)
-    start_server(meta_url, tmp_path, "s3", servers)
+    """Three servers: two on rack a with a conventional (hot) drive beside an
+    SMR one, one on rack b with SMR only. A hot directory's files go to a hot
+    drive first and their second copy to the other rack (racks come before
+    tiers for a copy: the tier spills); a cold directory's never touch a hot
+    drive."""
+    for name, rack, hot in (("s1", "a", True), ("s2", "a", True), ("s3", "b", False)):
+        drives = [f"emulated:{tmp_path / name}.img:{1024 * MiB}"]
+        if hot:
+            drives.append(f"conventional:{tmp_path / name}c.img:{512 * MiB}")
+        servers.append(server := Server(meta_url, drives, free_port(), "--label", f"rack={rack}"))
+        server.ready()
     wait_until(lambda: live_count(meta) == 3, "three servers live")
-    tier_of = {(s.id, d.drive_id): d.tier for s in meta.list_servers() for d in s.drives}
+    records = meta.list_servers()
+    tier_of = {(s.id, d.drive_id): d.tier for s in records for d in s.drives}
+    rack_of = {s.id: s.labels["rack"] for s in records}
     fs = shinglefs.connect(meta_url)
     try:
         for tier in ("hot", "cold"):
@@ -503,9 +505,13 @@ def test_a_directorys_tier_chooses_drives_across_servers(
     finally:
         fs.close()
     for path, replicas in placed.items():
-        by_slice: dict[int, list[str]] = {}
+        by_slice: dict[int, list[tuple[str, str]]] = {}
         for slice_id, drive in replicas:
-            by_slice.setdefault(slice_id, []).append(tier_of[split_drive_id(drive)])
-        for tiers in by_slice.values():
-            assert sorted(tiers) == (["cold", "hot"] if path.startswith("/hot") else
-                                     ["cold", "cold"]), (path, tiers)
+            server, _ = split_drive_id(drive)
+            by_slice.setdefault(slice_id, []).append(
+                (tier_of[split_drive_id(drive)], rack_of[server]))
+        for copies in by_slice.values():
+            tiers, racks = sorted(t for t, _ in copies), {r for _, r in copies}
+            assert racks == {"a", "b"}, (path, copies)
+            assert tiers == (["cold", "hot"] if path.startswith("/hot") else
+                             ["cold", "cold"]), (path, copies)

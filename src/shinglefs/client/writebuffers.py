@@ -199,9 +199,10 @@ class OpenSlice:
 
 def write_would_wait(s: OpenSlice | None, offset: int, n: int, *, config: ClientConfig,
                      chunk_size: int, budget: WriteBudget, settling: SettlingSlices,
-                     node: SliceNode) -> bool:
-    """Could a writer whose open slice is ``s`` wait for budget, a piece or a slice
-    to ``write(offset, n bytes)``? (``FileWriter.write(wait=False)``)"""
+                     node: SliceNode, group: int) -> bool:
+    """Could a writer whose open slice is ``s`` wait for budget, a piece, a slice
+    or the placement of a new slice of ``group`` (a tier read from meta) to
+    ``write(offset, n bytes)``? (``FileWriter.write(wait=False)``)"""
     if not budget.has_room(n):
         return True
     sequential = s is not None and s.end == offset and s.chunk_index == offset // chunk_size
@@ -221,5 +222,7 @@ def write_would_wait(s: OpenSlice | None, offset: int, n: int, *, config: Client
     if pending + n >= config.piece_size or ends:
         queued = n + (len(s.pending) if s is not None else 0)
         drive = s.drive_id if s is not None else None
+        if drive is None and not node.placement_known(group):
+            return True
         return not node.has_room(drive, queued)
     return False

@@ -197,7 +197,8 @@ class FileWriter:
         try:
             if not self._failures.healthy(self.open_slice) or write_would_wait(
                     self.open_slice, offset, n, config=self._config, chunk_size=self._chunk_size,
-                    budget=self._budget, settling=self._settling, node=self._node):
+                    budget=self._budget, settling=self._settling, node=self._node,
+                    group=self.group if self.group is not None else self.ino):
                 raise Declined("the write would wait")
             try:
                 self._node.reserve(n, self.ino)

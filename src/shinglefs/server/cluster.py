@@ -110,7 +110,7 @@ from shinglefs.server.errors import (
     WireError,
     no_servers,
 )
-from shinglefs.server.node import DriveStats, NodeStats
+from shinglefs.server.node import DriveStats, NodeStats, TierSource
 from shinglefs.server.remote import RemoteNode
 from shinglefs.server.space import (
     ReplicatedHolds,
@@ -164,7 +164,7 @@ class ClusterNode:
         self._servers: dict[int, ServerRecord] = {}  # every registered server, live or not
         self._live: dict[int, tuple[int, int]] = {}  # drive -> (capacity, free) of live servers
         self._tiers: dict[int, str] = {}  # live drive -> its tier
-        self.tier_of: Callable[[int], str | None] = TierLookup(meta)  # group -> tier wanted
+        self.tier_of: TierSource = TierLookup(meta)  # group -> tier wanted
         self._read_at = -1e9
         self._sent = SentBytes()  # bytes the drives' last figures may not hold
         self._holds = ReplicatedHolds()  # accepted bytes not stored yet, by goal
@@ -222,6 +222,7 @@ class ClusterNode:
             self._suspects[server_id] = time.time_ns()
             for drive in [d for d in self._live if split_drive_id(d)[0] == server_id]:
                 del self._live[drive]
+                self._tiers.pop(drive, None)
             for drives in self._placed.values():
                 if len(drives) > 1:
                     drives[:] = [d for d in drives if split_drive_id(d)[0] != server_id] or drives
@@ -340,9 +341,11 @@ class ClusterNode:
                     or (tier is not None and self._tiers.get(chosen) != tier)):
                 chosen = None
             if chosen is None and tier is not None:
-                # The tier's drives while one has room; else the others (a full tier spills).
-                pool = [d for d in self._live
-                        if self._tiers.get(d) == tier and self._room_for(d, size_hint)]
+                # The tier's drives with room; else the others with room (a full
+                # tier spills); else the freest of all, as without a tier.
+                roomy = [d for d in self._live if self._room_for(d, size_hint)]
+                pool = ([d for d in roomy if self._tiers.get(d) == tier]
+                        or [d for d in roomy if self._tiers.get(d) != tier])
                 chosen = _freest(self._free, pool) if pool else None
             if chosen is None:
                 chosen = _freest(self._free, list(self._live))
@@ -375,6 +378,14 @@ class ClusterNode:
             return None
         return tier if tier in offered else None
 
+    def placement_known(self, group: int) -> bool:
+        """``SliceNode.placement_known``: the live drives offer one tier, or
+        ``group``'s is remembered (its replication goal may still be read)."""
+        with self._lock:
+            single = len(set(self._tiers.values())) < 2
+        known = getattr(self.tier_of, "known", None)
+        return single or (known is not None and bool(known(group)))
+
     def _room_for(self, drive: int, size_hint: int) -> bool:
         """``drive`` keeps ``min_free_fraction`` free after ``size_hint`` more bytes."""
         return self._free(drive) - size_hint >= self._min_free_fraction * self._live[drive][0]
@@ -382,17 +393,21 @@ class ClusterNode:
     def _next_replica(self, drives: list[int], tier: str | None = None,
                       size_hint: int = 0) -> int | None:
         """The freest live drive on a server ``drives`` do not use, on a rack
-        they do not use when there is one; of ``tier`` when one such has room."""
+        they do not use when there is one (racks first: a copy's purpose), of
+        ``tier`` with room when there is such a one there."""
         used = {split_drive_id(d)[0] for d in drives}
         racks = {self._rack(s) for s in used} - {None}
         others = [d for d in self._live if split_drive_id(d)[0] not in used]
-        if tier is not None:
-            tiered = [d for d in others
-                      if self._tiers.get(d) == tier and self._room_for(d, size_hint)]
-            others = tiered or others
         elsewhere = [d for d in others if self._rack(split_drive_id(d)[0]) not in racks]
-        pool = elsewhere or others
-        return _freest(self._free, pool) if pool else None
+        for pool in (elsewhere, others):
+            if tier is not None:
+                tiered = [d for d in pool
+                          if self._tiers.get(d) == tier and self._room_for(d, size_hint)]
+                if tiered:
+                    return _freest(self._free, tiered)
+            if pool:
+                return _freest(self._free, pool)
+        return None
 
     def _rack(self, server_id: int) -> str | None:
         record = self._servers.get(server_id)

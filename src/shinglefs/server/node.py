@@ -37,7 +37,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -60,6 +60,7 @@ from shinglefs.store.errors import SliceNotFound, StoreFull
 from shinglefs.store.scheduler import WriteScheduler
 from shinglefs.store.zonerun import WriteFigures
 from shinglefs.zoned import ZonedDrive, create_drive, open_drive
+from shinglefs.zoned.drivespec import DriveSpecError, parse_drive_spec
 from shinglefs.zoned.fileio import Payload
 
 log = logging.getLogger(__name__)
@@ -159,9 +160,12 @@ TIER_OF_KIND = {"emulated": "cold", "linux": "cold", "conventional": "hot"}
 
 
 def drive_tier(spec: str) -> str | None:
-    """The tier of the drive ``spec`` (``KIND:PATH[:SIZE]``); None for a kind
-    with none (a store built directly, in tests)."""
-    return TIER_OF_KIND.get(spec.split(":", 1)[0])
+    """The tier of the drive ``spec`` (``KIND:PATH[:SIZE]``, aliases included);
+    None for a spec that names no kind (a store built directly, in tests)."""
+    try:
+        return TIER_OF_KIND.get(parse_drive_spec(spec).kind)
+    except DriveSpecError:
+        return None
 
 
 def drive_path(spec: str) -> str:
@@ -170,6 +174,16 @@ def drive_path(spec: str) -> str:
     if len(parts) < 2:
         return spec
     return parts[1]
+
+
+class TierSource(Protocol):
+    """Where a node learns a lifetime group's tier (``server.tiers.TierLookup``)."""
+
+    def __call__(self, group: int) -> str | None: ...
+
+    def known(self, group: int) -> bool:
+        """Whether the call would answer without blocking."""
+        ...
 
 
 class SliceNode(Protocol):
@@ -185,6 +199,11 @@ class SliceNode(Protocol):
     def unreserve(self, nbytes: int, ino: int | None = None) -> None: ...
 
     def has_room(self, drive_id: int | None, nbytes: int) -> bool: ...
+
+    def placement_known(self, group: int) -> bool:
+        """Whether a new slice of ``group`` is placed without reading meta (its
+        tier remembered or not needed): a caller that may not block asks."""
+        ...
 
     def submit(self, slice_id: int, offset: int, data: PieceBytes, group: int, *,
                drive_id: int | None = None, durable: bool = False, urgent: bool = False,
@@ -256,7 +275,7 @@ class StorageNode:
         self._tiers = {d: drive_tier(spec) for d, spec in self._specs.items()}
         # The tier a lifetime group's new slices go to (None: any drive); set by
         # the node's owner, who can read directory policies (module docstring).
-        self.tier_of: Callable[[int], str | None] | None = None
+        self.tier_of: TierSource | None = None
         self._closed = False
 
     # ------------------------------------------------------------------ opening
@@ -404,8 +423,9 @@ class StorageNode:
         cached figures; ``fresh``: read now)."""
         return self._space.room(self.drive_ids, fresh=fresh)[0]
 
-    def place(self, slice_id: int, group: int, size_hint: int = 0) -> int:
+    def place(self, slice_id: int, group: int, size_hint: int = 0, *, wait: bool = True) -> int:
         """Choose the drive of a new slice (see the module docstring); remembers it.
+        ``wait`` False: ``Declined`` instead of reading a group's tier from meta.
 
         A slice stays whole on its drive and may grow to ``MAX_SLICE_SIZE``: each
         placed slice *claims* that much of its drive until ``forget``, less
@@ -416,7 +436,7 @@ class StorageNode:
         with self._lock:
             if slice_id in self._placed:
                 return self._placed[slice_id]
-        tier = self._tier_wanted(group)  # may ask meta: not under the lock
+        tier = self._tier_wanted(group, wait)  # may ask meta: not under the lock
         with self._lock:
             if slice_id in self._placed:
                 return self._placed[slice_id]
@@ -426,9 +446,14 @@ class StorageNode:
                     and self._room_for(preferred, size_hint):
                 chosen = preferred
             if chosen is None and tier is not None:
-                chosen = self._most_free([d for d in self.drive_ids if self._tiers[d] == tier])
-                if chosen is not None and not self._room_for(chosen, size_hint):
-                    chosen = None  # the tier is full: spill to the others
+                # The tier's drives with room; else the others with room (a full
+                # tier spills); else the freest of all, as without a tier.
+                ids = self.drive_ids
+                for pool in ([d for d in ids if self._tiers[d] == tier],
+                             [d for d in ids if self._tiers[d] != tier]):
+                    chosen = self._most_free([d for d in pool if self._room_for(d, size_hint)])
+                    if chosen is not None:
+                        break
             if chosen is None:
                 chosen = self._most_free(self.drive_ids)
             assert chosen is not None
@@ -444,13 +469,27 @@ class StorageNode:
             self._claimed[chosen] += claim
             return chosen
 
-    def _tier_wanted(self, group: int) -> str | None:
+    def _tier_wanted(self, group: int, wait: bool = True) -> str | None:
         """``tier_of(group)`` when some drive here has that tier and another has
         not (else there is no choice to make); None when the lookup fails (a
-        slice is placed anyway: the tier is a preference)."""
+        slice is placed anyway: the tier is a preference). ``wait`` False (the
+        caller may not block, e.g. the FUSE event loop): ``Declined`` rather
+        than read meta, when the answer is not remembered."""
         lookup = self.tier_of
         if lookup is None or len(set(self._tiers.values())) < 2:
             return None
+        if not wait and not lookup.known(group):
+            raise Declined(f"the tier of group {group} is not known without asking meta")
+        return self._lookup_tier(lookup, group)
+
+    def placement_known(self, group: int) -> bool:
+        """``SliceNode.placement_known``: no tier to read, or it is remembered."""
+        lookup = self.tier_of
+        return lookup is None or len(set(self._tiers.values())) < 2 or lookup.known(group)
+
+    def _lookup_tier(self, lookup: TierSource, group: int) -> str | None:
+        """``lookup(group)`` if it is a tier of these drives; None when it is not
+        or the lookup fails (logged)."""
         try:
             tier = lookup(group)
         except Exception:
@@ -535,7 +574,7 @@ class StorageNode:
         payload = Payload(data)
         size = payload.nbytes
         if drive_id is None:
-            drive_id = self.place(slice_id, group, size)
+            drive_id = self.place(slice_id, group, size, wait=wait)
         store = self._store(drive_id)
         piece = self._space.submitted(drive_id, slice_id, offset, size, reserved=reserved)
         try:

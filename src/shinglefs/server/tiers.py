@@ -24,8 +24,10 @@ TIER_ENTRIES = 4096
 
 
 class TierLookup:
-    """``lookup(group)``: the tier of ``group``'s directory, or None. Thread-safe;
-    a failed read raises (the node then places the slice anywhere)."""
+    """``lookup(group)``: the tier of ``group``'s directory, or None. Thread-safe.
+    A failed read raises once and is then remembered as "no tier" for the
+    TTL, so that placements while meta is unreachable do not each wait for it
+    (the node places such slices anywhere)."""
 
     def __init__(self, meta: MetaStore, ttl_s: float = TIER_TTL_S,
                  entries: int = TIER_ENTRIES) -> None:
@@ -35,16 +37,30 @@ class TierLookup:
         self._known: OrderedDict[int, tuple[str | None, float]] = OrderedDict()
         self._lock = threading.Lock()
 
+    def known(self, group: int) -> bool:
+        """Whether ``lookup(group)`` would answer from memory (no meta read):
+        a caller that may not block (the FUSE event loop) asks first."""
+        with self._lock:
+            entry = self._known.get(group)
+            return entry is not None and time.monotonic() - entry[1] < self._ttl
+
     def __call__(self, group: int) -> str | None:
         now = time.monotonic()
         with self._lock:
-            known = self._known.get(group)
-            if known is not None and now - known[1] < self._ttl:
-                return known[0]
-        tier = self._meta.placement_tiers([group]).get(group)  # not under the lock
+            entry = self._known.get(group)
+            if entry is not None and now - entry[1] < self._ttl:
+                return entry[0]
+        try:
+            tier = self._meta.placement_tiers([group]).get(group)  # not under the lock
+        except Exception:
+            self._remember(group, None, now)
+            raise
+        self._remember(group, tier, now)
+        return tier
+
+    def _remember(self, group: int, tier: str | None, now: float) -> None:
         with self._lock:
             self._known[group] = (tier, now)
             self._known.move_to_end(group)
             while len(self._known) > self._entries:
                 self._known.popitem(last=False)
-        return tier
