@@ -90,6 +90,20 @@ def test_a_tier_that_is_not_hot_or_cold_is_einval(meta: SqlMetaStore, tier: str)
     assert meta.get_policy(d.ino) == DirPolicy()
 
 
+def test_a_tier_stored_before_tiers_were_checked_does_not_block_the_rest(
+        meta: SqlMetaStore) -> None:
+    """Any string was stored as a tier once: a policy change keeping it works,
+    changing it to another unknown one does not."""
+    d = meta.mkdir(ROOT_INO, b"legacy", 0o755)
+    meta.backend.run(lambda tx: tx.run("UPDATE inodes SET tier = 'ssd' WHERE ino = ?",
+                                       (d.ino,)), "write")
+    meta.set_policy(d.ino, DirPolicy(tier="ssd", replicas=2))
+    assert meta.get_policy(d.ino) == DirPolicy("ssd", None, 2)
+    assert errno_of(meta.set_policy, d.ino, DirPolicy(tier="warm")) == errno.EINVAL
+    meta.set_policy(d.ino, DirPolicy(tier="cold"))
+    assert meta.get_policy(d.ino).tier == "cold"
+
+
 @pytest.mark.parametrize("goal", [0, 17, -1, True])
 def test_a_goal_outside_1_to_16_is_einval(meta: SqlMetaStore, goal: int) -> None:
     d = meta.mkdir(ROOT_INO, b"d", 0o755)

@@ -168,12 +168,15 @@ class AttributeOps(ChunkOps):
 
     def set_policy(self, ino: int, policy: DirPolicy, ctx: Ctx = ROOT_CTX) -> None:
         check_replicas(policy.replicas)
-        check_tier(policy.tier)
 
         def txn(tx: Tx) -> None:
             row = tx.one(S.SEL_INODE, (ino,))
             if row is None:
                 raise enoent(ino)
+            # A tier stored before tiers were checked (any string was) stays
+            # settable as it is: changing the rest of the policy keeps it.
+            if policy.tier != tx.one(S.SEL_POLICY, (ino,))[1]:
+                check_tier(policy.tier)
             if not stat.S_ISDIR(row[1]):
                 raise FsError(E.ENOTDIR, f"inode {ino} is not a directory", ino=ino)
             if ctx.uid not in (0, row[2]):
