@@ -247,6 +247,21 @@ def test_a_users_copy_is_theirs_and_loses_set_id_bits(meta, check):
     check()
 
 
+def test_a_users_copy_takes_the_group_of_a_set_group_id_directory(meta, check):
+    """As a file the user made there would: a shared team directory keeps its group."""
+    team = meta.mkdir(ROOT_INO, b"team", 0o2777, Ctx(uid=0, gid=4242, pid=1, umask=0))
+    assert team.gid == 4242 and team.mode & stat.S_ISGID
+    mine = meta.mkdir(ROOT_INO, b"mine", 0o777, Ctx(uid=0, gid=0, pid=1, umask=0))
+    f = meta.create(mine.ino, b"f", 0o644, USER)
+    write(meta, f.ino, 0, 10)
+    copy = meta.snapshot(mine.ino, team.ino, b"mine", USER)
+    assert (copy.uid, copy.gid) == (1000, 4242)
+    assert meta.lookup(copy.ino, b"f").gid == 4242
+    elsewhere = meta.snapshot(mine.ino, ROOT_INO, b"x", ROOT_CTX)
+    assert elsewhere.gid == 0  # root's copy keeps the source's owners
+    check()
+
+
 def test_policy_is_copied_but_not_retention(meta, check):
     src = meta.mkdir(ROOT_INO, b"ckpt", 0o755)
     meta.set_policy(src.ino, DirPolicy(tier="cold", retention="keep-last=2", replicas=2))

@@ -253,9 +253,12 @@ class SnapshotOps(SqlCore):
         if len(tree.inos) > len(numbers):
             raise _Outgrown
         new = dict(zip(tree.inos, numbers, strict=False))
-        # As ``cp -p`` by a user: the copy is the caller's, and a file loses its
-        # set-id bits (no one makes a setuid file of another owner's by copying).
-        owner = (None, None) if ctx.uid == 0 else (ctx.uid, ctx.gid)
+        # As ``cp -p`` by a user: the copy is the caller's, in the group a file
+        # they made in ``parent`` would get (its own under a set-group-ID
+        # directory), and a file loses its set-id bits (no one makes a setuid
+        # file of another owner's by copying).
+        group = seen[2] if seen[0] & stat.S_ISGID else ctx.gid
+        owner = (None, None) if ctx.uid == 0 else (ctx.uid, group)
         size = 0
         for ino in tree.inos:
             old = tree.attrs[ino]
