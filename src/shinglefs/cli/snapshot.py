@@ -85,10 +85,11 @@ def _named(call: Callable[[], T], path: str, dst: str | None = None) -> T:
         raise FsError(exc.errno, why) from exc
 
 
-def _through_mount(first: str, second: str, read_only: bool) -> tuple[str, str, int]:
+def _through_mount(first: str, second: str, read_only: bool) -> tuple[str, str, int | None]:
     """Ask the mount holding ``first`` and ``second`` to make the copy
     (fuse/requests.py): as the caller, after the mount's buffered writes.
-    Returns (source, copy) inside the file system and the copy's inode."""
+    Returns (source, copy) inside the file system and the copy's inode (None
+    when it was renamed away before this looked)."""
     from shinglefs.fuse.requests import SNAPSHOT_XATTR, snapshot_request
     from shinglefs.meta.errors import FsError
 
@@ -109,13 +110,19 @@ def _through_mount(first: str, second: str, read_only: bool) -> tuple[str, str, 
     except OSError as exc:
         code = exc.errno or errno.EIO
         raise FsError(code, _why(code, src, dst) or f"{dst}: {os.strerror(code)}") from exc
-    try:
-        return src, dst, os.lstat(second).st_ino
-    except FileNotFoundError:  # a daemon that stored the request as an attribute
+    try:  # a daemon that knows the request never stores it; an older one did
+        os.getxattr(here, SNAPSHOT_XATTR)
+    except OSError:
+        pass
+    else:
         with contextlib.suppress(OSError):
             os.removexattr(here, SNAPSHOT_XATTR)
         raise FsError(errno.ENOTSUP, f"the mount of {first} runs an older ShingleFS that "
-                                     "cannot make snapshots: unmount and mount it again") from None
+                                     "cannot make snapshots: unmount and mount it again")
+    try:
+        return src, dst, os.lstat(second).st_ino
+    except FileNotFoundError:  # made, and already renamed or removed by someone else
+        return src, dst, None
 
 
 def snapshot_command(

@@ -23,6 +23,7 @@ from shinglefs.meta.errors import FsError
 SNAPSHOT_XATTR = b"user.shinglefs.snapshot"
 _VERSION = b"snapshot-1"
 _FLAGS = {b"rw": False, b"ro": True}
+PATH_MAX = 4096  # as the kernel refuses a longer path (ENAMETOOLONG)
 
 
 def snapshot_request(src: bytes, name: bytes, read_only: bool) -> bytes:
@@ -39,6 +40,8 @@ def parse_snapshot_request(value: bytes) -> tuple[bytes, bytes, bool]:
     if len(parts) != 4 or parts[0] != _VERSION or parts[3] not in _FLAGS:
         raise FsError(errno.EINVAL, f"not a snapshot request: {value[:80]!r}")
     _, src, name, flag = parts
+    if len(src) >= PATH_MAX:
+        raise FsError(errno.ENAMETOOLONG, f"a source path of {len(src)} bytes")
     if not src.startswith(b"/") or not name or b"/" in name or name in (b".", b".."):
         raise FsError(errno.EINVAL, f"bad snapshot request: source {src!r}, name {name!r}")
     return src, name, _FLAGS[flag]
