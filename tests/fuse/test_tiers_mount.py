@@ -61,3 +61,45 @@ def test_a_directorys_tier_sends_its_files_to_that_tiers_drives(fs: MountedFileS
     assert all(path.read_bytes() == data for path, data in want.items())
     refused = policy(str(hot), "--tier", "warm")
     assert refused.returncode == 1 and "not one of hot, cold" in refused.stderr, refused.stderr
+
+
+def test_move_brings_existing_data_to_a_new_tier_and_leaves_snapshots_whole(
+        fs: MountedFileSystem) -> None:
+    """Data written before a tier was set sits on SMR; ``policy --tier hot
+    --move`` rewrites it onto the hot drive through the mount: every byte
+    reads back, a snapshot taken before keeps its own (old) slices, inline
+    files stay in meta, and fsck finds nothing."""
+    from shinglefs.meta.check import check_consistency
+
+    data = fs.mountpoint / "data"
+    (data / "sub").mkdir(parents=True)
+    want = {data / "a.bin": os.urandom(9 * MiB + 7), data / "sub" / "b.bin": os.urandom(3 * MiB),
+            data / "small.json": b'{"inline": true}'}
+    for path, content in want.items():
+        path.write_bytes(content)
+    assert tiers_holding(fs, data / "a.bin") == {"cold"}
+    snap = subprocess.run([*shinglefs_command(), "snapshot", str(data),
+                           str(fs.mountpoint / "data@v1")], capture_output=True, text=True,
+                          timeout=120)
+    assert snap.returncode == 0, snap.stderr
+    done = policy(str(data), "--tier", "hot", "--move", "--json")
+    assert done.returncode == 0, done.stderr
+    import json
+    moved = json.loads(done.stdout)["moved"]
+    assert moved["files"] == 3 and moved["chunks"] >= 2 and moved["skipped"] == 0, moved
+    assert tiers_holding(fs, data / "a.bin") == {"hot"}
+    assert tiers_holding(fs, data / "sub" / "b.bin") == {"hot"}
+    assert tiers_holding(fs, fs.mountpoint / "data@v1" / "a.bin") == {"cold"}
+    drop_caches()
+    for path, content in want.items():
+        assert path.read_bytes() == content
+        assert (fs.mountpoint / "data@v1" / path.relative_to(data)).read_bytes() == content
+    again = policy(str(data), "--move", "--json")  # nothing left elsewhere: nothing moved
+    assert again.returncode == 0 and json.loads(again.stdout)["moved"]["chunks"] == 0
+    url_form = policy(fs.meta_url, "/data", "--move")
+    assert url_form.returncode == 2 and "through a mount" in url_form.stderr
+    meta = open_meta(fs.meta_url)
+    try:
+        assert check_consistency(meta) == []
+    finally:
+        meta.close()

@@ -64,19 +64,24 @@ def test_many_inodes_are_answered_in_pages(meta: SqlMetaStore) -> None:
 
 
 def test_new_slices_take_the_tier_of_their_directory(meta: SqlMetaStore) -> None:
-    """A directory's own tier; a file's, that of the directory it was made in;
-    a subdirectory made later copies its parent's; unknown inodes, none."""
+    """The tier of the nearest directory that sets one, at or above a directory,
+    at or above the directory a file was made in; unknown inodes, none."""
     hot = meta.mkdir(ROOT_INO, b"hot", 0o755)
     before = meta.mkdir(hot.ino, b"old-sub", 0o755)
+    deep = meta.create(before.ino, b"deep", 0o644)
     f = meta.create(hot.ino, b"f", 0o644)
     loose = meta.create(ROOT_INO, b"loose", 0o644)
-    inos = [hot.ino, before.ino, f.ino, loose.ino, ROOT_INO, 10**9]
+    inos = [hot.ino, before.ino, deep.ino, f.ino, loose.ino, ROOT_INO, 10**9]
     assert meta.placement_tiers(inos) == {}
     meta.set_policy(hot.ino, DirPolicy(tier="hot"))
     new_sub = meta.mkdir(hot.ino, b"new-sub", 0o755)
     g = meta.create(new_sub.ino, b"g", 0o644)
     assert meta.placement_tiers([*inos, new_sub.ino, g.ino]) == {
-        hot.ino: "hot", f.ino: "hot", new_sub.ino: "hot", g.ino: "hot"}
+        hot.ino: "hot", before.ino: "hot", deep.ino: "hot", f.ino: "hot",
+        new_sub.ino: "hot", g.ino: "hot"}
+    meta.set_policy(before.ino, DirPolicy(tier="cold"))  # the nearest wins
+    assert meta.placement_tiers([deep.ino, f.ino]) == {deep.ino: "cold", f.ino: "hot"}
+    meta.set_policy(before.ino, DirPolicy())
     meta.rename(hot.ino, b"f", ROOT_INO, b"moved")  # a file keeps its tree's tier
     assert meta.placement_tiers([f.ino]) == {f.ino: "hot"}
     files = [meta.create(new_sub.ino, f"p{i}".encode(), 0o644).ino for i in range(700)]

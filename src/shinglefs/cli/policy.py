@@ -19,6 +19,7 @@ errno's message; a malformed argument: exit 2), printed by the boundary in
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -125,6 +126,8 @@ def policy_command(
         None, "--retention", metavar="keep-last=N[,match=GLOB]",
         help="keep the N newest entries of this directory (matching GLOB), delete older ones; "
              "'' clears"),
+    move: bool = typer.Option(
+        False, "--move", help="also move the data already below to the tier (on a mount)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Show a directory's policy; with options, change those parts of it."""
@@ -132,6 +135,10 @@ def policy_command(
 
     goal = _goal(replicas)
     rule = _retention(retention)
+    local = meta_url if path is None else None  # the directory on a mount, if given so
+    if move and local is None:
+        raise UsageError("--move works through a mount: the mount's daemon moves the data",
+                         hint="shinglefs policy ./mnt/hot --tier hot --move")
     if path is None:
         meta_url, path = path_on_mount(meta_url)
     with opened_meta(meta_url) as meta:
@@ -154,8 +161,12 @@ def policy_command(
             meta.set_policy(ino, changed)
             policy = meta.get_policy(ino)
         effective = meta.replica_goals([ino]).get(ino)
-    out = {"path": path, "ino": ino, "replicas": policy.replicas, "tier": policy.tier,
-           "retention": policy.retention, "effective_replicas": effective}
+    out: dict[str, object] = {
+        "path": path, "ino": ino, "replicas": policy.replicas, "tier": policy.tier,
+        "retention": policy.retention, "effective_replicas": effective}
+    moved = _move_to_tier(local) if move and local is not None else None
+    if moved is not None:
+        out["moved"] = moved
     if as_json:
         typer.echo(json.dumps(out))
         return
@@ -164,6 +175,29 @@ def policy_command(
            else str(effective))
     typer.echo(f"{path}: replicas {own} (files get {got}), tier {policy.tier or '-'}, "
                f"retention {policy.retention or '-'}")
+    if moved is not None:
+        typer.echo(f"moved to its tier: {moved['chunks']} chunks of {moved['files']} files "
+                   f"({moved['skipped']} written meanwhile, left where they are)")
+
+
+def _move_to_tier(local: str) -> dict[str, int]:
+    """Ask the mount holding ``local`` to move the data below it to its tier
+    (fuse/requests.py ``TIER_MOVE_XATTR``); returns the move's figures."""
+    from shinglefs.fuse.requests import TIER_MOVE_XATTR
+    from shinglefs.meta.errors import FsError
+
+    try:
+        os.setxattr(local, TIER_MOVE_XATTR, b"move")
+        figures = json.loads(os.getxattr(local, TIER_MOVE_XATTR))
+    except OSError as exc:
+        code = exc.errno or errno.EIO
+        raise FsError(code, f"moving the data of {local}: {os.strerror(code)}") from exc
+    except ValueError:  # a daemon that stored the request: it moves nothing
+        with contextlib.suppress(OSError):
+            os.removexattr(local, TIER_MOVE_XATTR)
+        raise FsError(errno.ENOTSUP, f"the mount of {local} runs an older ShingleFS that "
+                                     "cannot move data: unmount and mount it again") from None
+    return {k: int(figures[k]) for k in ("files", "chunks", "skipped")}
 
 
 def _drive_ref(text: str) -> tuple[int, int]:

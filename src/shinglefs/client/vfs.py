@@ -84,6 +84,16 @@ __all__ = ["VFS", "Ctx", "Declined", "DirEntry", "InodeAttr", "SetAttrChanges", 
 CAPS_XATTR = b"security.capability"
 
 
+@dataclass
+class TierMove:
+    """What ``VFS.move_to_tier`` did: files whose directory sets a tier, chunks
+    rewritten onto it, chunks left because they changed meanwhile."""
+
+    files: int = 0
+    chunks: int = 0
+    skipped: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class SetAttrChanges:
     """What ``setattr`` changes; None leaves a field alone.
@@ -326,6 +336,58 @@ class VFS:
         for part in (p for p in src.split(b"/") if p):
             ino = self.lookup(ino, part, ctx).ino
         return self.snapshot(ino, parent, name, ctx, read_only=read_only)
+
+    def move_to_tier(self, ino: int, ctx: Ctx = ROOT_CTX) -> TierMove:
+        """The tier mover (docs/cluster.md, "Tiers"): every chunk of the files
+        at or below ``ino`` holding a slice on a drive of another tier than
+        its file's (``placement_tiers``) is rewritten as one new slice, which
+        placement puts on the tier's drives (the compactor's optimistic swap:
+        a chunk written meanwhile is left as it is, ``skipped``). The old
+        slices are freed once nothing names them (a snapshot still may).
+        Inline data (in meta) stays. Returns what it did; EPERM unless
+        ``ctx`` is root or owns ``ino``; ENOENT."""
+        self._check_open()
+        top = self.meta.getattr(ino)
+        if ctx.uid not in (0, top.uid):
+            raise FsError(errno.EPERM, f"only the owner moves the data of {ino}", ino=ino)
+        move = TierMove()
+        if len(self.node.tiers_offered()) < 2:
+            return move  # one tier: nothing can be elsewhere
+        compactor = self.jobs.compactor
+        pending = [top]
+        while pending:
+            attr = pending.pop()
+            if attr.is_dir:
+                cookie = 0
+                while page := self.meta.readdir(attr.ino, cookie):
+                    pending.extend(e.attr for e in page)
+                    cookie = page[-1].cookie
+                continue
+            if not attr.is_file:
+                continue
+            tier = self.meta.placement_tiers([attr.ino]).get(attr.ino)
+            if tier is None or tier not in self.node.tiers_offered():
+                continue
+            move.files += 1
+            self.node.forget_tier(attr.ino)
+            for index in range(-(-attr.size // self.chunk_size)):
+                if not self._chunk_elsewhere(attr.ino, index, tier):
+                    continue
+                if compactor.compact_chunk(attr.ino, index, min_refs=1):
+                    move.chunks += 1
+                else:
+                    move.skipped += 1
+        return move
+
+    def _chunk_elsewhere(self, ino: int, index: int, tier: str) -> bool:
+        """Whether a slice of chunk ``index`` of ``ino`` has a copy on a drive of
+        another tier than ``tier`` (inline slices have none)."""
+        for sid in {r.slice_id for r in self.meta.get_chunk(ino, index).refs}:
+            for replica in self.meta.get_slice(sid).replicas:
+                drive = self.node.drive_of_replica(replica)
+                if drive is not None and self.node.tier_of_drive(drive) not in (tier, None):
+                    return True
+        return False
 
     # ================================================================== open / close
     def open(self, ino: int, flags: int, ctx: Ctx = ROOT_CTX) -> int:

@@ -23,8 +23,10 @@ kernel sent them.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
+import json
 import logging
 import os
 import select
@@ -38,7 +40,7 @@ import trio
 
 from shinglefs.client.vfs import VFS, Declined, SetAttrChanges
 from shinglefs.errors import ShingleError
-from shinglefs.fuse.requests import SNAPSHOT_XATTR, parse_snapshot_request
+from shinglefs.fuse.requests import SNAPSHOT_XATTR, TIER_MOVE_XATTR, parse_snapshot_request
 from shinglefs.meta.api import Ctx
 
 log = logging.getLogger(__name__)
@@ -226,6 +228,7 @@ class ShingleOperations(pyfuse3.Operations):
         self.op_stats = OpStats()
         self._in_threads = 0  # requests running in worker threads now
         self._queue: select.poll | None = None  # the kernel's request queue (watch_queue)
+        self._moves: dict[int, bytes] = {}  # inode -> its last tier move's figures (JSON)
 
     def watch_queue(self, fuse_fd: int) -> None:
         """Let networked metadata run inline while the mount is otherwise idle:
@@ -644,6 +647,8 @@ class ShingleOperations(pyfuse3.Operations):
     async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
         if inode == pyfuse3.ROOT_INODE and name == STATUS_XATTR and self.status_provider:
             return await self._call("getxattr", True, self.status_provider, ino=inode)
+        if name == TIER_MOVE_XATTR and inode in self._moves:
+            return self._moves[inode]
         if self.offload_metadata:  # a remembered absence is answered on the event loop
             return await self._inline_or_thread("getxattr", self.vfs.getxattr, inode, name,
                                                 self._ctx(ctx))
@@ -655,6 +660,13 @@ class ShingleOperations(pyfuse3.Operations):
     ) -> None:
         if inode == pyfuse3.ROOT_INODE and name == STATUS_XATTR:
             raise pyfuse3.FUSEError(errno.EPERM)
+        if name == TIER_MOVE_XATTR:  # a request, never stored (fuse/requests.py)
+            move = await self._call("tier-move", True, self.vfs.move_to_tier, inode,
+                                    self._ctx(ctx), ino=inode)
+            self._moves[inode] = json.dumps(dataclasses.asdict(move)).encode()
+            while len(self._moves) > 64:
+                self._moves.pop(next(iter(self._moves)))
+            return
         if name == SNAPSHOT_XATTR:  # a request, never stored (fuse/requests.py)
             # Always in a worker thread: a big tree's copy takes seconds.
             await self._call("snapshot", True, self._snapshot, inode, value, self._ctx(ctx),

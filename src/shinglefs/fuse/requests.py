@@ -4,7 +4,11 @@ caller (the kernel and the metadata engine check the caller's permissions,
 as for any file operation), commits what the mount still buffers first, and
 needs no access to the metadata database.
 
-The request is an extended attribute set on the directory that will hold the
+``shinglefs policy DIR --tier T --move`` sends ``TIER_MOVE_XATTR`` the same
+way: the daemon moves DIR's existing data to its tier before ``setxattr``
+returns.
+
+A snapshot request is an extended attribute set on the directory that will hold the
 copy: ``setxattr(DIR, SNAPSHOT_XATTR, snapshot_request(src, name, read_only))``.
 The daemon never stores it; ``setxattr`` returns once the copy exists, or
 fails with the errno of ``MetaStore.snapshot`` (EEXIST, ENOENT, EACCES,
@@ -21,6 +25,10 @@ import errno
 from shinglefs.meta.errors import FsError
 
 SNAPSHOT_XATTR = b"user.shinglefs.snapshot"
+# Set (any value) on a directory or file: the daemon moves the data below it to
+# the tier its directories set (``VFS.move_to_tier``); reading it afterwards
+# gives that move's figures as JSON (``files``, ``chunks``, ``skipped``).
+TIER_MOVE_XATTR = b"user.shinglefs.tier-move"
 _VERSION = b"snapshot-1"
 _FLAGS = {b"rw": False, b"ro": True}
 PATH_MAX = 4096  # as the kernel refuses a longer path (ENAMETOOLONG)

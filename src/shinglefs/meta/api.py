@@ -493,8 +493,10 @@ class MetaStore(ServerRegistry):
     @abstractmethod
     def placement_tiers(self, inos: Iterable[int]) -> dict[int, str]:
         """The tier new slices of each of ``inos`` go to, for those that have
-        one: a directory's ``DirPolicy.tier``, a file's that of the directory
-        it was created in. Others, and unknown inodes, are left out. A read."""
+        one: the ``DirPolicy.tier`` of the nearest directory at or above it (a
+        file: at or above the directory it was created in), so a tier set on a
+        tree applies to everything below that sets none. Others, and unknown
+        inodes, are left out. A read."""
 
     @abstractmethod
     def replica_goals(self, inos: Iterable[int]) -> dict[int, int]:

@@ -392,8 +392,8 @@ class RenameResult:
 @dataclass(frozen=True, slots=True)
 class DirPolicy:
     """Policy of a directory: tier (``TIERS``: the drives new slices of the files
-    below go to, ``MetaStore.placement_tiers``; a new subdirectory copies its
-    parent's), retention (``keep-last=N``: the directory keeps its N
+    below go to, the nearest directory's that sets one,
+    ``MetaStore.placement_tiers``; a new subdirectory copies its parent's), retention (``keep-last=N``: the directory keeps its N
     newest entries, client/background/retention.py; a subdirectory does not
     inherit it), and the replication goal ``replicas`` (copies of each slice
     of the files below it).

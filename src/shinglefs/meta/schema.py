@@ -445,12 +445,19 @@ def replica_goals(count: int) -> str:
     )
 
 def placement_tiers(count: int) -> str:
-    """The tier of ``count`` inodes (``?`` each): rows ``(ino, tier)``, a
-    directory's own, a file's that of the directory it was made in (its
-    ``parent``; ``mkdir`` copies a tier to new subdirectories, so no walk)."""
+    """The tier of ``count`` inodes (``?`` each): rows ``(ino, tier)`` for those
+    with one, the nearest set at or above a directory, at or above the
+    directory a file was made in (its ``parent``); the walk up stops at the
+    first tier, at the root, or after 4096 levels (as ``replica_goals``)."""
+    marks = in_marks(count)
     return (
-        "SELECT i.ino, CASE WHEN (i.mode & 61440) = 16384 THEN i.tier ELSE p.tier END "
-        f"FROM inodes i LEFT JOIN inodes p ON p.ino = i.parent WHERE i.ino IN ({in_marks(count)})"
+        "WITH RECURSIVE up (start, ino, parent, tier, depth) AS ("
+        "SELECT i.ino, d.ino, d.parent, d.tier, 0 FROM inodes i JOIN inodes d ON d.ino = "
+        f"CASE WHEN (i.mode & 61440) = 16384 THEN i.ino ELSE i.parent END WHERE i.ino IN ({marks}) "
+        "UNION ALL SELECT up.start, p.ino, p.parent, p.tier, up.depth + 1 "
+        "FROM up JOIN inodes p ON p.ino = up.parent "
+        "WHERE up.tier IS NULL AND up.ino <> up.parent AND up.depth < 4096"
+        ") SELECT start, tier FROM up WHERE tier IS NOT NULL"
     )
 
 

@@ -378,6 +378,20 @@ class ClusterNode:
             return None
         return tier if tier in offered else None
 
+    def tier_of_drive(self, drive_id: int) -> str | None:
+        """``SliceNode.tier_of_drive``: of a live drive (as its server reported)."""
+        with self._lock:
+            self._refresh()
+            return self._tiers.get(drive_id)
+
+    def tiers_offered(self) -> set[str]:
+        with self._lock:
+            self._refresh()
+            return set(self._tiers.values())
+
+    def forget_tier(self, group: int) -> None:
+        self.tier_of.forget(group)
+
     def placement_known(self, group: int) -> bool:
         """``SliceNode.placement_known``: the live drives offer one tier, or
         ``group``'s is remembered (its replication goal may still be read)."""

@@ -185,6 +185,10 @@ class TierSource(Protocol):
         """Whether the call would answer without blocking."""
         ...
 
+    def forget(self, group: int) -> None:
+        """The next call for ``group`` reads afresh."""
+        ...
+
 
 class SliceNode(Protocol):
     """What a client needs of the drives it writes to: ``StorageNode`` (drives of
@@ -203,6 +207,18 @@ class SliceNode(Protocol):
     def placement_known(self, group: int) -> bool:
         """Whether a new slice of ``group`` is placed without reading meta (its
         tier remembered or not needed): a caller that may not block asks."""
+        ...
+
+    def tier_of_drive(self, drive_id: int) -> str | None:
+        """The tier of a drive of this node (None: unknown, or a drive gone)."""
+        ...
+
+    def tiers_offered(self) -> set[str]:
+        """The tiers of the drives new slices may go to now."""
+        ...
+
+    def forget_tier(self, group: int) -> None:
+        """Read ``group``'s tier afresh at its next placement (it was just set)."""
         ...
 
     def submit(self, slice_id: int, offset: int, data: PieceBytes, group: int, *,
@@ -481,6 +497,16 @@ class StorageNode:
         if not wait and not lookup.known(group):
             raise Declined(f"the tier of group {group} is not known without asking meta")
         return self._lookup_tier(lookup, group)
+
+    def tier_of_drive(self, drive_id: int) -> str | None:
+        return self._tiers.get(drive_id)
+
+    def tiers_offered(self) -> set[str]:
+        return {t for t in self._tiers.values() if t is not None}
+
+    def forget_tier(self, group: int) -> None:
+        if self.tier_of is not None:
+            self.tier_of.forget(group)
 
     def placement_known(self, group: int) -> bool:
         """``SliceNode.placement_known``: no tier to read, or it is remembered."""

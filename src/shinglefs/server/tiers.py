@@ -1,10 +1,10 @@
 """The tier a lifetime group's new slices go to (``StorageNode.tier_of``), read
-from the directory policies in meta (``MetaStore.placement_tiers``: a
-directory's ``DirPolicy.tier``, a file's that of the directory it was made
-in) and remembered per group for ``ttl_s``: a policy set with ``shinglefs
-policy DIR --tier hot`` applies to slices placed from at most ``ttl_s`` later.
-Slices placed before stay where they are (no mover yet: docs/cluster.md,
-"Tiers").
+from the directory policies in meta (``MetaStore.placement_tiers``: the
+nearest directory's ``DirPolicy.tier``) and remembered per group for
+``ttl_s``: a policy set with ``shinglefs policy DIR --tier hot`` applies to
+slices placed from at most ``ttl_s`` later (at once for the data
+``--move`` rewrites: it ``forget``s). Slices placed before stay where they
+are unless moved (docs/cluster.md, "Tiers").
 
 Whoever owns a node and can read meta installs one: the client of an
 embedded file system (client/filesystem.py) and a storage server process
@@ -43,6 +43,12 @@ class TierLookup:
         with self._lock:
             entry = self._known.get(group)
             return entry is not None and time.monotonic() - entry[1] < self._ttl
+
+    def forget(self, group: int) -> None:
+        """Drop what is remembered of ``group``: its next lookup reads meta (a
+        tier just set, data about to be moved to it)."""
+        with self._lock:
+            self._known.pop(group, None)
 
     def __call__(self, group: int) -> str | None:
         now = time.monotonic()

@@ -114,16 +114,18 @@ class Compactor:
                 count += 1
         return count
 
-    def compact_chunk(self, ino: int, chunk_index: int) -> bool:
+    def compact_chunk(self, ino: int, chunk_index: int, *, min_refs: int = 2) -> bool:
         """Rewrite a fragmented chunk as one sequential slice (optimistic swap).
 
         Durable when it returns True: the new slice is flushed on its drive
-        and referenced in meta. Returns False when the chunk had < 2
-        references, held no bytes, or changed meanwhile (the new slice is then
-        deleted). Raises ``FsError`` (the inode is gone) and storage errors.
+        and referenced in meta. Returns False when the chunk had fewer than
+        ``min_refs`` references (1: any chunk is rewritten, the tier mover's
+        use: the new slice is placed as its group's now are), held no bytes,
+        or changed meanwhile (the new slice is then deleted). Raises
+        ``FsError`` (the inode is gone) and storage errors.
         """
         chunk = self.meta.get_chunk(ino, chunk_index)
-        if len(chunk.refs) < 2:
+        if len(chunk.refs) < max(1, min_refs):
             return False
         base = chunk_index * self.chunk_size
         end = max(r.chunk_offset + r.length for r in chunk.refs)
