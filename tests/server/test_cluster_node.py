@@ -515,3 +515,41 @@ def test_a_directorys_tier_chooses_drives_across_servers(
             assert racks == {"a", "b"}, (path, copies)
             assert tiers == (["cold", "hot"] if path.startswith("/hot") else
                              ["cold", "cold"]), (path, copies)
+
+
+def test_existing_data_moves_to_its_new_tier_across_servers(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+    """``VFS.move_to_tier`` on a file system of storage servers: data written
+    before its directory was made hot is rewritten onto the one hot drive
+    (its second copy elsewhere), every byte reads back, fsck finds nothing."""
+    from shinglefs.meta.check import check_consistency
+
+    for name, hot in (("s1", False), ("s2", True)):
+        drives = [f"emulated:{tmp_path / name}.img:{1024 * MiB}"]
+        if hot:
+            drives.append(f"conventional:{tmp_path / name}c.img:{512 * MiB}")
+        servers.append(server := Server(meta_url, drives, free_port()))
+        server.ready()
+    wait_until(lambda: live_count(meta) == 2, "two servers live")
+    tier_of = {(s.id, d.drive_id): d.tier for s in meta.list_servers() for d in s.drives}
+    fs = shinglefs.connect(meta_url)
+    try:
+        fs.makedirs("/data/sub")
+        want = {"/data/a": os.urandom(6 * MiB + 1), "/data/sub/b": os.urandom(2 * MiB)}
+        for path, data in want.items():
+            fs.write_bytes(path, data)
+
+        def tiers(path: str) -> set[str]:
+            return {tier_of[split_drive_id(d)] for _, d in slices_of(meta, fs, path)}
+
+        assert all(tiers(path) == {"cold"} for path in want)
+        data_ino = fs.stat("/data").st_ino
+        meta.set_policy(data_ino, DirPolicy(tier="hot"))
+        move = fs.vfs.move_to_tier(data_ino)
+        assert (move.files, move.skipped) == (2, 0) and move.chunks >= 2, move
+        assert all(tiers(path) == {"cold", "hot"} for path in want)  # goal 2: one copy each
+        assert all(fs.read_bytes(path) == data for path, data in want.items())
+        assert fs.vfs.move_to_tier(data_ino).chunks == 0
+    finally:
+        fs.close()
+    assert check_consistency(meta) == []

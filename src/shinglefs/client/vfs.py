@@ -339,8 +339,8 @@ class VFS:
 
     def move_to_tier(self, ino: int, ctx: Ctx = ROOT_CTX) -> TierMove:
         """The tier mover (docs/cluster.md, "Tiers"): every chunk of the files
-        at or below ``ino`` holding a slice on a drive of another tier than
-        its file's (``placement_tiers``) is rewritten as one new slice, which
+        at or below ``ino`` holding a slice with no copy on a drive of its
+        file's tier (``placement_tiers``) is rewritten as one new slice, which
         placement puts on the tier's drives (the compactor's optimistic swap:
         a chunk written meanwhile is left as it is, ``skipped``). The old
         slices are freed once nothing names them (a snapshot still may).
@@ -380,13 +380,18 @@ class VFS:
         return move
 
     def _chunk_elsewhere(self, ino: int, index: int, tier: str) -> bool:
-        """Whether a slice of chunk ``index`` of ``ino`` has a copy on a drive of
-        another tier than ``tier`` (inline slices have none)."""
+        """Whether a slice of chunk ``index`` of ``ino`` has no copy on a drive of
+        ``tier`` but one on another tier's (inline slices have none). One copy
+        on the tier is enough: with two copies and one server holding the
+        tier's drives, the other copy cannot be there too."""
         for sid in {r.slice_id for r in self.meta.get_chunk(ino, index).refs}:
+            tiers = set()
             for replica in self.meta.get_slice(sid).replicas:
                 drive = self.node.drive_of_replica(replica)
-                if drive is not None and self.node.tier_of_drive(drive) not in (tier, None):
-                    return True
+                if drive is not None:
+                    tiers.add(self.node.tier_of_drive(drive))
+            if tier not in tiers and tiers - {None}:
+                return True
         return False
 
     # ================================================================== open / close
