@@ -99,6 +99,27 @@ def test_checkpoint_directories_go_whole_and_temporary_names_do_not_count(
     assert names(fs, "/ckpt") == [".lock", "step-3", "step-4"]
 
 
+def test_a_read_only_snapshot_among_old_checkpoints_is_kept(fs: ShingleFS) -> None:
+    """Pinning a checkpoint (a read-only snapshot in the same directory) keeps
+    it whatever its age; the others are retired around it, pass after pass."""
+    fs.makedirs("/ckpt")
+    policy(fs.vfs, "/ckpt", "keep-last=2")
+    save_step(fs, 1)
+    fs.snapshot("/ckpt/step-1", "/ckpt/step-1@best", read_only=True)
+    for step in range(2, 5):
+        save_step(fs, step)
+    assert enforce(fs) == 12  # step-1 and step-2, 6 inodes each; the pinned copy stays
+    assert names(fs, "/ckpt") == ["step-1@best", "step-3", "step-4"]
+    save_step(fs, 5)
+    assert enforce(fs) == 6
+    assert names(fs, "/ckpt") == ["step-1@best", "step-4", "step-5"]
+    assert fs.read_bytes("/ckpt/step-1@best/__2_0.distcp") == pattern(12, 100_000)
+    fs.make_writable("/ckpt/step-1@best")
+    save_step(fs, 6)
+    assert enforce(fs) == 12  # unpinned: now the oldest, it goes too
+    assert names(fs, "/ckpt") == ["step-5", "step-6"]
+
+
 def test_newest_is_the_order_of_arrival_not_the_name(fs: ShingleFS) -> None:
     fs.makedirs("/ckpt")
     policy(fs.vfs, "/ckpt", "keep-last=2")

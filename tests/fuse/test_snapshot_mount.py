@@ -126,8 +126,10 @@ def test_a_versioned_corpus_through_its_whole_life(fs: MountedFileSystem) -> Non
     assert read_all(ro) == want
     consistent(fs)
 
-    # The last copy goes: the drives' bytes are freed.
-    subprocess.run(["rm", "-rf", str(v1), str(ro)], check=True)
+    # The last copies go (the read-only one by the command that may remove
+    # it): the drives' bytes are freed.
+    assert snapshot("--delete", str(ro))["deleted"] == "/corpus@ro"
+    subprocess.run(["rm", "-rf", str(v1)], check=True)
     drain_deletions(fs)
     deadline = time.monotonic() + 60
     while status(fs)["live_bytes"] > 0:
@@ -148,6 +150,13 @@ def test_refusals_are_one_line_and_change_nothing(fs: MountedFileSystem, tmp_pat
         ([str(tmp_path), str(fs.mountpoint / "x")], 2, "nor on a ShingleFS mount"),
         ([fs.meta_url, "d", "/x"], 2, "absolute path"),
         ([fs.meta_url, "/d", "/"], 2, "no new entry"),
+        (["--delete", str(fs.mountpoint / "nope")], 1, "/nope does not exist"),
+        (["--delete", str(fs.mountpoint / "d")], 1, "/d is not a read-only snapshot"),
+        (["--delete", str(fs.mountpoint / "d" / "f")], 1, "/d/f is not a read-only snapshot"),
+        (["--delete", str(fs.mountpoint / "d"), str(fs.mountpoint / "x")], 2, "one path"),
+        (["--delete", str(tmp_path / "x")], 2, "nor on a ShingleFS mount"),
+        (["--delete", fs.meta_url], 2, "nor on a ShingleFS mount"),
+        ([str(fs.mountpoint / "d")], 2, "a source and a new name"),
     ]
     for args, code, words in cases:
         done = subprocess.run([*shinglefs_command(), "snapshot", *args],
@@ -156,6 +165,7 @@ def test_refusals_are_one_line_and_change_nothing(fs: MountedFileSystem, tmp_pat
         assert words in done.stderr, (args, done.stderr)
         assert "Traceback" not in done.stderr
     assert sorted(os.listdir(fs.mountpoint)) == ["d"]
+    assert (fs.mountpoint / "d" / "f").read_bytes() == b"x"
     consistent(fs)
 
 
@@ -231,3 +241,116 @@ def test_a_user_snapshots_on_a_shared_mount_with_their_own_rights() -> None:
         assert as_user(lambda: os.setxattr(shared, SNAPSHOT_XATTR, b"junk")) == errno.EINVAL
         assert sorted(os.listdir(shared)) == ["data", "mine", "sda"]
         assert SNAPSHOT_XATTR.decode() not in os.listxattr(shared)  # a request, never stored
+
+
+def test_a_read_only_snapshot_is_immutable_even_for_root(fs: MountedFileSystem) -> None:
+    """Root (whom no mode bit stops) tries every way to change a read-only copy
+    through the mount: each fails with EPERM and the copy reads as it was; the
+    command that deletes snapshots refuses an ordinary tree, and removes the
+    read-only copy, leaving its source whole."""
+    corpus = fs.mountpoint / "corpus"
+    (corpus / "shard").mkdir(parents=True)
+    want = {"shard/a.bin": os.urandom(2 * MiB), "shard/b.json": b"{}", "c.txt": b"c"}
+    for rel, data in want.items():
+        (corpus / rel).write_bytes(data)
+    os.symlink("c.txt", corpus / "latest")
+    snapshot(str(corpus), str(fs.mountpoint / "v1"), "--read-only")
+    v1 = fs.mountpoint / "v1"
+    a, shard = v1 / "shard" / "a.bin", v1 / "shard"
+    attempts = {
+        "append": lambda: open(a, "ab").close(),
+        "open for writing": lambda: os.close(os.open(a, os.O_WRONLY)),
+        "O_TRUNC": lambda: os.close(os.open(a, os.O_RDONLY | os.O_TRUNC)),
+        "truncate": lambda: os.truncate(a, 0),
+        "chmod": lambda: os.chmod(a, 0o644),
+        "chown": lambda: os.chown(a, 1, 1),
+        "utime": lambda: os.utime(a, (1, 1)),
+        "touch now": lambda: os.utime(a),
+        "setxattr": lambda: os.setxattr(a, "user.x", b"1"),
+        "create": lambda: (shard / "new").write_bytes(b"x"),
+        "mkdir": lambda: os.mkdir(shard / "new"),
+        "symlink": lambda: os.symlink("a.bin", shard / "new"),
+        "link out": lambda: os.link(a, corpus / "a-link"),
+        "unlink": lambda: os.unlink(a),
+        "unlink symlink": lambda: os.unlink(v1 / "latest"),
+        "rmdir": lambda: os.rmdir(v1),
+        "rename inside": lambda: os.rename(a, shard / "moved"),
+        "rename out": lambda: os.rename(a, corpus / "moved"),
+        "rename in": lambda: os.rename(corpus / "c.txt", shard / "c.txt"),
+        "rename over": lambda: os.replace(corpus / "c.txt", v1 / "c.txt"),
+        "rename the copy": lambda: os.rename(v1, fs.mountpoint / "v2"),
+        "retention": lambda: subprocess.run(
+            [*shinglefs_command(), "policy", str(v1), "--keep-last", "1"], check=True,
+            capture_output=True, timeout=60),
+    }
+    for what, attempt in attempts.items():
+        with pytest.raises((PermissionError, subprocess.CalledProcessError)) as info:
+            attempt()
+        if isinstance(info.value, OSError):
+            assert info.value.errno == errno.EPERM, what
+    done = subprocess.run(["rm", "-rf", str(v1)], capture_output=True, timeout=60)
+    assert done.returncode != 0
+    assert read_all(v1) == want
+    assert os.readlink(v1 / "latest") == "c.txt"
+
+    # Not a read-only snapshot: refused, and kept.
+    done = subprocess.run([*shinglefs_command(), "snapshot", "--delete", str(corpus)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "/corpus is not a read-only snapshot" in done.stderr, \
+        done.stderr
+    assert read_all(corpus) == want
+
+    # A writable copy of the read-only one restores the version.
+    snapshot(str(v1), str(fs.mountpoint / "restored"))
+    (fs.mountpoint / "restored" / "c.txt").write_bytes(b"changed")
+
+    assert snapshot("--delete", str(v1))["entries"] == 6  # v1, shard, a, b, c, latest
+    assert not v1.exists()
+    assert read_all(corpus) == want
+    drain_deletions(fs)
+    assert read_all(fs.mountpoint / "restored")["shard/a.bin"] == want["shard/a.bin"]
+    consistent(fs)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switches users: needs root")
+def test_a_user_deletes_their_own_read_only_snapshot_and_no_one_elses() -> None:
+    """On root's shared mount a user pins their data read-only and cannot change
+    it by accident either; ``snapshot --delete`` removes it (its directories
+    have no write bit: the command gives it back); another user's pinned copy
+    stays (EPERM): here root's, of root's data."""
+    from tests.fuse.opskit import NOBODY, as_user, root_mount_and_local
+
+    import shinglefs.cli.snapshot as cli
+    from shinglefs.fuse.requests import SNAPSHOT_XATTR, snapshot_request
+    from shinglefs.meta.errors import FsError
+
+    def pin(directory: Path, src: str, name: str) -> None:
+        os.setxattr(directory, SNAPSHOT_XATTR, snapshot_request(src.encode(), name.encode(),
+                                                                True))
+
+    def delete(path: Path) -> None:
+        try:
+            cli._delete_through_mount(str(path))
+        except FsError as exc:
+            raise OSError(exc.errno, str(exc)) from None
+
+    with root_mount_and_local("shinglefs-pin-") as (mnt, _local):
+        shared = mnt / "shared"
+        shared.mkdir(mode=0o777)
+        shared.chmod(0o777)
+        assert as_user(lambda: (shared / "data").mkdir()) == 0
+        assert as_user(lambda: (shared / "data" / "part").write_bytes(b"mine")) == 0
+        assert as_user(lambda: pin(shared, "/shared/data", "data@v1")) == 0
+        (shared / "rootdata").mkdir()
+        (shared / "rootdata" / "part").write_bytes(b"root's")
+        pin(shared, "/shared/rootdata", "root@v1")  # root's: it keeps root as owner
+        pinned = shared / "data@v1"
+        assert pinned.stat().st_uid == NOBODY
+        assert as_user(lambda: os.unlink(pinned / "part")) in (errno.EACCES, errno.EPERM)
+        assert as_user(lambda: os.chmod(pinned, 0o755)) == errno.EPERM
+        assert as_user(lambda: delete(shared / "root@v1")) == errno.EPERM
+        assert (shared / "root@v1" / "part").read_bytes() == b"root's"
+        assert as_user(lambda: delete(pinned)) == 0
+        assert not pinned.exists()
+        assert (shared / "data" / "part").read_bytes() == b"mine"
+        assert sorted(os.listdir(shared)) == ["data", "root@v1", "rootdata"]

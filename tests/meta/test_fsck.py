@@ -88,6 +88,30 @@ def test_references_past_the_stored_end_are_cut_to_the_readable_bytes(fs: FsFact
     assert listing(fs.meta_url)["/c"] == C
 
 
+def test_a_read_only_snapshots_file_is_repaired_and_stays_read_only(fs: FsFactory) -> None:
+    meta = open_meta(fs.meta_url)
+    try:
+        c = meta.lookup(1, b"c")
+        meta.snapshot(c.ino, 1, b"c@v1", read_only=True)
+    finally:
+        meta.close()
+    # Both names claim 8 KiB more than their shared slice holds.
+    sql(fs.root, "UPDATE chunk_refs SET length = length + 8192 WHERE slice_id = ?",
+        (_slice_of(fs.root, b"c"),))
+    sql(fs.root, "UPDATE inodes SET size = size + 8192 WHERE ino IN "
+                 "(SELECT ino FROM dentries WHERE name IN (?, ?))", (b"c", b"c@v1"))
+    sql(fs.root, "UPDATE counters SET used_bytes = used_bytes + 16384 WHERE shard = 0")
+    repaired = fsck(fs.meta_url, repair=True)
+    assert not repaired.remaining and any("truncated /c@v1" in a for a in repaired.actions)
+    assert fsck(fs.meta_url).clean
+    assert listing(fs.meta_url)["/c@v1"] == C
+    meta = open_meta(fs.meta_url)
+    try:
+        assert meta.lookup(1, b"c@v1").immutable
+    finally:
+        meta.close()
+
+
 def test_a_dropped_entry_makes_the_file_unreachable_and_repair_links_it_into_lost_found(
         fs: FsFactory) -> None:
     ino = sql(fs.root, "SELECT ino FROM dentries WHERE name = ?", (b"c",))[0][0]

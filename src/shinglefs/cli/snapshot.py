@@ -10,6 +10,10 @@ database, so any user of a shared mount can version their own data.
 system, makes it in the metadata database from this process, as root (like
 ``policy``: whoever can open the metadata URL administers the file system),
 mounted or not; a mount shows the new name at its next lookup.
+``shinglefs snapshot --delete PATH`` removes a read-only snapshot on a mount:
+the daemon makes it writable (``MetaStore.make_writable``: root or its
+owner), then the tree is removed through the mount like ``rm -r``; a path
+that is no read-only snapshot is refused and kept.
 Errors are typed and printed by the boundary in ``cli.main``: a path that does
 not exist, a name that does, a tree copied into itself are exit 1; a
 malformed argument exit 2.
@@ -34,7 +38,8 @@ T = TypeVar("T")
 
 
 USAGE = ("shinglefs snapshot ./mnt/corpus ./mnt/corpus@v1 (paths on a mount), or "
-         "shinglefs snapshot META_URL /corpus /corpus@v1")
+         "shinglefs snapshot META_URL /corpus /corpus@v1; "
+         "shinglefs snapshot --delete ./mnt/corpus@v1")
 
 
 def _split(path: str) -> tuple[str, str]:
@@ -125,22 +130,93 @@ def _through_mount(first: str, second: str, read_only: bool) -> tuple[str, str, 
         return src, dst, None
 
 
+def _delete_through_mount(path: str) -> tuple[str, int]:
+    """Remove the read-only snapshot at ``path`` on a mount: the mount makes it
+    writable as the caller (fuse/requests.py), then it is removed like ``rm -r``.
+    Returns its path inside the file system and the entries removed."""
+    from shinglefs.fuse.requests import WRITABLE_XATTR
+    from shinglefs.meta.errors import FsError
+
+    _, inside = _entry_on_mount(path)
+    _split(inside)
+    absolute = os.path.abspath(path)
+    here, name = os.path.split(absolute)
+    why = {errno.ENOENT: f"{inside} does not exist",
+           errno.EINVAL: f"{inside} is not a read-only snapshot (nothing was removed; "
+                         "remove an ordinary tree with rm -r)",
+           errno.EPERM: f"{inside}: only root or its owner may delete it",
+           errno.EACCES: f"{posixpath.dirname(inside)}: permission denied"}
+    try:
+        os.setxattr(here, WRITABLE_XATTR, os.fsencode(name))
+    except OSError as exc:
+        code = exc.errno or errno.EIO
+        raise FsError(code, why.get(code, f"{inside}: {os.strerror(code)}")) from exc
+    try:  # a daemon that knows the request never stores it; an older one did
+        os.getxattr(here, WRITABLE_XATTR)
+    except OSError:
+        pass
+    else:
+        with contextlib.suppress(OSError):
+            os.removexattr(here, WRITABLE_XATTR)
+        raise FsError(errno.ENOTSUP, f"the mount of {path} runs an older ShingleFS that "
+                                     "cannot delete snapshots: unmount and mount it again")
+    return inside, _remove_tree(absolute)
+
+
+def _remove_tree(path: str) -> int:
+    """``rm -r path``; a read-only copy's directories lack write permission,
+    which their owner gives back first. Returns the entries removed."""
+    import shutil
+    import stat
+
+    if not os.path.isdir(path) or os.path.islink(path):
+        os.unlink(path)
+        return 1
+    count = 1
+    for top, dirs, files in os.walk(path):
+        mode = os.lstat(top).st_mode
+        if os.geteuid() != 0 and mode & (stat.S_IWUSR | stat.S_IXUSR) != (stat.S_IWUSR
+                                                                          | stat.S_IXUSR):
+            os.chmod(top, stat.S_IMODE(mode) | stat.S_IWUSR | stat.S_IXUSR)
+        count += len(dirs) + len(files)
+    shutil.rmtree(path)
+    return count
+
+
 def snapshot_command(
     first: str = typer.Argument(
-        ..., metavar="URL|SRC", help="metadata URL, or the source on a mount"),
-    second: str = typer.Argument(
-        ..., metavar="SRC|DST", help="with a URL: the source, an absolute path in the file "
-                                     "system; else the new copy on the same mount"),
+        ..., metavar="URL|SRC", help="metadata URL, or the source on a mount (with --delete: "
+                                     "the read-only snapshot to remove)"),
+    second: str | None = typer.Argument(
+        None, metavar="SRC|DST", help="with a URL: the source, an absolute path in the file "
+                                      "system; else the new copy on the same mount"),
     third: str | None = typer.Argument(
         None, metavar="[DST]", help="with a URL: the new copy, an absolute path"),
     read_only: bool = typer.Option(
-        False, "--read-only", help="clear every write permission bit in the copy"),
+        False, "--read-only", help="an immutable copy: no one, root included, may change it "
+                                   "until it is deleted with --delete"),
+    delete: bool = typer.Option(
+        False, "--delete", help="remove the read-only snapshot FIRST (a path on a mount)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Copy a file or a directory tree instantly, sharing its data (copy on write)."""
     from shinglefs.cli.policy import opened_meta, resolve_path
 
     started = time.perf_counter()
+    if delete:
+        if second is not None or read_only:
+            raise UsageError("--delete takes one path on a mount, and no other option",
+                             hint="name only the read-only snapshot, by its path on a mount")
+        gone, count = _delete_through_mount(first)
+        took = time.perf_counter() - started
+        if as_json:
+            typer.echo(json.dumps({"deleted": gone, "entries": count,
+                                   "seconds": round(took, 3)}))
+        else:
+            typer.echo(f"{gone}: deleted ({count} entries, {took:.2f} s)")
+        return
+    if second is None:
+        raise UsageError("a snapshot needs a source and a new name", hint=USAGE)
     if third is None:
         src, dst, ino = _through_mount(first, second, read_only)
     else:

@@ -537,11 +537,21 @@ class ShingleFS:
         """Make ``dst`` an instant copy of the file or tree ``src`` that shares its
         data (``MetaStore.snapshot``): what is committed now (closed or fsynced
         files); later writes to either never show in the other. A symlink
-        ``src`` is copied as a link unless ``follow_symlinks``."""
+        ``src`` is copied as a link unless ``follow_symlinks``. A ``read_only``
+        copy is immutable: every change is refused (PermissionError), root's
+        too, until ``make_writable``."""
         attr = self._resolve(src, follow=follow_symlinks)
         parent, name = self._parent(dst)
         with _as_oserror(src, dst):
             self.vfs.snapshot(attr.ino, parent, name, self.ctx, read_only=read_only)
+
+    def make_writable(self, path: str) -> int:
+        """Make the read-only snapshot at ``path`` (not followed if a symlink) an
+        ordinary tree that can be changed or removed (``MetaStore.make_writable``;
+        root or its owner); returns how many of its inodes were read-only."""
+        attr = self._resolve(path, follow=False)
+        with _as_oserror(path):
+            return self.vfs.make_writable(attr.ino, self.ctx)
 
     def truncate(self, path: str, size: int) -> None:
         attr = self._resolve(path)

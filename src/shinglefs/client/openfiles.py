@@ -74,7 +74,7 @@ class OpenFiles:
             attr = self.meta.getattr(ino)
             if attr.is_dir:
                 raise FsError(errno.EISDIR, f"inode {ino} is a directory", ino=ino)
-            self._access_for_flags(ino, flags, ctx)
+            self._access_for_flags(attr, flags, ctx)
             self.meta.open_file(self._session(), ino)
         except FsError as exc:
             if exc.errno != errno.ENOENT:
@@ -106,7 +106,7 @@ class OpenFiles:
             self.inodes.dirs.touched(parent, attr.ctime_ns)
         try:
             if not made:
-                self._access_for_flags(attr.ino, flags, ctx)
+                self._access_for_flags(attr, flags, ctx)
             if flags & os.O_TRUNC and not made:
                 attr = self._truncate_on_open(attr, ctx)
             fh = self._attach(attr.ino, flags, attr)
@@ -142,16 +142,20 @@ class OpenFiles:
         attr = self.meta.getattr(ino)
         return self.inodes.stamp(ino) != (attr.mtime_ns, attr.ctime_ns, attr.size)
 
-    def _access_for_flags(self, ino: int, flags: int, ctx: Ctx) -> None:
-        if ctx.is_root:
-            return
+    def _access_for_flags(self, attr: InodeAttr, flags: int, ctx: Ctx) -> None:
+        """May ``ctx`` open ``attr``'s file with ``flags``: EACCES by its mode bits
+        (root passes), EPERM for writing a read-only snapshot's file (anyone)."""
         mode = flags & os.O_ACCMODE
         mask = {os.O_RDONLY: os.R_OK, os.O_WRONLY: os.W_OK, os.O_RDWR: os.R_OK | os.W_OK}.get(
             mode, os.R_OK
         )
         if flags & os.O_TRUNC:
             mask |= os.W_OK
-        self.meta.access(ctx, ino, mask)
+        if mask & os.W_OK and attr.immutable:
+            raise FsError(errno.EPERM, f"inode {attr.ino} is part of a read-only snapshot",
+                          ino=attr.ino)
+        if not ctx.is_root:
+            self.meta.access(ctx, attr.ino, mask)
 
     def _truncate_on_open(self, attr: InodeAttr, ctx: Ctx) -> InodeAttr:
         """O_TRUNC of an existing file: empty it, including bytes this client

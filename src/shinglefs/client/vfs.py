@@ -327,6 +327,13 @@ class VFS:
         self.jobs.retention.note(parent)
         return attr
 
+    def make_writable(self, ino: int, ctx: Ctx = ROOT_CTX) -> int:
+        """``MetaStore.make_writable``: the read-only snapshot at ``ino`` becomes
+        an ordinary tree; returns how many of its inodes were immutable."""
+        self._check_open()
+        self.inodes.dirs.clear()
+        return self.meta.make_writable(ino, ctx)
+
     def snapshot_path(self, src: bytes, parent: int, name: bytes, ctx: Ctx = ROOT_CTX, *,
                       read_only: bool = False) -> InodeAttr:
         """``snapshot`` of the entry at ``src``, an absolute path inside the file

@@ -40,7 +40,13 @@ import trio
 
 from shinglefs.client.vfs import VFS, Declined, SetAttrChanges
 from shinglefs.errors import ShingleError
-from shinglefs.fuse.requests import SNAPSHOT_XATTR, TIER_MOVE_XATTR, parse_snapshot_request
+from shinglefs.fuse.requests import (
+    SNAPSHOT_XATTR,
+    TIER_MOVE_XATTR,
+    WRITABLE_XATTR,
+    parse_entry_name,
+    parse_snapshot_request,
+)
 from shinglefs.meta.api import Ctx
 
 log = logging.getLogger(__name__)
@@ -667,6 +673,10 @@ class ShingleOperations(pyfuse3.Operations):
             while len(self._moves) > 64:
                 self._moves.pop(next(iter(self._moves)))
             return
+        if name == WRITABLE_XATTR:  # a request, never stored (fuse/requests.py)
+            await self._call("make-writable", True, self._make_writable, inode, value,
+                             self._ctx(ctx), ino=inode)
+            return
         if name == SNAPSHOT_XATTR:  # a request, never stored (fuse/requests.py)
             # Always in a worker thread: a big tree's copy takes seconds.
             await self._call("snapshot", True, self._snapshot, inode, value, self._ctx(ctx),
@@ -675,6 +685,13 @@ class ShingleOperations(pyfuse3.Operations):
         # pyfuse3 checks XATTR_CREATE/REPLACE itself (getxattr first) and passes no flags.
         await self._meta("setxattr", self.vfs.setxattr, inode, name, value, 0, self._ctx(ctx),
                          ino=inode)
+
+    def _make_writable(self, parent: int, request: bytes, ctx: Ctx) -> None:
+        """The read-only snapshot named ``request`` in ``parent`` made writable;
+        EINVAL when nothing in it was read-only (it is no read-only snapshot)."""
+        ino = self.vfs.lookup(parent, parse_entry_name(request), ctx).ino
+        if not self.vfs.make_writable(ino, ctx):
+            raise pyfuse3.FUSEError(errno.EINVAL)
 
     def _snapshot(self, parent: int, request: bytes, ctx: Ctx) -> None:
         src, name, read_only = parse_snapshot_request(request)

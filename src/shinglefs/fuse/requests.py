@@ -4,6 +4,11 @@ caller (the kernel and the metadata engine check the caller's permissions,
 as for any file operation), commits what the mount still buffers first, and
 needs no access to the metadata database.
 
+``shinglefs snapshot --delete PATH`` sends ``WRITABLE_XATTR`` with PATH's
+name to its directory: the daemon clears the read-only snapshot's
+immutability as the caller (root or its owner), and the command then removes
+the tree through the mount like ``rm -r``.
+
 ``shinglefs policy DIR --tier T --move`` sends ``TIER_MOVE_XATTR`` the same
 way: the daemon moves DIR's existing data to its tier before ``setxattr``
 returns.
@@ -29,6 +34,10 @@ SNAPSHOT_XATTR = b"user.shinglefs.snapshot"
 # the tier its directories set (``VFS.move_to_tier``); reading it afterwards
 # gives that move's figures as JSON (``files``, ``chunks``, ``skipped``).
 TIER_MOVE_XATTR = b"user.shinglefs.tier-move"
+# Set on a directory, the value an entry's name: the daemon makes that read-only
+# snapshot writable (``VFS.make_writable``) so that it can be removed
+# (``shinglefs snapshot --delete``); EINVAL when no inode of it was read-only.
+WRITABLE_XATTR = b"user.shinglefs.make-writable"
 _VERSION = b"snapshot-1"
 _FLAGS = {b"rw": False, b"ro": True}
 PATH_MAX = 4096  # as the kernel refuses a longer path (ENAMETOOLONG)
@@ -39,6 +48,14 @@ def snapshot_request(src: bytes, name: bytes, read_only: bool) -> bytes:
     (an absolute path inside the file system, not followed if a symlink)."""
     flag = b"ro" if read_only else b"rw"
     return b"\0".join((_VERSION, src, name, flag))
+
+
+def parse_entry_name(value: bytes) -> bytes:
+    """The entry name a ``WRITABLE_XATTR`` request carries; EINVAL for anything
+    that is not one name."""
+    if not value or b"/" in value or b"\0" in value or value in (b".", b".."):
+        raise FsError(errno.EINVAL, f"not an entry name: {value[:80]!r}")
+    return value
 
 
 def parse_snapshot_request(value: bytes) -> tuple[bytes, bytes, bool]:

@@ -37,6 +37,7 @@ from shinglefs.meta.records import (
     CHUNK_SIZE,
     F_OK,
     FIRST_COOKIE,
+    IMMUTABLE,
     INLINE_SLICE_BIT,
     LINK_MAX,
     LOCAL_SERVER,
@@ -418,13 +419,23 @@ class MetaStore(ServerRegistry):
         transaction, the source as committed at that instant. Modes, owners,
         times (ctime: now), xattrs, symlinks, hard links inside the tree and
         directory policy are copied, retention rules are not; ``read_only``
-        clears every write bit of the copy. Writes to either side later never
+        clears every write bit of the copy and makes every inode of it
+        ``IMMUTABLE`` (a copy of a read-only copy is writable unless asked
+        for read-only too). Writes to either side later never
         show in the other. A user's (not root's) copy is theirs, without
         set-id bits or extended attributes other than ``user.*``/``system.*``.
         EEXIST, ENOENT (also for an unlinked ``src``), ENOTDIR, EACCES (``ctx``
         may not read the tree or write ``parent``), EPERM (a user's copy of a
-        device node), EINVAL (``parent`` inside ``src``), EMLINK; a refusal
-        changes nothing. Returns the copy's attributes."""
+        device node; ``parent`` immutable), EINVAL (``parent`` inside ``src``),
+        EMLINK; a refusal changes nothing. Returns the copy's attributes."""
+
+    @abstractmethod
+    def make_writable(self, ino: int, ctx: Ctx = ROOT_CTX) -> int:
+        """Clear ``IMMUTABLE`` on ``ino`` and every inode below it (a read-only
+        snapshot becomes an ordinary tree that can be changed or removed;
+        its modes stay as they are), in one transaction. Only root or the
+        owner of ``ino`` may: EPERM. ENOENT for an inode that is gone.
+        Returns how many inodes were immutable."""
 
     @abstractmethod
     def symlink(self, parent: int, name: bytes, target: bytes, ctx: Ctx = ROOT_CTX) -> InodeAttr:
@@ -716,7 +727,7 @@ class MetaStore(ServerRegistry):
 
 
 __all__ = [
-    "BLOCK_SIZE", "CHUNK_SIZE", "FIRST_COOKIE", "F_OK", "INLINE_SLICE_BIT", "LINK_MAX",
+    "BLOCK_SIZE", "CHUNK_SIZE", "FIRST_COOKIE", "F_OK", "IMMUTABLE", "INLINE_SLICE_BIT", "LINK_MAX",
     "LOCAL_SERVER", "NAME_MAX", "RENAME_EXCHANGE", "RENAME_NOREPLACE", "REPAIR_AFTER_S",
     "ROOT_CTX", "ROOT_INO", "R_OK", "SERVER_HEARTBEAT_S", "SERVER_TIMEOUT_S",
     "SLICE_RECORDS_BATCH", "SYMLINK_MAX", "TIERS", "UTIME_NOW", "UTIME_OMIT", "W_OK",

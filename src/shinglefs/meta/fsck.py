@@ -35,7 +35,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shinglefs.meta import schema as S
-from shinglefs.meta.api import INLINE_SLICE_BIT, LOCAL_SERVER, Replica, SliceRef, is_inline_slice
+from shinglefs.meta.api import (
+    IMMUTABLE,
+    INLINE_SLICE_BIT,
+    LOCAL_SERVER,
+    Replica,
+    SliceRef,
+    is_inline_slice,
+)
 from shinglefs.meta.backend import Tx
 from shinglefs.meta.check import (
     COUNTER_PASSES,
@@ -108,6 +115,10 @@ def _bad_refs(tx: Tx, ino: int, stored: dict[int, int],
     return first, bad
 
 
+def _set_flags(tx: Tx, ino: int, flags: int) -> None:
+    tx.run("UPDATE inodes SET flags = ? WHERE ino = ?", (flags, ino))
+
+
 def _truncate_unreadable(ctx: CheckContext, found: list[Finding]) -> None:
     """Truncate each file referencing the found slices to its first unreadable
     byte, then trim the (now hidden) references to bytes the drives lack."""
@@ -117,13 +128,22 @@ def _truncate_unreadable(ctx: CheckContext, found: list[Finding]) -> None:
         f"SELECT DISTINCT ino FROM chunk_refs WHERE slice_id IN ({marks})", list(stored)),
         "read")]
     for ino in inos:
-        def look(tx: Tx, ino: int = ino) -> tuple[Any, Any, Any]:
-            return (tx.one("SELECT size FROM inodes WHERE ino = ?", (ino,))[0], path_of(tx, ino),
-                    _bad_refs(tx, ino, stored, ctx.chunk_size))
+        def look(tx: Tx, ino: int = ino) -> tuple[Any, Any, Any, Any]:
+            size, flags = tx.one("SELECT size, flags FROM inodes WHERE ino = ?", (ino,))
+            return (size, flags, path_of(tx, ino), _bad_refs(tx, ino, stored, ctx.chunk_size))
 
-        size, path, (first, _bad) = ctx.run(look, "read")
+        size, flags, path, (first, _bad) = ctx.run(look, "read")
         if first is not None and first < size:
-            ctx.meta.truncate(ino, first)
+            # A read-only snapshot's file is repaired too: immutable for users,
+            # not for the repair (its flag is put back at once).
+            frozen = bool(flags & IMMUTABLE)
+            if frozen:
+                ctx.run(functools.partial(_set_flags, ino=ino, flags=flags & ~IMMUTABLE))
+            try:
+                ctx.meta.truncate(ino, first)
+            finally:
+                if frozen:
+                    ctx.run(functools.partial(_set_flags, ino=ino, flags=flags))
             ctx.log.append(f"truncated {path} (inode {ino}) from {size} to {first} bytes: "
                            "the rest is on no drive")
 

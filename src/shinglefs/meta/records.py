@@ -87,6 +87,14 @@ class Ctx:
 ROOT_CTX: Final = Ctx()
 
 
+IMMUTABLE = 0x10
+"""``InodeAttr.flags`` bit of an inode of a read-only snapshot (the value of
+Linux's ``FS_IMMUTABLE_FL``): no one, root included, may write it, change
+its attributes or extended attributes, link, rename or remove it, or (a
+directory) add or remove its entries: EPERM, as ``chattr +i`` gives.
+``MetaStore.make_writable`` clears it on a tree."""
+
+
 @dataclass(frozen=True, slots=True)
 class InodeAttr:
     """The attributes of one inode. ``mode`` is ``st_mode`` including the type bits."""
@@ -125,6 +133,11 @@ class InodeAttr:
     def blocks(self) -> int:
         """``st_blocks``: 512-byte units, from the logical size (holes not subtracted)."""
         return (self.size + 511) // 512
+
+    @property
+    def immutable(self) -> bool:
+        """Part of a read-only snapshot (``IMMUTABLE``): no one may change it."""
+        return bool(self.flags & IMMUTABLE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -447,6 +460,7 @@ __all__ = [
     "CHUNK_SIZE",
     "FIRST_COOKIE",
     "F_OK",
+    "IMMUTABLE",
     "INLINE_SLICE_BIT",
     "LINK_MAX",
     "LOCAL_SERVER",

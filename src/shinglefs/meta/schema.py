@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from shinglefs.meta.records import IMMUTABLE
+
 SCHEMA_VERSION = 7
 # Version 1 kept the drive list as the root xattr below; opening a version-1
 # database migrates it into the drives table (engine/format.py).
@@ -40,6 +42,9 @@ SCHEMA_VERSION = 7
 V1_DRIVES_XATTR = b"trusted.shinglefs.drives"
 
 # Inode columns in the order InodeAttr takes them.
+# The guard of a write that must not touch an immutable inode (a read-only
+# snapshot's, ``records.IMMUTABLE``): the row is then not found.
+MUTABLE = f"AND (flags & {IMMUTABLE}) = 0"
 INODE_COLS = (
     "ino, mode, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, rdev, generation, flags"
 )
@@ -390,16 +395,17 @@ DEL_XATTRS_OF = "DELETE FROM xattrs WHERE ino = ?"
 TOUCH_PARENT_FOR_INSERT = (
     "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, next_cookie = next_cookie + 1, "
     "nlink = nlink + ? WHERE ino = ? "
-    "RETURNING mode, uid, gid, nlink, next_cookie - 1, tier, retention"
+    "RETURNING mode, uid, gid, nlink, next_cookie - 1, tier, retention, flags"
 )
 TOUCH_DIR = "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, nlink = nlink + ? WHERE ino = ?"
 # A new entry's directory (what the checks and inheritance need) and what the
 # name holds now (the child's INODE_COLS from column 6; NULLs for none).
 PARENT_AND_CHILD = (
-    f"SELECT p.mode, p.uid, p.gid, p.nlink, p.tier, p.retention, {INODE_COLS_I} FROM inodes p "
-    "LEFT JOIN dentries d ON d.parent = p.ino AND d.name = ? "
+    f"SELECT p.mode, p.uid, p.gid, p.nlink, p.tier, p.retention, {INODE_COLS_I}, p.flags "
+    "FROM inodes p LEFT JOIN dentries d ON d.parent = p.ino AND d.name = ? "
     "LEFT JOIN inodes i ON i.ino = d.ino WHERE p.ino = ?"
 )
+PARENT_AND_CHILD_FLAGS = 18  # the column of the parent's flags (after the child's 12)
 # The new name, with the cookie TOUCH_PARENT_TAKE_COOKIE just took; a name
 # that exists fails the statement (primary key). With the parent's mode,
 # owner and group as the creating transaction read them: when they changed
@@ -407,11 +413,12 @@ PARENT_AND_CHILD = (
 # the cookie is NULL and the statement fails its NOT NULL constraint.
 TOUCH_PARENT_TAKE_COOKIE = (
     "UPDATE inodes SET mtime_ns = ?, ctime_ns = ?, next_cookie = next_cookie + 1, "
-    "nlink = nlink + ? WHERE ino = ? AND mode = ? AND uid = ? AND gid = ?"
+    f"nlink = nlink + ? WHERE ino = ? AND mode = ? AND uid = ? AND gid = ? {MUTABLE}"
 )
 INS_NEW_DENTRY = (
     "INSERT INTO dentries (parent, name, ino, cookie) VALUES (?, ?, ?, "
-    "(SELECT next_cookie - 1 FROM inodes WHERE ino = ? AND mode = ? AND uid = ? AND gid = ?))"
+    f"(SELECT next_cookie - 1 FROM inodes WHERE ino = ? AND mode = ? AND uid = ? AND gid = ? "
+    f"{MUTABLE}))"
 )
 TAKE_COOKIE = (
     "UPDATE inodes SET next_cookie = next_cookie + 1 WHERE ino = ? RETURNING next_cookie - 1"
@@ -470,10 +477,11 @@ LOOKUP = (
     "LEFT JOIN dentries d ON d.parent = p.ino AND d.name = ? WHERE p.ino = ?"
 )
 LOOKUP_ATTR = (
-    f"SELECT p.mode, p.uid, p.gid, p.parent, {INODE_COLS_I} FROM inodes p "
+    f"SELECT p.mode, p.uid, p.gid, p.parent, {INODE_COLS_I}, p.flags FROM inodes p "
     "LEFT JOIN dentries d ON d.parent = p.ino AND d.name = ? "
     "LEFT JOIN inodes i ON i.ino = d.ino WHERE p.ino = ?"
 )
+LOOKUP_ATTR_FLAGS = 16  # the column of the parent's flags (after the child's 12)
 SEL_DENTRY = "SELECT ino, cookie FROM dentries WHERE parent = ? AND name = ?"
 DEL_DENTRY = "DELETE FROM dentries WHERE parent = ? AND name = ?"
 MOVE_DENTRY = "UPDATE dentries SET parent = ?, name = ?, cookie = ? WHERE parent = ? AND name = ?"
@@ -501,7 +509,7 @@ DEL_XATTR = "DELETE FROM xattrs WHERE ino = ? AND name = ?"
 # regular file (32768: S_IFREG, 61440: S_IFMT), which rolls the commit back.
 GROW_FILE_ATTR = (
     "{refuse_empty_open}UPDATE inodes SET size = {greatest}(size, ?), mtime_ns = ?, "
-    "ctime_ns = ? WHERE ino = ? AND (mode & 61440) = 32768 "
+    f"ctime_ns = ? WHERE ino = ? AND (mode & 61440) = 32768 {MUTABLE} "
     f"RETURNING {INODE_COLS}{{refuse_empty_close}}"
 )
 # The statfs counters grow by what a file grows by, read from the inode row

@@ -39,7 +39,8 @@ somewhere: retried on a later pass). A pass removes at most
 next, so a huge old tree never holds up the client's other background jobs.
 
 What it never does: delete anything in a directory without a rule, delete a
-counted entry among the N newest, follow a symlink out of the directory, or
+counted entry among the N newest, delete a read-only snapshot (immutable: an
+old checkpoint pinned with ``shinglefs snapshot --read-only`` stays, beyond the N), follow a symlink out of the directory, or
 delete hidden or ``.tmp`` entries other than its own ``.shinglefs-retired.*``.
 """
 
@@ -218,6 +219,10 @@ class Retention:
                 self.meta.rename(ino, name, ino, retired, RENAME_NOREPLACE, ROOT_CTX)
             except FsError as exc:
                 if exc.errno in (errno.ENOENT, errno.EEXIST):  # another client has it
+                    continue
+                if exc.errno == errno.EPERM:  # a read-only snapshot: pinned, kept
+                    log.debug("retention %s of directory %d: %r is read-only, kept",
+                              rule, ino, name.decode(errors="replace"))
                     continue
                 raise
             self.retired += 1

@@ -21,7 +21,12 @@ from shinglefs.meta import schema as S
 from shinglefs.meta.backend import Tx
 from shinglefs.meta.engine.chunks import ChunkOps
 from shinglefs.meta.engine.core import attr_of, enoent, now_ns
-from shinglefs.meta.engine.permissions import check_setattr_rights, permits, privileges_dropped
+from shinglefs.meta.engine.permissions import (
+    check_mutable,
+    check_setattr_rights,
+    permits,
+    privileges_dropped,
+)
 from shinglefs.meta.errors import FsError
 from shinglefs.meta.records import (
     ROOT_CTX,
@@ -113,6 +118,7 @@ class AttributeOps(ChunkOps):
             a = attr_of(row)
             new_mode, new_uid, new_gid = a.mode, a.uid, a.gid
             new_size, new_atime, new_mtime = a.size, a.atime_ns, a.mtime_ns
+            check_mutable(a.flags, ino, "changing its attributes")
             if chown:
                 new_uid = a.uid if uid is None or uid == -1 else uid
                 new_gid = a.gid if gid is None or gid == -1 else gid
@@ -175,12 +181,15 @@ class AttributeOps(ChunkOps):
                 raise enoent(ino)
             # A tier stored before tiers were checked (any string was) stays
             # settable as it is: changing the rest of the policy keeps it.
-            if policy.tier != tx.one(S.SEL_POLICY, (ino,))[1]:
+            old = tx.one(S.SEL_POLICY, (ino,))
+            if policy.tier != old[1]:
                 check_tier(policy.tier)
             if not stat.S_ISDIR(row[1]):
                 raise FsError(E.ENOTDIR, f"inode {ino} is not a directory", ino=ino)
             if ctx.uid not in (0, row[2]):
                 raise FsError(E.EPERM, f"only the owner may set the policy of {ino}", ino=ino)
+            if policy.retention != old[2]:  # placement may change, the content may not
+                check_mutable(row[11], ino, "a retention rule")
             tx.run(S.SET_POLICY,
                    (policy.tier, policy.retention, policy.replicas, now_ns(), ino))
 

@@ -29,6 +29,7 @@ from shinglefs.meta import schema as S
 from shinglefs.meta.api import SLICE_RECORDS_BATCH
 from shinglefs.meta.backend import Mode, Tx
 from shinglefs.meta.engine.core import SqlCore, attr_of, enoent, now_ns
+from shinglefs.meta.engine.permissions import check_mutable
 from shinglefs.meta.errors import ChunkChanged, FsError, SliceStateError, TxConflict
 from shinglefs.meta.overlay import resolve
 from shinglefs.meta.records import (
@@ -91,10 +92,11 @@ class _Refused(Exception):
 
     def explain(self, tx: Tx) -> None:
         """Raise the precise error: ENOENT, EISDIR or EINVAL for an inode that
-        is no regular file, ``SliceStateError`` (ESTALE) for a slice queued for
+        is no regular file, EPERM for an immutable one, ``SliceStateError`` (ESTALE) for a slice queued for
         deletion or gone; return if the cause is not there any more."""
         if self.what == "inode":
-            file_attr(tx, self.key)
+            a = file_attr(tx, self.key)
+            check_mutable(a.flags, a.ino, "a write")
             return
         row = tx.one(S.SEL_SLICE_STATE, (self.key,))
         if row is None or row[0] == SliceState.TO_DELETE.value:

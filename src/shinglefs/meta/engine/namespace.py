@@ -22,6 +22,7 @@ from shinglefs.meta.backend import Tx
 from shinglefs.meta.engine.core import SqlCore, attr_of, enoent, now_ns
 from shinglefs.meta.engine.permissions import (
     check_may_write_dir,
+    check_mutable,
     check_parent,
     permits,
     sticky_ok,
@@ -164,6 +165,7 @@ class NamespaceOps(SqlCore):
 
         if row[6] is not None:
             raise name_exists()  # before EACCES, as on Linux
+        check_mutable(row[S.PARENT_AND_CHILD_FLAGS], parent, "a new entry")
         check_may_write_dir(pmode, puid, pgid, ctx, parent)
         seen = (pmode, puid, pgid)  # as checked: the writes apply only if still so
         tx.put(S.TOUCH_PARENT_TAKE_COOKIE, (now, now, 1 if is_dir else 0, parent, *seen))
@@ -277,7 +279,9 @@ class NamespaceOps(SqlCore):
         name exists and the create is not exclusive (the file is opened)."""
         if not (stat.S_ISDIR(seen[0]) and permits(seen[0], seen[1], seen[2], ctx, W_OK | X_OK)):
             raise _NotAsSeen()
-        row = (*seen, 0, None, None, None)  # PARENT_AND_CHILD's parent part; no child
+        # PARENT_AND_CHILD's row as seen: no child; flags 0, as the writes
+        # check (an immutable parent fails them: _NotAsSeen, then read anew).
+        row = (*seen, 0, None, None, *(None,) * 12, 0)
 
         def txn(tx: Tx) -> InodeAttr:
             attr = self._new_inode(tx, parent, name, ino, mode, ctx, now_ns(), row=row,
@@ -323,7 +327,9 @@ class NamespaceOps(SqlCore):
                     ino=new_parent,
                     name=new_name,
                 )
+            check_mutable(prow[7], new_parent, "a new entry")
             check_may_write_dir(prow[0], prow[1], prow[2], ctx, new_parent)
+            check_mutable(a.flags, ino, "a new link")
             if a.is_dir:
                 raise FsError(E.EPERM, f"cannot hard-link directory {ino}", ino=ino)
             if a.nlink >= LINK_MAX:
@@ -360,11 +366,13 @@ class NamespaceOps(SqlCore):
         pmode, puid, pgid = row[0], row[1], row[2]
         victim = attr_of(row, 4)
         self._lock_rows(tx, parent, victim.ino)
+        check_mutable(row[S.LOOKUP_ATTR_FLAGS], parent, "removing an entry")
         check_may_write_dir(pmode, puid, pgid, ctx, parent)
         if not sticky_ok(pmode, puid, victim.uid, ctx):
             raise FsError(
                 E.EPERM, f"sticky directory {parent}: {name!r} is not yours", ino=parent, name=name
             )
+        check_mutable(victim.flags, victim.ino, "removing it")
         if want_dir and not victim.is_dir:
             raise FsError(E.ENOTDIR, f"{name!r} is not a directory", ino=victim.ino, name=name)
         if not want_dir and victim.is_dir:

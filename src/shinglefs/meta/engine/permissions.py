@@ -4,7 +4,8 @@
 clients use it too; ``check_setattr_rights`` is who
 may make a ``setattr`` change; ``check_parent`` is the check every operation
 on a directory entry makes of its parent; ``sticky_ok`` the sticky-bit rule
-for removing or replacing an entry. Each raises ``FsError`` or answers a bool;
+for removing or replacing an entry; ``check_mutable`` refuses any change of
+a read-only snapshot's inode, root's included. Each raises ``FsError`` or answers a bool;
 none changes anything.
 """
 
@@ -15,7 +16,15 @@ import stat
 from typing import Any
 
 from shinglefs.meta.errors import FsError
-from shinglefs.meta.records import UTIME_NOW, W_OK, X_OK, Ctx, InodeAttr, permits
+from shinglefs.meta.records import IMMUTABLE, UTIME_NOW, W_OK, X_OK, Ctx, InodeAttr, permits
+
+
+def check_mutable(flags: int, ino: int, what: str) -> None:
+    """EPERM, whoever asks (root too), when ``flags`` mark an ``IMMUTABLE`` inode
+    (a read-only snapshot's): ``what`` is the change refused, for the message."""
+    if flags & IMMUTABLE:
+        raise FsError(E.EPERM, f"inode {ino} is part of a read-only snapshot: {what} refused "
+                               "(`shinglefs snapshot --delete` removes one)", ino=ino)
 
 
 def sticky_ok(pmode: int, puid: int, victim_uid: int, ctx: Ctx) -> bool:

@@ -10,7 +10,8 @@ Linux gives when several apply):
    replace an ancestor of the source (ENOTEMPTY; EINVAL for an exchange);
 4. two names of one inode: success, nothing changes;
 5. rights and types (``may_delete``/``may_create`` of each side): write and
-   search on both parents, the sticky bit, directory vs non-directory, write
+   search on both parents, the sticky bit, an immutable parent, source or
+   target (EPERM: a read-only snapshot's), directory vs non-directory, write
    permission on a directory that changes parent;
 6. emptiness of a replaced directory.
 
@@ -31,6 +32,7 @@ from shinglefs.meta.engine.core import SqlCore, attr_of, enoent, now_ns
 from shinglefs.meta.engine.namespace import check_name, no_entry
 from shinglefs.meta.engine.permissions import (
     check_may_write_dir,
+    check_mutable,
     check_parent,
     permits,
     sticky_ok,
@@ -50,7 +52,7 @@ from shinglefs.meta.records import (
 
 class RenameSides(NamedTuple):
     """Both ends of a rename as its transaction found them: each parent's
-    ``(mode, uid, gid)``, the source inode and the target inode (None: free);
+    ``(mode, uid, gid, flags)``, the source inode and the target inode (None: free);
     ``cross``: the entry changes directory. (A NamedTuple: built on every
     rename, it costs a fifth of a frozen dataclass's construction.)"""
 
@@ -58,8 +60,8 @@ class RenameSides(NamedTuple):
     old_name: bytes
     new_parent: int
     new_name: bytes
-    old_dir: tuple[int, int, int]
-    new_dir: tuple[int, int, int]
+    old_dir: tuple[int, int, int, int]
+    new_dir: tuple[int, int, int, int]
     src: InodeAttr
     dst: InodeAttr | None
     exchange: bool
@@ -89,15 +91,19 @@ def check_rename_rights(s: RenameSides, ctx: Ctx) -> None:
     """Step 5: may ``ctx`` take the source out of its directory and put it (or,
     for an exchange, the target too) into the other; do the types fit?"""
     src, dst = s.src, s.dst
-    omode, ouid, ogid = s.old_dir  # unpacked, not *-passed: a rename is a hot path
-    nmode, nuid, ngid = s.new_dir
+    omode, ouid, ogid, oflags = s.old_dir  # unpacked, not *-passed: a rename is a hot path
+    nmode, nuid, ngid, nflags = s.new_dir
+    check_mutable(oflags, s.old_parent, "removing an entry")
     check_may_write_dir(omode, ouid, ogid, ctx, s.old_parent)
     if not sticky_ok(omode, ouid, src.uid, ctx):
         raise FsError(E.EPERM, f"sticky directory {s.old_parent}: {s.old_name!r} is not yours")
+    check_mutable(src.flags, src.ino, "renaming it")
+    check_mutable(nflags, s.new_parent, "a new entry")
     check_may_write_dir(nmode, nuid, ngid, ctx, s.new_parent)
     if dst is not None:
         if not sticky_ok(nmode, nuid, dst.uid, ctx):
             raise FsError(E.EPERM, f"sticky directory {s.new_parent}: {s.new_name!r} is not yours")
+        check_mutable(dst.flags, dst.ino, "replacing it")
         if not s.exchange and src.is_dir and not dst.is_dir:
             raise FsError(E.ENOTDIR, f"{s.new_name!r} is not a directory", ino=dst.ino)
         if not s.exchange and not src.is_dir and dst.is_dir:
@@ -182,7 +188,8 @@ class RenameOps(SqlCore):
             )
         return RenameSides(
             old_parent, old_name, new_parent, new_name,
-            (srow[0], srow[1], srow[2]), (drow[0], drow[1], drow[2]),
+            (srow[0], srow[1], srow[2], srow[S.LOOKUP_ATTR_FLAGS]),
+            (drow[0], drow[1], drow[2], drow[S.LOOKUP_ATTR_FLAGS]),
             attr_of(srow, 4), dst, exchange, old_parent != new_parent,
         )  # fmt: skip
 

@@ -34,6 +34,12 @@ files lose their set-id bits, only ``user.*`` and ``system.*`` extended
 attributes come along (not ``security.capability`` or ``trusted.*``), and a
 tree holding a device node is refused (EPERM, as ``mknod`` would be).
 
+A read-only copy is immutable (``records.IMMUTABLE`` on every inode, write
+bits cleared): the metadata engine refuses every change to it with EPERM,
+root's included, until ``make_writable`` clears the flag on the tree (one
+transaction; root or the copy's owner). A copy of a read-only copy is
+writable unless asked for read-only too: that is how a version is restored.
+
 Inode numbers are taken before the transaction, as every operation does
 (``SqlCore._alloc``): the tree is counted in a read snapshot, that many
 numbers plus a margin are allocated at once, and a tree that grew past them
@@ -52,9 +58,19 @@ from shinglefs.meta import schema as S
 from shinglefs.meta.backend import Tx
 from shinglefs.meta.engine.core import SqlCore, attr_of, enoent, now_ns
 from shinglefs.meta.engine.namespace import check_new_name
-from shinglefs.meta.engine.permissions import check_may_write_dir, check_parent
+from shinglefs.meta.engine.permissions import check_may_write_dir, check_mutable, check_parent
 from shinglefs.meta.errors import FsError, TxConflict
-from shinglefs.meta.records import LINK_MAX, R_OK, ROOT_CTX, ROOT_INO, X_OK, Ctx, InodeAttr, permits
+from shinglefs.meta.records import (
+    IMMUTABLE,
+    LINK_MAX,
+    R_OK,
+    ROOT_CTX,
+    ROOT_INO,
+    X_OK,
+    Ctx,
+    InodeAttr,
+    permits,
+)
 
 SPARE_INODES = 64
 """Inode numbers allocated beyond the counted tree, for files made meanwhile."""
@@ -74,9 +90,10 @@ _COPY_INODE = (
     "INSERT INTO inodes (ino, mode, uid, gid, nlink, size, atime_ns, mtime_ns, ctime_ns, rdev, "
     "generation, flags, parent, next_cookie, tier, retention, target, replicas) "
     "SELECT ?, mode & ?, COALESCE(?, uid), COALESCE(?, gid), ?, size, atime_ns, mtime_ns, ?, "
-    "rdev, 1, flags, ?, "
+    "rdev, 1, (flags & ?) | ?, ?, "
     "next_cookie, tier, NULL, target, replicas FROM inodes WHERE ino = ?"
 )
+_THAW = "UPDATE inodes SET flags = flags & ?, ctime_ns = ? WHERE ino = ?"
 _COPY_DENTRY = "INSERT INTO dentries (parent, name, ino, cookie) VALUES (?, ?, ?, ?)"
 _COPY_XATTRS = "INSERT INTO xattrs (ino, name, value) SELECT ?, name, value FROM xattrs WHERE ino = ?"
 _COPY_CHUNKS = (
@@ -188,6 +205,23 @@ class SnapshotOps(SqlCore):
                 spare *= 4
         raise TxConflict(f"the tree under inode {src} kept growing while it was copied")
 
+    def make_writable(self, ino: int, ctx: Ctx = ROOT_CTX) -> int:
+        def txn(tx: Tx) -> int:
+            row = tx.one(S.SEL_INODE, (ino,))
+            if row is None:
+                raise enoent(ino)
+            root = attr_of(row)
+            if ctx.uid not in (0, root.uid):
+                raise FsError(E.EPERM, f"only root or the owner of inode {ino} may make it "
+                                       "writable", ino=ino)
+            now = now_ns()
+            frozen = [i for i, a in _walk(tx, root).attrs.items() if a.immutable]
+            for i in frozen:
+                tx.put(_THAW, (~IMMUTABLE, now, i))
+            return len(frozen)
+
+        return self._run(txn)
+
     def _alloc_range(self, count: int) -> int:
         """The first of ``count`` consecutive fresh inode numbers (one autocommit
         statement, outside any transaction, like ``_alloc``)."""
@@ -224,6 +258,7 @@ class SnapshotOps(SqlCore):
         pmode, puid, pgid, pnlink = row[:4]
         if row[6] is not None:
             raise FsError(E.EEXIST, f"{name!r} exists in directory {parent}", ino=parent, name=name)
+        check_mutable(row[S.PARENT_AND_CHILD_FLAGS], parent, "a new entry")
         check_may_write_dir(pmode, puid, pgid, ctx, parent)
         if stat.S_ISDIR(root.mode):
             self._refuse_inside(tx, root.ino, parent)
@@ -260,6 +295,7 @@ class SnapshotOps(SqlCore):
         group = seen[2] if seen[0] & stat.S_ISGID else ctx.gid
         owner = (None, None) if ctx.uid == 0 else (ctx.uid, group)
         size = 0
+        flags = IMMUTABLE if read_only else 0
         for ino in tree.inos:
             old = tree.attrs[ino]
             size += old.size
@@ -271,7 +307,8 @@ class SnapshotOps(SqlCore):
                 if ctx.uid != 0:
                     mask &= ~(stat.S_ISUID | stat.S_ISGID)
             home = new[tree.home[ino]] if ino in tree.home else parent
-            tx.put(_COPY_INODE, (new[ino], mask, *owner, nlink, now, home, ino))
+            tx.put(_COPY_INODE, (new[ino], mask, *owner, nlink, now, ~IMMUTABLE, flags, home,
+                                 ino))
             self._copy_xattrs(tx, ino, new[ino], ctx)
             if stat.S_ISREG(old.mode):
                 tx.put(_COPY_CHUNKS, (new[ino], ino))

@@ -13,7 +13,7 @@ from shinglefs.meta import schema as S
 from shinglefs.meta.backend import Tx
 from shinglefs.meta.engine.core import SqlCore, attr_of, enoent, now_ns
 from shinglefs.meta.engine.namespace import NAME_TYPES
-from shinglefs.meta.engine.permissions import permits
+from shinglefs.meta.engine.permissions import check_mutable, permits
 from shinglefs.meta.errors import FsError
 from shinglefs.meta.records import (
     R_OK,
@@ -44,11 +44,14 @@ def check_xattr_name(name: bytes) -> None:
 
 
 def xattr_target(tx: Tx, ino: int, ctx: Ctx, mask: int) -> InodeAttr:
-    """The inode whose xattrs are touched: ENOENT, or EACCES without ``mask``."""
+    """The inode whose xattrs are touched: ENOENT, or EACCES without ``mask``;
+    EPERM for a change (``W_OK``) of an immutable one."""
     row = tx.one(S.SEL_INODE, (ino,))
     if row is None:
         raise enoent(ino)
     a = attr_of(row)
+    if mask & W_OK:
+        check_mutable(a.flags, ino, "changing its extended attributes")
     if mask and not permits(a.mode, a.uid, a.gid, ctx, mask):
         raise FsError(E.EACCES, f"xattr access denied on inode {ino}", ino=ino)
     return a
