@@ -119,6 +119,41 @@ def test_the_servers_bring_existing_slices_up_to_a_raised_goal(
         fs.close()
 
 
+def test_copies_that_bring_a_slice_to_its_goal_go_to_its_tier(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+    """Three servers, each with a big SMR (cold) drive beside a smaller
+    conventional (hot) one: when a hot directory's goal rises, the new copies
+    go to the third server's hot drive, not to its freer cold one."""
+    from shinglefs.client.commit import split_drive_id
+    from tests.server.test_cluster_node import slices_of
+
+    for name in ("s1", "s2", "s3"):
+        drives = [f"emulated:{tmp_path / name}.img:{1024 * MiB}",
+                  f"conventional:{tmp_path / name}c.img:{512 * MiB}"]
+        servers.append(server := Server(meta_url, drives, free_port(), *FAST_REPAIR))
+        server.ready()
+    wait_until(lambda: live_count(meta) == 3, "three servers live")
+    tier_of = {(s.id, d.drive_id): d.tier for s in meta.list_servers() for d in s.drives}
+    data = os.urandom(20 * MiB + 7)
+    fs = shinglefs.connect(meta_url)
+    try:
+        fs.makedirs("/hot")
+        meta.set_policy(fs.stat("/hot").st_ino, DirPolicy(tier="hot", replicas=2))
+        fs.write_bytes("/hot/f.bin", data)
+        meta.set_policy(fs.stat("/hot").st_ino, DirPolicy(tier="hot", replicas=3))
+    finally:
+        fs.close()
+    wait_until(lambda: set(copies(meta, meta_url, "/hot/f.bin")) == {3},
+               "every slice of /hot on three servers", limit=60)
+    fs = shinglefs.connect(meta_url)
+    try:
+        placed = slices_of(meta, fs, "/hot/f.bin")
+        assert fs.read_bytes("/hot/f.bin") == data
+    finally:
+        fs.close()
+    assert {tier_of[split_drive_id(drive)] for _, drive in placed} == {"hot"}, placed
+
+
 def replicas_of(meta: MetaStore, meta_url: str, path: str) -> list[tuple[int, tuple[Replica, ...]]]:
     """``(slice id, its replicas)`` of every stored slice of ``path``."""
     fs = shinglefs.connect(meta_url)

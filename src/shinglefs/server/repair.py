@@ -15,7 +15,8 @@ Who copies: the server of a slice's first healthy replica, else of its first
 draining one (replicas in the order meta lists them), so two servers never
 copy one slice. While the slice has fewer healthy replicas than its goal, it
 reads the slice from its own drive and writes it whole to the freest online
-drive of a server live now (heartbeat within the clients' timeout: a present
+drive (of the slice's tier when one of them has room: docs/cluster.md,
+"Tiers") of a server live now (heartbeat within the clients' timeout: a present
 server may have died minutes ago) that holds no healthy replica of it
 (another rack where servers carry ``rack`` labels), flushes it there, and
 records the
@@ -248,8 +249,9 @@ class Repairer:
         healthy, draining = list(standing.healthy), standing.draining
         source = standing.sources[0]
         made = 0
+        tier = self._tier(info.group) if len(healthy) < standing.goal else None
         while len(healthy) < standing.goal:
-            target = _target(healthy, servers, live, offline)
+            target = _target(healthy, servers, live, offline, tier, info.length)
             if target is None:
                 break
             healthy.append(self._copy(info, int(source.drive), target, remotes))
@@ -262,6 +264,19 @@ class Repairer:
         elif len(healthy) > standing.goal:
             self._trim(info.id, healthy, standing.goal, source, servers, live, remotes)
         return made
+
+    def _tier(self, group: int) -> str | None:
+        """The tier ``group``'s new copies go to (its directory's, as placement
+        reads it: ``StorageNode.tier_of``), None when unknown or unreadable."""
+        lookup = self.node.tier_of
+        if lookup is None:
+            return None
+        try:
+            return lookup(group)
+        except Exception as exc:  # meta unreachable: copy anywhere rather than not at all
+            log.warning("the tier of group %d is unknown (%s): its copy goes anywhere", group,
+                        exc)
+            return None
 
     def _trim(self, slice_id: int, healthy: Sequence[Replica], goal: int, source: Replica,
               servers: Sequence[ServerRecord], live: Sequence[ServerRecord],
@@ -319,11 +334,13 @@ class Repairer:
 
 
 def _target(healthy: Sequence[Replica], servers: Sequence[ServerRecord],
-            live: Sequence[ServerRecord], offline: Collection[tuple[str, str]]
-            ) -> tuple[ServerRecord, int] | None:
+            live: Sequence[ServerRecord], offline: Collection[tuple[str, str]],
+            tier: str | None = None, length: int = 0) -> tuple[ServerRecord, int] | None:
     """The freest online drive of a ``live`` server holding no healthy replica
     (on a rack the present ``servers`` holding one do not use, when one is
-    left), or None."""
+    left), or None. Racks first, then ``tier`` as placement chooses: among
+    those servers a drive of ``tier`` with ``length`` bytes free when one has,
+    else any (the tier spills)."""
     used = {r.server for r in healthy}
     racks = {s.labels.get("rack") for s in servers if str(s.id) in used} - {None}
 
@@ -332,6 +349,9 @@ def _target(healthy: Sequence[Replica], servers: Sequence[ServerRecord],
 
     others = [s for s in live if str(s.id) not in used and drives(s)]
     elsewhere = [s for s in others if s.labels.get("rack") not in racks] or others
-    best = max(((d.free_bytes, s.id, d.drive_id, s) for s in elsewhere for d in drives(s)),
-               default=None, key=lambda t: (t[0], -t[1], -t[2]))
+    candidates = [(d.free_bytes, s.id, d.drive_id, s) for s in elsewhere for d in drives(s)
+                  if tier is None or (d.tier == tier and d.free_bytes >= length)]
+    if not candidates:  # no drive of the tier with room: the tier spills
+        candidates = [(d.free_bytes, s.id, d.drive_id, s) for s in elsewhere for d in drives(s)]
+    best = max(candidates, default=None, key=lambda t: (t[0], -t[1], -t[2]))
     return (best[3], best[2]) if best is not None and best[0] > 0 else None
