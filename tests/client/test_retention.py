@@ -120,6 +120,25 @@ def test_a_read_only_snapshot_among_old_checkpoints_is_kept(fs: ShingleFS) -> No
     assert names(fs, "/ckpt") == ["step-5", "step-6"]
 
 
+def test_a_read_only_copy_inside_an_old_checkpoint_keeps_that_checkpoint(
+        fs: ShingleFS) -> None:
+    """A file pinned inside step-1 (not step-1 itself) keeps step-1 whole and
+    visible; retention goes on around it, pass after pass."""
+    fs.makedirs("/ckpt")
+    policy(fs.vfs, "/ckpt", "keep-last=1")
+    save_step(fs, 1)
+    fs.snapshot("/ckpt/step-1/__0_0.distcp", "/ckpt/step-1/best.distcp", read_only=True)
+    save_step(fs, 2)
+    save_step(fs, 3)
+    assert enforce(fs) == 6  # step-2
+    assert names(fs, "/ckpt") == ["step-1", "step-3"]
+    assert len(fs.listdir("/ckpt/step-1")) == 5
+    for step in (4, 5):
+        save_step(fs, step)
+        assert enforce(fs) == 6
+    assert names(fs, "/ckpt") == ["step-1", "step-5"]
+
+
 def test_newest_is_the_order_of_arrival_not_the_name(fs: ShingleFS) -> None:
     fs.makedirs("/ckpt")
     policy(fs.vfs, "/ckpt", "keep-last=2")

@@ -300,6 +300,24 @@ def test_a_read_only_snapshot_is_immutable_even_for_root(fs: MountedFileSystem) 
         done.stderr
     assert read_all(corpus) == want
 
+    # Part of a snapshot, or an ordinary tree holding one: refused, nothing removed.
+    os.mkdir(fs.mountpoint / "proj")
+    (fs.mountpoint / "proj" / "main.py").write_bytes(b"code")
+    snapshot(str(corpus), str(fs.mountpoint / "proj" / "data@v1"), "--read-only")
+    for path, words in ((shard, "/v1/shard: not deleted"),
+                        (v1 / "latest", "/v1/latest: not deleted"),
+                        (fs.mountpoint / "proj", "/proj is not a read-only snapshot")):
+        done = subprocess.run([*shinglefs_command(), "snapshot", "--delete", str(path)],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1 and words in done.stderr, (path, done.stderr)
+    assert (fs.mountpoint / "proj" / "main.py").read_bytes() == b"code"
+    assert read_all(v1) == want == read_all(fs.mountpoint / "proj" / "data@v1")
+    with pytest.raises(PermissionError):
+        (shard / "new").write_bytes(b"x")
+    done = subprocess.run([*shinglefs_command(), "snapshot", "--delete", str(fs.mountpoint)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "root of its file system" in done.stderr, done.stderr
+
     # A writable copy of the read-only one restores the version.
     snapshot(str(v1), str(fs.mountpoint / "restored"))
     (fs.mountpoint / "restored" / "c.txt").write_bytes(b"changed")
@@ -350,7 +368,15 @@ def test_a_user_deletes_their_own_read_only_snapshot_and_no_one_elses() -> None:
         assert as_user(lambda: os.chmod(pinned, 0o755)) == errno.EPERM
         assert as_user(lambda: delete(shared / "root@v1")) == errno.EPERM
         assert (shared / "root@v1" / "part").read_bytes() == b"root's"
+        # Root pinned a tree of the user's holding another user's directory: the
+        # user cannot remove that one, so nothing is made writable.
+        assert as_user(lambda: (shared / "data" / "theirs").mkdir(mode=0o777)) == 0
+        os.chown(shared / "data" / "theirs", NOBODY - 1, NOBODY - 1)
+        pin(shared, "/shared/data", "mixed@v1")
+        assert as_user(lambda: delete(shared / "mixed@v1")) == errno.EPERM
+        with pytest.raises(PermissionError):
+            (shared / "mixed@v1" / "theirs" / "f").write_bytes(b"x")  # still read-only
         assert as_user(lambda: delete(pinned)) == 0
         assert not pinned.exists()
         assert (shared / "data" / "part").read_bytes() == b"mine"
-        assert sorted(os.listdir(shared)) == ["data", "root@v1", "rootdata"]
+        assert sorted(os.listdir(shared)) == ["data", "mixed@v1", "root@v1", "rootdata"]

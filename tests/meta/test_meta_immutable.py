@@ -147,7 +147,7 @@ def test_a_copy_of_a_read_only_copy_is_writable_unless_asked(meta, check):
 def test_make_writable_thaws_the_tree_so_it_can_be_removed(meta, check):
     src, v1, e = pinned(meta)
     assert meta.make_writable(v1.ino) == 6  # v1, a, sub, sub/b, d, link
-    assert meta.make_writable(v1.ino) == 0
+    assert errno_of(meta.make_writable, v1.ino) == E.EINVAL  # no snapshot any more
     assert not meta.getattr(v1.ino).immutable
     assert not meta.lookup(e[b"sub"].ino, b"b").immutable
     assert stat.S_IMODE(meta.getattr(e[b"a"].ino).mode) == 0o444  # modes stay
@@ -192,4 +192,30 @@ def test_a_slice_commit_to_an_immutable_file_is_refused_with_the_rest(meta, chec
     assert errno_of(meta.commit_slice, a.ino, 0, SliceRef(sid, 0, 10, 0), 10,
                     slice_length=10) == E.EPERM
     assert meta.getattr(a.ino).size == 5000
+    check()
+
+
+def test_only_a_whole_read_only_snapshot_is_made_writable(meta, check):
+    """Not a part of one (its directory or a file inside), and not an ordinary
+    tree that holds one: a user owning the directory around another user's
+    pinned copy cannot thaw it that way."""
+    src, _, e = pinned(meta)
+    assert errno_of(meta.make_writable, e[b"sub"].ino) == E.EPERM
+    assert errno_of(meta.make_writable, e[b"a"].ino) == E.EPERM
+    assert errno_of(meta.make_writable, src.ino) == E.EINVAL  # an ordinary tree
+    proj = meta.mkdir(ROOT_INO, b"proj", 0o777)
+    meta.setattr(proj.ino, uid=USER.uid, gid=USER.gid)
+    theirs = meta.snapshot(src.ino, proj.ino, b"data@v1", OTHER, read_only=True)
+    assert errno_of(meta.make_writable, proj.ino, USER) == E.EINVAL
+    assert errno_of(meta.make_writable, theirs.ino, USER) == E.EPERM
+    assert meta.getattr(theirs.ino).immutable and meta.getattr(e[b"sub"].ino).immutable
+    assert meta.getattr(e[b"a"].ino).immutable
+    check()
+
+
+def test_access_for_writing_is_refused_and_truncating_a_directory_is_eisdir(meta, check):
+    _, v1, e = pinned(meta)
+    assert errno_of(meta.access, ROOT_CTX, e[b"a"].ino, 2) == E.EPERM  # W_OK, root too
+    meta.access(ROOT_CTX, e[b"a"].ino, 4)  # R_OK is fine
+    assert errno_of(meta.truncate, v1.ino, 0) == E.EISDIR  # the type first, as Linux
     check()

@@ -124,8 +124,9 @@ def test_copies_that_bring_a_slice_to_its_goal_go_to_its_tier(
     """Three servers, each with a big SMR (cold) drive beside a smaller
     conventional (hot) one: when a hot directory's goal rises, the new copies
     go to the third server's hot drive, not to its freer cold one."""
-    from shinglefs.client.commit import split_drive_id
     from tests.server.test_cluster_node import slices_of
+
+    from shinglefs.client.commit import split_drive_id
 
     for name in ("s1", "s2", "s3"):
         drives = [f"emulated:{tmp_path / name}.img:{1024 * MiB}",

@@ -138,14 +138,20 @@ def _delete_through_mount(path: str) -> tuple[str, int]:
     from shinglefs.meta.errors import FsError
 
     _, inside = _entry_on_mount(path)
-    _split(inside)
+    if inside == "/":
+        raise UsageError(f"{path} is the root of its file system, not a snapshot",
+                         hint="name the read-only snapshot, e.g. ./mnt/corpus@v1")
     absolute = os.path.abspath(path)
     here, name = os.path.split(absolute)
     why = {errno.ENOENT: f"{inside} does not exist",
            errno.EINVAL: f"{inside} is not a read-only snapshot (nothing was removed; "
                          "remove an ordinary tree with rm -r)",
-           errno.EPERM: f"{inside}: only root or its owner may delete it",
+           errno.EPERM: f"{inside}: not deleted: only root or its owner may delete a "
+                        "read-only snapshot, and only a whole one",
            errno.EACCES: f"{posixpath.dirname(inside)}: permission denied"}
+    stuck = _not_removable(absolute)
+    if stuck is not None:  # refused while it is still read-only and whole
+        raise FsError(errno.EPERM, f"{inside}: {stuck}, which only root may remove")
     try:
         os.setxattr(here, WRITABLE_XATTR, os.fsencode(name))
     except OSError as exc:
@@ -160,7 +166,28 @@ def _delete_through_mount(path: str) -> tuple[str, int]:
             os.removexattr(here, WRITABLE_XATTR)
         raise FsError(errno.ENOTSUP, f"the mount of {path} runs an older ShingleFS that "
                                      "cannot delete snapshots: unmount and mount it again")
-    return inside, _remove_tree(absolute)
+    try:
+        return inside, _remove_tree(absolute)
+    except OSError as exc:
+        code = exc.errno or errno.EIO
+        raise FsError(code, f"{inside}: removing it failed ({os.strerror(code)}: "
+                            f"{exc.filename}); it is writable now: remove the rest with "
+                            "rm -r") from exc
+
+
+def _not_removable(path: str) -> str | None:
+    """Why the caller could not remove the tree at ``path`` once writable (a
+    user gives a directory back its write bit, which only its owner may),
+    or None. Root removes anything."""
+    if os.geteuid() == 0 or not os.path.isdir(path) or os.path.islink(path):
+        return None
+    failed: list[OSError] = []
+    for top, _dirs, _files in os.walk(path, onerror=failed.append):
+        if os.lstat(top).st_uid != os.geteuid():
+            return f"it holds {top}, another user's directory"
+    if failed:
+        return f"it holds {failed[0].filename}, a directory you cannot list"
+    return None
 
 
 def _remove_tree(path: str) -> int:

@@ -431,11 +431,14 @@ class MetaStore(ServerRegistry):
 
     @abstractmethod
     def make_writable(self, ino: int, ctx: Ctx = ROOT_CTX) -> int:
-        """Clear ``IMMUTABLE`` on ``ino`` and every inode below it (a read-only
-        snapshot becomes an ordinary tree that can be changed or removed;
-        its modes stay as they are), in one transaction. Only root or the
-        owner of ``ino`` may: EPERM. ENOENT for an inode that is gone.
-        Returns how many inodes were immutable."""
+        """Clear ``IMMUTABLE`` on the read-only snapshot ``ino`` and every inode
+        of it below (it becomes an ordinary tree that can be changed or
+        removed; its modes stay as they are), in one transaction. EINVAL when
+        ``ino`` is not immutable (an ordinary tree, even one holding a
+        snapshot, is refused whole), EPERM when it is inside a read-only
+        snapshot (only a whole snapshot thaws) or ``ctx`` is neither root nor
+        its owner, ENOENT for an inode that is gone. Returns how many inodes
+        were made writable."""
 
     @abstractmethod
     def symlink(self, parent: int, name: bytes, target: bytes, ctx: Ctx = ROOT_CTX) -> InodeAttr:

@@ -40,7 +40,8 @@ next, so a huge old tree never holds up the client's other background jobs.
 
 What it never does: delete anything in a directory without a rule, delete a
 counted entry among the N newest, delete a read-only snapshot (immutable: an
-old checkpoint pinned with ``shinglefs snapshot --read-only`` stays, beyond the N), follow a symlink out of the directory, or
+old checkpoint pinned with ``shinglefs snapshot --read-only`` stays beyond the
+N, and so does an old entry holding one anywhere below it), follow a symlink out of the directory, or
 delete hidden or ``.tmp`` entries other than its own ``.shinglefs-retired.*``.
 """
 
@@ -214,6 +215,10 @@ class Retention:
         keep = [e for e in entries if rule.counts(e[0])]
         removed = 0
         for name, child in keep[: max(0, len(keep) - rule.keep_last)]:
+            if self._pinned(child):
+                log.debug("retention %s of directory %d: %r holds a read-only snapshot, kept",
+                          rule, ino, name.decode(errors="replace"))
+                continue
             retired = RETIRED_PREFIX + str(child).encode()
             try:
                 self.meta.rename(ino, name, ino, retired, RENAME_NOREPLACE, ROOT_CTX)
@@ -233,6 +238,34 @@ class Retention:
             if name.startswith(RETIRED_PREFIX) and budget[0] > 0:
                 removed += self._remove(ino, name, budget)
         return removed
+
+    def _pinned(self, ino: int) -> bool:
+        """Does the tree at ``ino`` hold an inode of a read-only snapshot (one
+        pinned inside an old checkpoint keeps that whole checkpoint)? False
+        for one that is gone (its rename then finds nothing)."""
+        try:
+            top = self.meta.getattr(ino)
+            if top.immutable:
+                return True
+            dirs = [ino] if top.is_dir else []
+            while dirs:
+                cookie = 0
+                parent = dirs.pop()
+                while True:
+                    batch = self.meta.readdir(parent, cookie, 1024, ROOT_CTX)
+                    for e in batch:
+                        if e.attr.immutable:
+                            return True
+                        if stat.S_ISDIR(e.attr.mode):
+                            dirs.append(e.ino)
+                    if len(batch) < 1024:
+                        break
+                    cookie = batch[-1].cookie
+        except FsError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                return False
+            raise
+        return False
 
     def _entries(self, ino: int) -> list[tuple[bytes, int]]:
         """(name, inode) of every entry of ``ino``, oldest arrival first."""
@@ -258,7 +291,7 @@ class Retention:
                 budget[0] -= 1
                 return 1
         except FsError as exc:
-            if exc.errno == errno.ENOENT:
+            if exc.errno in (errno.ENOENT, errno.EPERM):  # gone, or read-only: kept
                 return 0
             raise
         removed = 0
@@ -275,7 +308,7 @@ class Retention:
         try:
             self.meta.rmdir(parent, name, ROOT_CTX)
         except FsError as exc:
-            if exc.errno in (errno.ENOENT, errno.ENOTEMPTY):
+            if exc.errno in (errno.ENOENT, errno.ENOTEMPTY, errno.EPERM):
                 return removed
             raise
         budget[0] -= 1

@@ -33,6 +33,7 @@ from shinglefs.meta.records import (
     TIERS,
     UTIME_NOW,
     UTIME_OMIT,
+    W_OK,
     Ctx,
     DirPolicy,
     InodeAttr,
@@ -118,6 +119,8 @@ class AttributeOps(ChunkOps):
             a = attr_of(row)
             new_mode, new_uid, new_gid = a.mode, a.uid, a.gid
             new_size, new_atime, new_mtime = a.size, a.atime_ns, a.mtime_ns
+            if size is not None:
+                check_resizable(a)  # EISDIR/EINVAL before EPERM, as Linux's truncate
             check_mutable(a.flags, ino, "changing its attributes")
             if chown:
                 new_uid = a.uid if uid is None or uid == -1 else uid
@@ -167,6 +170,8 @@ class AttributeOps(ChunkOps):
         row = self._run(lambda tx: tx.one(S.SEL_INODE, (ino,)), "single")
         if row is None:
             raise enoent(ino)
+        if mask & W_OK:  # access(2): EPERM for writing an immutable inode, root's too
+            check_mutable(row[11], ino, "writing it")
         if mask and not permits(row[1], row[2], row[3], ctx, mask):
             raise FsError(E.EACCES, f"access {mask:o} denied on inode {ino}", ino=ino)
 

@@ -94,6 +94,9 @@ _COPY_INODE = (
     "next_cookie, tier, NULL, target, replicas FROM inodes WHERE ino = ?"
 )
 _THAW = "UPDATE inodes SET flags = flags & ?, ctime_ns = ? WHERE ino = ?"
+_FLAGS_OF_PARENTS = (
+    "SELECT p.flags FROM dentries d JOIN inodes p ON p.ino = d.parent WHERE d.ino = ?"
+)
 _COPY_DENTRY = "INSERT INTO dentries (parent, name, ino, cookie) VALUES (?, ?, ?, ?)"
 _COPY_XATTRS = "INSERT INTO xattrs (ino, name, value) SELECT ?, name, value FROM xattrs WHERE ino = ?"
 _COPY_CHUNKS = (
@@ -137,8 +140,9 @@ class _Tree:
     home: dict[int, int] = field(default_factory=dict)  # each inode's first directory
 
 
-def _walk(tx: Tx, root: InodeAttr) -> _Tree:
-    """Every inode and entry below ``root`` (depth first), with their attributes."""
+def _walk(tx: Tx, root: InodeAttr, *, only_immutable: bool = False) -> _Tree:
+    """Every inode and entry below ``root`` (depth first), with their attributes;
+    ``only_immutable``: not below (nor) an inode that is not ``IMMUTABLE``."""
     tree = _Tree(root.ino, [root.ino], {root.ino: root})
     if not stat.S_ISDIR(root.mode):
         return tree
@@ -147,6 +151,8 @@ def _walk(tx: Tx, root: InodeAttr) -> _Tree:
         parent = dirs.pop()
         for row in tx.all(_CHILDREN, (parent,)):
             name, cookie, a = bytes(row[0]), row[1], attr_of(row, 2)
+            if only_immutable and not a.immutable:
+                continue
             tree.entries.append((parent, name, a.ino, cookie))
             tree.links[a.ino] += 1
             if stat.S_ISDIR(a.mode):
@@ -211,11 +217,16 @@ class SnapshotOps(SqlCore):
             if row is None:
                 raise enoent(ino)
             root = attr_of(row)
+            if not root.immutable:
+                raise FsError(E.EINVAL, f"inode {ino} is not a read-only snapshot", ino=ino)
+            if any(p[0] & IMMUTABLE for p in tx.all(_FLAGS_OF_PARENTS, (ino,))):
+                raise FsError(E.EPERM, f"inode {ino} is inside a read-only snapshot: only the "
+                                       "whole snapshot is made writable", ino=ino)
             if ctx.uid not in (0, root.uid):
                 raise FsError(E.EPERM, f"only root or the owner of inode {ino} may make it "
                                        "writable", ino=ino)
             now = now_ns()
-            frozen = [i for i, a in _walk(tx, root).attrs.items() if a.immutable]
+            frozen = _walk(tx, root, only_immutable=True).inos
             for i in frozen:
                 tx.put(_THAW, (~IMMUTABLE, now, i))
             return len(frozen)
