@@ -76,9 +76,18 @@ _pid = os.getpid()
 def _forked() -> None:
     global _pid
     _pid = os.getpid()
+    _IN_SQLITE.release()
 
 
-os.register_at_fork(after_in_child=_forked)
+# Held by the checkpoint thread while it is inside SQLite, and by ``fork()``:
+# a thread inside SQLite holds SQLite's own mutexes, and a child forked then
+# would wait for them forever (no thread of its own would ever release them).
+# The checkpointer is the one thread this module starts by itself, and it runs
+# every CHECKPOINT_INTERVAL_S while there are writes.
+_IN_SQLITE = threading.Lock()
+
+os.register_at_fork(before=_IN_SQLITE.acquire, after_in_parent=_IN_SQLITE.release,
+                    after_in_child=_forked)
 
 
 def process_id() -> int:
@@ -393,20 +402,23 @@ class SqliteBackend:
         """
         conn: sqlite3.Connection | None = None
         try:
-            conn = self._connect()
             while not stop.wait(CHECKPOINT_INTERVAL_S):
                 if not self._dirty:
                     continue
                 self._dirty = False
-                try:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                except sqlite3.Error:
-                    self._dirty = True
+                with _IN_SQLITE:  # not while the process forks (see _IN_SQLITE)
+                    if conn is None:
+                        conn = self._connect()
+                    try:
+                        conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    except sqlite3.Error:
+                        self._dirty = True
         except MetaUnavailable:
             return
         finally:
             if conn is not None:
-                conn.close()
+                with _IN_SQLITE:
+                    conn.close()
 
     def sync(self) -> None:
         """fsync the WAL (synchronous=NORMAL commits are written to it, not

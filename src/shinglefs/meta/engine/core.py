@@ -129,8 +129,7 @@ class SqlCore(MetaStore):
         """A fresh id of kind ``name`` (``ID_BATCH``), outside any transaction."""
         with self._lock:
             if self._pid != os.getpid():
-                self._ids.clear()
-                self._pid = os.getpid()
+                self._forked()
             nxt, end = self._ids.get(name, (0, 0))
             if nxt >= end:
                 batch = ID_BATCH[name]
@@ -177,11 +176,18 @@ class SqlCore(MetaStore):
         if os.getpid() != self._pid:
             with self._lock:
                 if os.getpid() != self._pid:
-                    self._ids.clear()
-                    self._pid = os.getpid()
-                    self._writer = random.getrandbits(62)
+                    self._forked()
         self._appended += 1
         return self._writer, next(self._seq)
+
+    def _forked(self) -> None:
+        """This store was carried into a forked child (called under ``_lock``):
+        the parent's id batches and counter-delta writer id are the parent's
+        alone. Whichever of ``_alloc``/``_delta_key`` notices first calls it,
+        so both see a new process exactly once."""
+        self._ids.clear()
+        self._pid = os.getpid()
+        self._writer = random.getrandbits(62)
 
     def _counters(self, tx: Tx, used_delta: int, inode_delta: int) -> None:
         """Append a change of the statfs counters (no shared row: module docstring)."""
