@@ -7,8 +7,8 @@ What it does, printing each step and its figures:
    files in DATA_DIR — and mounts it with FUSE.
 2. Appends a tokenized pre-training corpus (uint16 token shards) to the mount.
    Pins it as ``corpus@v1`` (``shinglefs snapshot --read-only``: a versioned
-   dataset sharing the data) and appends one more shard to the corpus, which
-   ``corpus@v1`` does not see.
+   dataset sharing the data, which refuses every change, root's too) and
+   appends one more shard to the corpus, which ``corpus@v1`` does not see.
 3. Trains a small PyTorch model for a few steps with a ``DataLoader`` (2
    workers) reading the shards of ``corpus@v1``, checkpointing every few steps with
    ``torch.save`` into ``step-N/`` written under a temporary name and renamed
@@ -93,8 +93,16 @@ def pin_version(root: Path, version: str) -> Path:
     grown = len(list((root / "corpus").glob("shard-*.bin")))
     if kept != CORPUS_SHARDS or grown != CORPUS_SHARDS + 1:
         raise RuntimeError(f"{pinned.name} holds {kept} shards, the corpus {grown}")
+    try:  # immutable: refused whoever asks, root included
+        with open(next(pinned.glob("shard-*.bin")), "ab"):
+            pass
+    except PermissionError:
+        pass
+    else:
+        raise RuntimeError(f"{pinned.name} took a write: it is not read-only")
     _say("versioned", f"{pinned.name} pinned in {dt:.2f} s (read-only snapshot, no byte "
-         f"copied); the corpus grew to {grown} shards, {pinned.name} still holds {kept}")
+         f"copied); the corpus grew to {grown} shards, {pinned.name} still holds {kept} "
+         "and refuses writes")
     return pinned
 
 
