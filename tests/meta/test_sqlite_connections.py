@@ -95,5 +95,6 @@ def test_a_forked_child_opens_its_own_connection(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", FORKED, str(tmp_path / "meta.db")],
                           capture_output=True, text=True, timeout=120, cwd=root,
-                          env={**os.environ, "PYTHONPATH": str(root)})
+                          env={**os.environ,
+                               "PYTHONPATH": os.pathsep.join((str(root / "src"), str(root)))})
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

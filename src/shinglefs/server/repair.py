@@ -350,7 +350,7 @@ def _target(healthy: Sequence[Replica], servers: Sequence[ServerRecord],
     others = [s for s in live if str(s.id) not in used and drives(s)]
     elsewhere = [s for s in others if s.labels.get("rack") not in racks] or others
     candidates = [(d.free_bytes, s.id, d.drive_id, s) for s in elsewhere for d in drives(s)
-                  if tier is None or (d.tier == tier and d.free_bytes >= length)]
+                  if tier is None or (d.tier == tier and d.free_bytes >= max(length, 1))]
     if not candidates:  # no drive of the tier with room: the tier spills
         candidates = [(d.free_bytes, s.id, d.drive_id, s) for s in elsewhere for d in drives(s)]
     best = max(candidates, default=None, key=lambda t: (t[0], -t[1], -t[2]))
