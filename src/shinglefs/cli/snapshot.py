@@ -90,6 +90,28 @@ def _named(call: Callable[[], T], path: str, dst: str | None = None) -> T:
         raise FsError(exc.errno, why) from exc
 
 
+def _ask_mount(directory: str, request: bytes, value: bytes, why: Callable[[int], str],
+               older: str) -> None:
+    """Send ``request`` (fuse/requests.py) to the mount daemon through
+    ``directory``; an errno it answers becomes ``FsError(errno, why(errno))``.
+    A daemon that knows the request never stores it; an older one did: that
+    is taken back and refused (ENOTSUP, ``older``)."""
+    from shinglefs.meta.errors import FsError
+
+    try:
+        os.setxattr(directory, request, value)
+    except OSError as exc:
+        code = exc.errno or errno.EIO
+        raise FsError(code, why(code)) from exc
+    try:
+        os.getxattr(directory, request)
+    except OSError:
+        return
+    with contextlib.suppress(OSError):
+        os.removexattr(directory, request)
+    raise FsError(errno.ENOTSUP, f"{older}: unmount and mount it again")
+
+
 def _through_mount(first: str, second: str, read_only: bool) -> tuple[str, str, int | None]:
     """Ask the mount holding ``first`` and ``second`` to make the copy
     (fuse/requests.py): as the caller, after the mount's buffered writes.
@@ -109,21 +131,10 @@ def _through_mount(first: str, second: str, read_only: bool) -> tuple[str, str, 
         code = errno.ENOTDIR if os.path.lexists(here) else errno.ENOENT
         raise FsError(code, f"{posixpath.dirname(dst)} " + (
             "is not a directory" if code == errno.ENOTDIR else "does not exist"))
-    try:
-        os.setxattr(here, SNAPSHOT_XATTR, snapshot_request(os.fsencode(src), os.fsencode(name),
-                                                           read_only))
-    except OSError as exc:
-        code = exc.errno or errno.EIO
-        raise FsError(code, _why(code, src, dst) or f"{dst}: {os.strerror(code)}") from exc
-    try:  # a daemon that knows the request never stores it; an older one did
-        os.getxattr(here, SNAPSHOT_XATTR)
-    except OSError:
-        pass
-    else:
-        with contextlib.suppress(OSError):
-            os.removexattr(here, SNAPSHOT_XATTR)
-        raise FsError(errno.ENOTSUP, f"the mount of {first} runs an older ShingleFS that "
-                                     "cannot make snapshots: unmount and mount it again")
+    _ask_mount(here, SNAPSHOT_XATTR,
+               snapshot_request(os.fsencode(src), os.fsencode(name), read_only),
+               lambda code: _why(code, src, dst) or f"{dst}: {os.strerror(code)}",
+               f"the mount of {first} runs an older ShingleFS that cannot make snapshots")
     try:
         return src, dst, os.lstat(second).st_ino
     except FileNotFoundError:  # made, and already renamed or removed by someone else
@@ -152,20 +163,9 @@ def _delete_through_mount(path: str) -> tuple[str, int]:
     stuck = _not_removable(absolute)
     if stuck is not None:  # refused while it is still read-only and whole
         raise FsError(errno.EPERM, f"{inside}: {stuck}, which only root may remove")
-    try:
-        os.setxattr(here, WRITABLE_XATTR, os.fsencode(name))
-    except OSError as exc:
-        code = exc.errno or errno.EIO
-        raise FsError(code, why.get(code, f"{inside}: {os.strerror(code)}")) from exc
-    try:  # a daemon that knows the request never stores it; an older one did
-        os.getxattr(here, WRITABLE_XATTR)
-    except OSError:
-        pass
-    else:
-        with contextlib.suppress(OSError):
-            os.removexattr(here, WRITABLE_XATTR)
-        raise FsError(errno.ENOTSUP, f"the mount of {path} runs an older ShingleFS that "
-                                     "cannot delete snapshots: unmount and mount it again")
+    _ask_mount(here, WRITABLE_XATTR, os.fsencode(name),
+               lambda code: why.get(code, f"{inside}: {os.strerror(code)}"),
+               f"the mount of {path} runs an older ShingleFS that cannot delete snapshots")
     try:
         return inside, _remove_tree(absolute)
     except OSError as exc:
