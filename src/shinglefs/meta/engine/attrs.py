@@ -11,9 +11,8 @@ same transaction (``ChunkOps._drop_content_past``).
 from __future__ import annotations
 
 import errno as E
-import functools
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -209,19 +208,21 @@ class AttributeOps(ChunkOps):
         return DirPolicy(row[1], row[2], None if row[3] is None else int(row[3]))
 
     def placement_tiers(self, inos: Iterable[int]) -> dict[int, str]:
-        wanted = sorted(set(inos))
-        out: dict[int, str] = {}
-        for at in range(0, len(wanted), GOALS_PAGE):
-            page = wanted[at:at + GOALS_PAGE]
-            rows = self._run(functools.partial(_tiers_of, inos=page), "read")
-            out.update((int(ino), str(tier)) for ino, tier in rows if tier is not None)
-        return out
+        return {int(ino): str(tier) for ino, tier in self._by_pages(_tiers_of, inos)
+                if tier is not None}
 
     def replica_goals(self, inos: Iterable[int]) -> dict[int, int]:
+        return {int(start): int(goal) for start, goal in self._by_pages(_goals_of, inos)}
+
+    def _by_pages(self, query: Callable[[Tx, list[int]], list[Any]],
+                  inos: Iterable[int]) -> Iterator[Any]:
+        """The rows of ``query`` over the distinct ``inos``, ``GOALS_PAGE`` of them
+        a read transaction (bounded statements)."""
         wanted = sorted(set(inos))
-        out: dict[int, int] = {}
         for at in range(0, len(wanted), GOALS_PAGE):
             page = wanted[at:at + GOALS_PAGE]
-            rows = self._run(functools.partial(_goals_of, inos=page), "read")
-            out.update((int(start), int(goal)) for start, goal in rows)
-        return out
+
+            def read(tx: Tx, page: list[int] = page) -> list[Any]:
+                return query(tx, page)
+
+            yield from self._run(read, "read")
