@@ -219,3 +219,18 @@ def test_access_for_writing_is_refused_and_truncating_a_directory_is_eisdir(meta
     meta.access(ROOT_CTX, e[b"a"].ino, 4)  # R_OK is fine
     assert errno_of(meta.truncate, v1.ino, 0) == E.EISDIR  # the type first, as Linux
     check()
+
+
+def test_a_big_snapshot_is_made_writable_whole(meta, check):
+    """More inodes than one statement names (batches, the last one padded)."""
+    src = meta.mkdir(ROOT_INO, b"big", 0o755)
+    sub = meta.mkdir(src.ino, b"sub", 0o755)
+    for i in range(600):
+        meta.create(sub.ino if i % 2 else src.ino, b"f%d" % i, 0o644)
+    v1 = meta.snapshot(src.ino, ROOT_INO, b"big@v1", read_only=True)
+    assert meta.make_writable(v1.ino) == 602
+    copy_sub = meta.lookup(v1.ino, b"sub")
+    assert not any(e.attr.immutable for d in (v1.ino, copy_sub.ino)
+                   for e in meta.readdir(d, 0, 1000))
+    meta.unlink(copy_sub.ino, b"f599")
+    check()

@@ -687,11 +687,9 @@ class ShingleOperations(pyfuse3.Operations):
                          ino=inode)
 
     def _make_writable(self, parent: int, request: bytes, ctx: Ctx) -> None:
-        """The read-only snapshot named ``request`` in ``parent`` made writable;
-        EINVAL when nothing in it was read-only (it is no read-only snapshot)."""
-        ino = self.vfs.lookup(parent, parse_entry_name(request), ctx).ino
-        if not self.vfs.make_writable(ino, ctx):
-            raise pyfuse3.FUSEError(errno.EINVAL)
+        """The read-only snapshot named ``request`` in ``parent`` made writable
+        (``MetaStore.make_writable``'s refusals: EINVAL, EPERM)."""
+        self.vfs.make_writable(self.vfs.lookup(parent, parse_entry_name(request), ctx).ino, ctx)
 
     def _snapshot(self, parent: int, request: bytes, ctx: Ctx) -> None:
         src, name, read_only = parse_snapshot_request(request)

@@ -36,7 +36,7 @@ SNAPSHOT_XATTR = b"user.shinglefs.snapshot"
 TIER_MOVE_XATTR = b"user.shinglefs.tier-move"
 # Set on a directory, the value an entry's name: the daemon makes that read-only
 # snapshot writable (``VFS.make_writable``) so that it can be removed
-# (``shinglefs snapshot --delete``); EINVAL when no inode of it was read-only.
+# (``shinglefs snapshot --delete``); EINVAL when it is no read-only snapshot.
 WRITABLE_XATTR = b"user.shinglefs.make-writable"
 _VERSION = b"snapshot-1"
 _FLAGS = {b"rw": False, b"ro": True}

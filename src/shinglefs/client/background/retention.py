@@ -41,8 +41,9 @@ next, so a huge old tree never holds up the client's other background jobs.
 What it never does: delete anything in a directory without a rule, delete a
 counted entry among the N newest, delete a read-only snapshot (immutable: an
 old checkpoint pinned with ``shinglefs snapshot --read-only`` stays beyond the
-N, and so does an old entry holding one anywhere below it), follow a symlink out of the directory, or
-delete hidden or ``.tmp`` entries other than its own ``.shinglefs-retired.*``.
+N, and so does an old entry holding one anywhere below it), follow a symlink
+out of the directory, or delete hidden or ``.tmp`` entries other than its own
+``.shinglefs-retired.*``.
 """
 
 from __future__ import annotations

@@ -93,7 +93,6 @@ _COPY_INODE = (
     "rdev, 1, (flags & ?) | ?, ?, "
     "next_cookie, tier, NULL, target, replicas FROM inodes WHERE ino = ?"
 )
-_THAW = "UPDATE inodes SET flags = flags & ?, ctime_ns = ? WHERE ino = ?"
 _FLAGS_OF_PARENTS = (
     "SELECT p.flags FROM dentries d JOIN inodes p ON p.ino = d.parent WHERE d.ino = ?"
 )
@@ -115,6 +114,10 @@ _PUT_XATTR = "INSERT INTO xattrs (ino, name, value) VALUES (?, ?, ?)"
 _USER_XATTRS = (b"user.", b"system.")
 _ADD_REFS = "UPDATE slices SET refcount = refcount + ? WHERE id = ?"
 _PARENT_OF = "SELECT parent FROM inodes WHERE ino = ?"
+
+
+def _thaw(count: int) -> str:
+    return f"UPDATE inodes SET flags = flags & ?, ctime_ns = ? WHERE ino IN ({S.in_marks(count)})"
 
 
 def _refs_of(count: int) -> str:
@@ -227,8 +230,9 @@ class SnapshotOps(SqlCore):
                                        "writable", ino=ino)
             now = now_ns()
             frozen = _walk(tx, root, only_immutable=True).inos
-            for i in frozen:
-                tx.put(_THAW, (~IMMUTABLE, now, i))
+            for start in range(0, len(frozen), _BATCH):
+                batch = S.in_list(frozen[start : start + _BATCH])
+                tx.put(_thaw(len(batch)), (~IMMUTABLE, now, *batch))
             return len(frozen)
 
         return self._run(txn)
