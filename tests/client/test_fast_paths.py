@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from fsfixtures import FsFactory, MiB, create, pattern, read_all
+from fsfixtures import FsFactory, MiB, create, pattern, read_all, write_file
 from tests.support.polling import wait_until
 
 from shinglefs.client.config import ClientConfig
@@ -617,3 +617,41 @@ def test_try_read_declines_until_a_read_cached_the_range_then_serves_it(
     with pytest.raises(NotOpenForReading):  # errors as read's, not a decline
         try_read(vfs, writer, 0, 10)
     vfs.release(writer)
+
+
+def test_try_read_serves_a_small_file_kept_in_meta(fs_factory: FsFactory) -> None:
+    """An inline file's bytes come with its map: the first read needs no thread
+    and no drive."""
+    vfs = fs_factory.vfs(dataclasses.replace(QUIET, inline_max_bytes=4096))
+    data = pattern(32, 4096)
+    ino = write_file(vfs, b"tiny", data)
+    before = vfs.cache.drive_reads
+    reader = vfs.open(ino, os.O_RDONLY, ROOT_CTX)
+    assert try_read(vfs, reader, 0, 128 * 1024) == data
+    assert try_read(vfs, reader, 4096, 4096) == b""
+    assert vfs.cache.drive_reads == before
+    vfs.release(reader)
+
+
+def test_a_declined_read_uses_its_map_once_and_never_a_stale_one(
+        fs_factory: FsFactory) -> None:
+    """The map fetched by a declined attempt serves that read's retry, unless
+    the file changed here since: then the retry asks meta again."""
+    vfs = fs_factory.vfs(QUIET)
+    data = pattern(33, 256 * 1024)
+    ino = write_file(vfs, b"on-drive", data)
+    reader = vfs.open(ino, os.O_RDONLY, ROOT_CTX)
+    assert try_read(vfs, reader, 0, 64 * 1024) is None  # mapped, bytes on a drive
+    assert vfs.read(reader, 0, 64 * 1024) == data[: 64 * 1024]
+    vfs.release(reader)
+
+    other = write_file(vfs, b"on-drive-2", pattern(35, 256 * 1024))
+    reader = vfs.open(other, os.O_RDONLY, ROOT_CTX)
+    assert try_read(vfs, reader, 0, 64 * 1024) is None
+    writer = vfs.open(other, os.O_WRONLY, ROOT_CTX)
+    fresh = pattern(34, 64 * 1024)
+    assert vfs.write(writer, 0, fresh) == len(fresh)
+    vfs.flush(writer)  # a new slice: the map the attempt fetched is stale
+    assert vfs.read(reader, 0, 64 * 1024) == fresh
+    vfs.release(writer)
+    vfs.release(reader)

@@ -96,6 +96,43 @@ def test_an_idle_stream_no_longer_takes_a_share() -> None:
     assert windows.active() == 0
 
 
+def test_a_stream_seen_again_outlives_the_ones_seen_since_its_first_read() -> None:
+    now = [0.0]
+    windows = StreamWindows(readahead=64 * MiB, extent=4 * MiB, cache_bytes=64 * MiB,
+                            io_threads=8, clock=lambda: now[0])
+    windows.window(1)
+    now[0] += 0.6
+    windows.window(2)
+    windows.window(1)  # 1 read ahead again: now the newest
+    now[0] += 0.6  # 2 is 0.6 s idle, 1 too: both count
+    assert windows.active() == 2
+    now[0] += 0.5  # both past IDLE_S now, 2 first in the order kept
+    windows.window(3)
+    assert windows.active() == 1
+
+
+def test_small_files_read_one_after_another_leave_no_streams_behind(
+        fs_factory: FsFactory) -> None:
+    """A DataLoader over many small files: each handle's stream goes at its
+    release, so a big file read meanwhile keeps its whole window, however many
+    small files were opened within IDLE_S."""
+    vfs = fs_factory.vfs(ClientConfig(read_extent=MiB, readahead_bytes=16 * MiB,
+                                      read_cache_bytes=64 * MiB))
+    small = [write_file(vfs, f"img{i}".encode(), pattern(60 + i, 128 * 1024 + i))
+             for i in range(50)]
+    for i, ino in enumerate(small):
+        fh = vfs.open(ino, os.O_RDONLY, ROOT_CTX)
+        assert vfs.read(fh, 0, 256 * 1024) == pattern(60 + i, 128 * 1024 + i)
+        vfs.release(fh)
+    assert vfs.reads.streams.active() == 0
+    big = write_file(vfs, b"shard", pattern(70, 32 * MiB))
+    fh = vfs.open(big, os.O_RDONLY, ROOT_CTX)
+    vfs.read(fh, 0, 256 * 1024)
+    assert vfs.reads.streams.active() == 1
+    assert vfs.reads.streams.window(fh).bytes == 16 * MiB  # alone: as configured
+    vfs.release(fh)
+
+
 # ---------------------------------------------------------------- the extent cache
 
 

@@ -26,7 +26,10 @@ read path also keeps all read-ahead not read yet within ``budget``
 (``SHARE`` of the cache), every stream still getting ``minimum``.
 
 A stream is active from its read-ahead until ``IDLE_S`` seconds pass without
-one (a closed file drops out by itself). Thread-safe; never does I/O.
+one, or until its handle is released (``forget``). Keeping the streams in the
+order they last read ahead makes that O(1) a call, however many small files
+are opened and read a second (a DataLoader over images opens thousands).
+Thread-safe; never does I/O.
 """
 
 from __future__ import annotations
@@ -65,7 +68,8 @@ class StreamWindows:
         self.budget = int(cache_bytes * SHARE)  # read-ahead not read yet, all streams
         self.minimum = MIN_EXTENTS * extent  # every stream's read-ahead, whatever the budget
         self._lock = threading.Lock()
-        self._seen: dict[int, float] = {}  # stream -> when it last read ahead
+        # stream -> when it last read ahead; in that order (oldest first).
+        self._seen: dict[int, float] = {}
 
     def active(self) -> int:
         """Streams that read ahead within the last ``IDLE_S`` seconds."""
@@ -73,14 +77,21 @@ class StreamWindows:
             return self._prune(self._clock())
 
     def _prune(self, now: float) -> int:
-        for stream in [s for s, t in self._seen.items() if now - t > IDLE_S]:
-            del self._seen[stream]
-        return len(self._seen)
+        """Drop the streams idle for ``IDLE_S``: the oldest first, stopping at the
+        first one still active (``_seen`` is in last-read-ahead order)."""
+        seen = self._seen
+        while seen:
+            stream, at = next(iter(seen.items()))
+            if now - at <= IDLE_S:
+                break
+            del seen[stream]
+        return len(seen)
 
     def window(self, stream: int) -> Window:
         """The window of ``stream`` (a handle number) now; counts it as active."""
         now = self._clock()
         with self._lock:
+            self._seen.pop(stream, None)  # to the end: the newest
             self._seen[stream] = now
             streams = self._prune(now)
         return self.window_for(streams)

@@ -116,6 +116,10 @@ class ReadState:
     last_end: int = -1
     streak: int = 0
     prefetched_until: int = 0
+    # The map an inline attempt fetched for a read it then declined (a range
+    # on a drive): (offset, size, map generation, pieces), for that read's
+    # retry in a thread, so the map is asked of meta once.
+    declined_map: tuple[int, int, int, list[ReadPiece]] | None = None
 
     def observe(self, offset: int, size: int) -> bool:
         """Record a read; True when the handle reads sequentially."""

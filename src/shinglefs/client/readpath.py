@@ -52,9 +52,11 @@ class ReadPath:
         zeros): a view of the read cache when the range lies in one cached
         extent (no copy).
 
-        ``wait=False``: only if it needs neither the metadata nor a drive (the
-        range's map is in the window and every byte in the extent cache); else
-        raises ``Declined`` having done nothing but note the access."""
+        ``wait=False``: only if it needs no drive: every byte in the extent
+        cache, or in meta (an inline slice); the range's map may be asked of
+        meta (a caller with networked metadata does not ask this). Else raises
+        ``Declined`` having done nothing but note the access (and perhaps
+        fetch the map)."""
         if size <= 0:
             return b""
         if not wait:
@@ -66,7 +68,8 @@ class ReadPath:
                     state.writer.flush()
         sequential = h.read_state.observe(offset, size)
         for attempt in (0, 1):
-            pieces = self._map(h.ino, offset, size)
+            pieces = (None if attempt else self._declined_map(h, offset, size)) \
+                or self._map(h.ino, offset, size)
             try:
                 data = assemble(pieces, self.cache, offset, size)
                 break
@@ -75,9 +78,13 @@ class ReadPath:
                 if attempt:
                     raise
                 self.maps.invalidate(h.ino)
-        if sequential:
+        if sequential and len(data) == size:  # short: at the end, nothing to read ahead
             self._readahead(h, offset + len(data))
         return data
+
+    def forget(self, fh: int) -> None:
+        """The handle ``fh`` is released: its stream no longer shares the read cache."""
+        self.streams.forget(fh)
 
     def _read_at_once(self, h: FileHandle, offset: int, size: int) -> bytes | memoryview:
         """``read(wait=False)``."""
@@ -86,11 +93,16 @@ class ReadPath:
             raise Declined("the range has uncommitted writes")
         pieces = self.maps.cached(h.ino, offset, offset + size)
         if pieces is None:
-            raise Declined("the range's map is not cached")
+            # The first read of a file: its map from meta. A small file's bytes
+            # come with it (inline slices): served here, no thread, no drive.
+            gen = self.maps.generation(h.ino)
+            pieces = self._map(h.ino, offset, size)
+            h.read_state.declined_map = (offset, size, gen, pieces)
         data = self._peek(pieces)
         if data is None:
             raise Declined("the range's bytes are not cached")
-        if h.read_state.observe(offset, size):
+        h.read_state.declined_map = None
+        if h.read_state.observe(offset, size) and len(data) == size:
             self._readahead(h, offset + len(data))
         return data
 
@@ -113,6 +125,14 @@ class ReadPath:
                 return None
             out += part
         return bytes(out)
+
+    def _declined_map(self, h: FileHandle, offset: int, size: int) -> list[ReadPiece] | None:
+        """The map ``_read_at_once`` fetched for this very read, if nothing of the
+        inode changed here since (its map generation); used once."""
+        kept, h.read_state.declined_map = h.read_state.declined_map, None
+        if kept is None or kept[:2] != (offset, size) or kept[2] != self.maps.generation(h.ino):
+            return None
+        return kept[3]
 
     def _map(self, ino: int, offset: int, length: int) -> list[ReadPiece]:
         end = offset + length

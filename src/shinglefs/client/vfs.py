@@ -449,7 +449,10 @@ class VFS:
         raised after the handle is released.
         """
         self._check_open()
-        self.files.release(fh)
+        try:
+            self.files.release(fh)
+        finally:
+            self.reads.forget(fh)
 
     def fsync(self, fh: int, datasync: bool = False) -> None:
         """Make the file's data AND metadata durable before returning (both flavours)."""
@@ -493,10 +496,11 @@ class VFS:
         """``read``, as a read-only buffer: a view of the read cache when the range
         lies in one cached extent (no copy; what the FUSE layer replies with).
 
-        ``wait=False``: only if it needs neither the metadata nor a drive: the
-        range's map is in this client's window and every byte in the extent
-        cache (what sequential read-ahead prepares); else raises ``Declined``
-        having done nothing but note the access. Other errors as with ``wait``."""
+        ``wait=False``: only if it needs no drive: every byte is in the extent
+        cache (what sequential read-ahead prepares) or in meta (an inline
+        slice); the range's map may be asked of meta, so only a caller whose
+        metadata is local asks this. Else raises ``Declined`` having done
+        nothing but note the access. Other errors as with ``wait``."""
         return self.reads.read(self._reading(fh), offset, size, wait=wait)
 
     def _reading(self, fh: int) -> FileHandle:

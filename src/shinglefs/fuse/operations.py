@@ -549,9 +549,10 @@ class ShingleOperations(pyfuse3.Operations):
     async def read(  # type: ignore[override]  # pyfuse3 takes any contiguous buffer
         self, fh: int, off: int, size: int
     ) -> bytes | memoryview:
-        # Bytes already read ahead into the cache are served inline (a view of
-        # the cache, no copy, no thread hop); the rest waits in a thread. Not
-        # with networked metadata: its read-ahead asks meta for maps.
+        # Bytes already read ahead into the cache, and a small file's bytes
+        # kept in meta, are served inline (a view of the cache, no copy, no
+        # thread hop); the rest waits in a thread. Not with networked
+        # metadata: a file's map, and its read-ahead, are round trips.
         data: bytes | memoryview = await self._inline_or_thread(
             "read", self.vfs.read_buffer, fh, off, size, fh=fh,
             inline=not self.offload_metadata)
