@@ -245,6 +245,9 @@ def test_mount_options_are_checked_before_mounting(work: Path) -> None:
     line = refused(run(work, "mount", "sqlite3:a/meta.db", "mnt", "-o", "bogus"), 2)
     assert "unknown mount option 'bogus'" in line
     assert mount_entry(work / "mnt") is None
+    line = refused(run(work, "mount", "sqlite3:a/meta.db", "mnt", "-o", "relatime"), 2)
+    assert "records no access times" in line
+    assert mount_entry(work / "mnt") is None
     good = run(work, "mount", "sqlite3:a/meta.db", "mnt", "-o", "noatime,nodev")
     assert good.returncode == 0, good.stderr
     assert run(work, "umount", "mnt").returncode == 0

@@ -8,6 +8,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -329,3 +330,84 @@ def test_readdir_while_entries_come_and_go_never_repeats_or_skips_survivors(mnt:
     assert len(seen) == len(set(seen)), "an entry was listed twice"
     survivors = {f"f{i:04d}" for i in range(1, 1500, 2)}
     assert survivors <= set(seen), "an entry that existed throughout was skipped"
+
+
+# ---------------------------------------------------------------- times, as a local disk keeps them
+
+
+def _times_after_close(path: Path, set_times) -> os.stat_result:
+    """Write, set the times through ``set_times(fd)``, close; the stat after the
+    attribute timeout (so the kernel asks the daemon, not its cache)."""
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, b"x" * 5000)  # buffered in the daemon until close
+        set_times(fd)
+    finally:
+        os.close(fd)
+    time.sleep(1.2)
+    return path.stat()
+
+
+@pytest.mark.parametrize("how", ["futimens", "utime-path"])
+def test_times_set_before_close_outlive_the_buffered_bytes(mnt: Path, tmp_path: Path,
+                                                            how: str) -> None:
+    """cp -p, tar x and rsync -t write, then set the times, then close."""
+    stamps = (1_000_000_000, 978_307_200_123_456_789)  # 2001-01-01
+    for root in (tmp_path, mnt):  # the local disk says what to expect
+        path = root / f"stamped-{how}"
+        if how == "futimens":
+            st = _times_after_close(path, lambda fd: os.utime(fd, ns=stamps))
+        else:
+            st = _times_after_close(path, lambda fd, p=path: os.utime(p, ns=stamps))
+        assert (st.st_atime_ns, st.st_mtime_ns, st.st_size) == (*stamps, 5000), root
+
+
+def test_tar_extract_keeps_modification_times(mnt: Path, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "old.txt").write_bytes(b"kept since 2001\n" * 500)
+    os.utime(src / "old.txt", ns=(978_307_200_000_000_000, 978_307_200_000_000_000))
+    subprocess.run(["tar", "cf", str(tmp_path / "a.tar"), "-C", str(src), "old.txt"],
+                   check=True)
+    subprocess.run(["tar", "xf", str(tmp_path / "a.tar"), "-C", str(mnt)], check=True)
+    time.sleep(1.2)
+    assert (mnt / "old.txt").stat().st_mtime_ns == 978_307_200_000_000_000
+    assert (mnt / "old.txt").read_bytes() == (src / "old.txt").read_bytes()
+
+
+def test_mtime_of_a_file_being_written_holds_still_between_writes(mnt: Path) -> None:
+    fd = os.open(mnt / "steady", os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        os.write(fd, b"a" * 100)
+        first = os.fstat(fd).st_mtime_ns
+        time.sleep(0.05)
+        assert os.fstat(fd).st_mtime_ns == first  # no write since: the same time
+        assert (mnt / "steady").stat().st_mtime_ns == first
+        os.write(fd, b"b" * 100)
+        assert os.fstat(fd).st_mtime_ns > first  # a write moves it on
+    finally:
+        os.close(fd)
+
+
+def test_truncate_to_the_same_size_updates_mtime(mnt: Path) -> None:
+    path = mnt / "same-size"
+    path.write_bytes(b"ab")
+    os.utime(path, ns=(1_000_000_000, 1_000_000_000))
+    os.truncate(path, 2)
+    st = path.stat()
+    assert st.st_size == 2 and st.st_mtime_ns > 1_000_000_000  # as Linux's truncate(2)
+
+
+def test_a_bare_xattr_namespace_is_einval(mnt: Path) -> None:
+    path = mnt / "x"
+    path.write_bytes(b"")
+    assert errno_of(os.setxattr, path, "user.", b"v") == errno.EINVAL
+    assert errno_of(os.getxattr, path, "user.") == errno.EINVAL
+
+
+def test_the_mount_says_it_records_no_access_times(mnt: Path) -> None:
+    dev = os.stat(mnt).st_dev
+    with open("/proc/self/mountinfo") as f:
+        [line] = [ln for ln in f
+                  if ln.split()[2] == f"{os.major(dev)}:{os.minor(dev)}"]
+    assert "noatime" in line.split()[5].split(",")

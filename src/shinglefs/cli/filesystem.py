@@ -55,9 +55,11 @@ CONVENTIONAL_KIND = "conventional"
 MOUNT_OPTIONS = frozenset({
     "ro", "rw", "allow_other", "allow_root", "auto_unmount", "default_permissions",
     "nosuid", "suid", "nodev", "dev", "noexec", "exec",
-    "noatime", "atime", "relatime", "norelatime", "strictatime", "nodiratime", "diratime",
-    "sync", "async", "dirsync", "writeback_cache",
+    "noatime", "nodiratime", "sync", "async", "dirsync", "writeback_cache",
 })
+# Reads record no access time: every mount is noatime (fuse.mount.fuse_options),
+# so an option asking for them is refused rather than shown and not kept.
+ATIME_OPTIONS = frozenset({"atime", "relatime", "norelatime", "strictatime", "diratime"})
 MOUNT_VALUE_OPTIONS = frozenset({"fsname", "max_read"})
 
 # Options shared by several commands (typer reads these as metadata only).
@@ -85,6 +87,10 @@ def check_mount_options(options: list[str]) -> list[str]:
     single = split_options(options)
     for opt in single:
         key, has_value, value = opt.partition("=")
+        if opt in ATIME_OPTIONS:
+            raise UsageError(
+                f"mount option {opt!r}: ShingleFS records no access times on reads",
+                hint="leave it out: every mount is noatime (utimes still sets atime)")
         known = (key in MOUNT_VALUE_OPTIONS and has_value and value) or (
             not has_value and key in MOUNT_OPTIONS)
         if not known:

@@ -161,7 +161,7 @@ class OpenFiles:
         """O_TRUNC of an existing file: empty it, including bytes this client
         still buffers, and set mtime and ctime even when it was empty (POSIX
         open). ``ctx``'s write permission was checked (``_access_for_flags``)."""
-        return self.writes.resize(attr.ino, lambda: self.meta.setattr(
+        return self.writes.after_commit(attr.ino, lambda: self.meta.setattr(
             attr.ino, size=0, mtime_ns=UTIME_NOW, ctx=ctx, checked=True))
 
     def _attach(self, ino: int, flags: int, attr: InodeAttr) -> int:

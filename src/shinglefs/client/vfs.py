@@ -233,7 +233,9 @@ class VFS:
         self, ino: int, changes: SetAttrChanges, fh: int | None = None, ctx: Ctx = ROOT_CTX,
         *, checked: bool = False,
     ) -> InodeAttr:
-        """Change attributes; a size change first commits this client's buffered writes.
+        """Change attributes; a size or mtime change first commits this client's
+        buffered writes (their commit would otherwise set mtime to "now" after
+        it: ``cp -p``, ``tar x`` and ``rsync -t`` set times before closing).
 
         ``fh``, a handle opened for writing, grants a size change (ftruncate);
         ``checked``: the kernel already applied the permission rules (see
@@ -249,8 +251,8 @@ class VFS:
         def change() -> InodeAttr:
             return changes.apply(self.meta, ino, ctx, open_for_write=by_fd, checked=checked)
 
-        if changes.size is not None:
-            return self.writes.resize(ino, change)
+        if changes.size is not None or changes.mtime_ns is not None:
+            return self.writes.after_commit(ino, change)
         return self.writes.with_buffered_size(change())
 
     def readlink(self, ino: int, ctx: Ctx = ROOT_CTX) -> bytes:

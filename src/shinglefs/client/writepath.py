@@ -131,10 +131,11 @@ class WritePath:
                 return writer.write(size, data)
         return writer.write(offset, data, wait=wait)
 
-    def resize(self, ino: int, change: Callable[[], InodeAttr]) -> InodeAttr:
-        """Run ``change`` (a size change of ``ino`` in meta) after this client's
-        buffered writes of ``ino`` are committed and with none admitted until
-        it returns; returns its attributes."""
+    def after_commit(self, ino: int, change: Callable[[], InodeAttr]) -> InodeAttr:
+        """Run ``change`` (a change of ``ino`` in meta that buffered bytes must not
+        outlive: its size, or its mtime, which their commit would set to "now")
+        after this client's buffered writes of ``ino`` are committed and with
+        none admitted until it returns; returns its attributes."""
         state = self.inodes.get(ino)
         if state is None:
             attr = change()

@@ -154,6 +154,7 @@ def fuse_options(allow_other: bool, options: Iterable[str], name: str) -> set[st
     opts = set(pyfuse3.default_options)  # default_permissions: the kernel checks modes
     opts.add(f"fsname={name}")
     opts.add("subtype=" + FSTYPE.removeprefix("fuse."))
+    opts.add("noatime")  # reads record no access time: say so in /proc/mounts
     if allow_other:
         opts.add("allow_other")
     opts.update(o for o in split_options(options) if o != WRITEBACK_OPTION)

@@ -228,9 +228,10 @@ class ShingleOperations(pyfuse3.Operations):
         self._inode_of: dict[int, int] = {}
         self._write_locks: dict[int, trio.Lock] = {}
         self._lock_users: dict[int, int] = {}
-        # Inodes written since their last flush: only those may make flush or
-        # release wait for a drive; a clean flush/release is a metadata call.
-        self._dirty: set[int] = set()
+        # Inodes written since their last flush, with the time of their last
+        # write: only those may make flush or release wait for a drive (a
+        # clean flush/release is a metadata call); stat shows that time.
+        self._dirty: dict[int, int] = {}
         self.op_stats = OpStats()
         self._in_threads = 0  # requests running in worker threads now
         self._queue: select.poll | None = None  # the kernel's request queue (watch_queue)
@@ -396,12 +397,15 @@ class ShingleOperations(pyfuse3.Operations):
     def _written_since_flush(self, entry: pyfuse3.EntryAttributes) -> pyfuse3.EntryAttributes:
         """``entry`` of a file written through this mount since its last flush:
         write(2) changed its mtime and ctime, but meta records them only when the
-        bytes commit (flush). So: "now", and not to be kept by the kernel, or a
-        stat(2) after close(2) would show the time before the write for a second
-        (ATTR_TIMEOUT) when an fstat(2) between write and close had asked."""
-        if entry.st_ino in self._dirty:
-            now = max(time.time_ns(), entry.st_mtime_ns, entry.st_ctime_ns)
-            entry.st_mtime_ns = entry.st_ctime_ns = now
+        bytes commit (flush). So: the time of its last write (as a local disk
+        shows it: the same on every stat until the next write), and not to be
+        kept by the kernel, or a stat(2) after close(2) would show the time
+        before the write for a second (ATTR_TIMEOUT) when an fstat(2) between
+        write and close had asked."""
+        written = self._dirty.get(entry.st_ino)
+        if written is not None:
+            at = max(written, entry.st_mtime_ns, entry.st_ctime_ns)
+            entry.st_mtime_ns = entry.st_ctime_ns = at
             entry.attr_timeout = 0
         return entry
 
@@ -434,12 +438,16 @@ class ShingleOperations(pyfuse3.Operations):
         log.debug("setattr(inode=%s, fh=%s, uid=%s): %s", inode, fh, vctx.uid, changes)
         if changes == SetAttrChanges() and vctx.uid != 0 and self.kernel_checks:
             changes = await self._meta("setattr", self._setgid_to_drop, inode, vctx, ino=inode)
-        # A size change may drop or flush buffered bytes: that can wait on a drive.
-        offload = fields.update_size or self.offload_metadata
+        # A size or mtime change commits buffered bytes first (VFS.setattr):
+        # that can wait on a drive.
+        commits = fields.update_size or (fields.update_mtime and inode in self._dirty)
         new = await self._call(
-            "setattr", offload, functools.partial(self.vfs.setattr, checked=self.kernel_checks),
+            "setattr", commits or self.offload_metadata,
+            functools.partial(self.vfs.setattr, checked=self.kernel_checks),
             inode, changes, fh, vctx, ino=inode, fh=fh,
         )
+        if commits:
+            self._dirty.pop(inode, None)  # nothing written since: meta's times hold
         return self.entry(new)
 
     def _setgid_to_drop(self, inode: int, ctx: Ctx) -> SetAttrChanges:
@@ -567,7 +575,7 @@ class ShingleOperations(pyfuse3.Operations):
         # drive's queue without waiting, runs inline: it saves the hop. (It may
         # touch meta once per 64 MiB slice: registering it.)
         async with self._write_lock(fh):
-            self._dirty.add(self._inode_of.get(fh, -1))
+            self._dirty[self._inode_of.get(fh, -1)] = time.time_ns()
             written: int = await self._inline_or_thread(
                 "write", self.vfs.write, fh, off, buf, fh=fh)
             return written
@@ -584,7 +592,7 @@ class ShingleOperations(pyfuse3.Operations):
             else:
                 await self._inline_or_thread("flush", self.vfs.flush, fh, fh=fh,
                                              inline=not self.offload_metadata or self._alone())
-            self._dirty.discard(ino)
+            self._dirty.pop(ino, None)
 
     async def release(self, fh: int) -> None:
         ino = self._inode_of.get(fh, -1)
@@ -592,7 +600,7 @@ class ShingleOperations(pyfuse3.Operations):
             async with self._write_lock(fh):
                 await self._call("release", ino in self._dirty, self.vfs.release, fh, fh=fh)
                 if self._lock_users.get(ino, 0) <= 1:
-                    self._dirty.discard(ino)
+                    self._dirty.pop(ino, None)
         finally:
             self._detach(fh)
 
@@ -600,7 +608,7 @@ class ShingleOperations(pyfuse3.Operations):
         ino = self._inode_of.get(fh, -1)
         async with self._write_lock(fh):
             await self._call("fsync", True, self.vfs.fsync, fh, datasync, fh=fh)
-            self._dirty.discard(ino)
+            self._dirty.pop(ino, None)
 
     # -- directories ----------------------------------------------------------------------
 

@@ -147,8 +147,8 @@ class AttributeOps(ChunkOps):
                 new_mode &= ~privileges_dropped(new_mode, new_gid, ctx)
                 if size != a.size:
                     self._drop_content_past(tx, a, size, now)
-                    if mtime_ns is None:
-                        new_mtime = now
+                if mtime_ns is None:  # as Linux's truncate(2): even to the same size
+                    new_mtime = now
                 new_size = size
             tx.run(
                 S.UPDATE_ATTRS,

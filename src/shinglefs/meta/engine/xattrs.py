@@ -31,13 +31,16 @@ XATTR_NAMESPACES = (b"user.", b"trusted.", b"security.", b"system.")
 
 
 def check_xattr_name(name: bytes) -> None:
-    """EINVAL if not bytes; ERANGE if empty or longer than XATTR_NAME_MAX;
-    EOPNOTSUPP outside the four namespaces (or a bare namespace prefix)."""
+    """EINVAL if not bytes, or a bare namespace prefix (``user.``, as Linux's
+    xattr_resolve_name); ERANGE if empty or longer than XATTR_NAME_MAX;
+    EOPNOTSUPP outside the four namespaces."""
     if not isinstance(name, NAME_TYPES):
         raise FsError(E.EINVAL, "an xattr name must be bytes")
     if not name or len(name) > XATTR_NAME_MAX:
         raise FsError(E.ERANGE, f"xattr name of {len(name)} bytes (1..{XATTR_NAME_MAX})")
-    if not name.startswith(XATTR_NAMESPACES) or name in XATTR_NAMESPACES:
+    if name in XATTR_NAMESPACES:
+        raise FsError(E.EINVAL, f"xattr {bytes(name)!r} names a namespace, not an attribute")
+    if not name.startswith(XATTR_NAMESPACES):
         raise FsError(
             E.EOPNOTSUPP, f"xattr {bytes(name)!r} is outside user./trusted./security./system."
         )
