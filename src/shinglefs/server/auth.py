@@ -49,6 +49,7 @@ from shinglefs.server.wire import (
     decode_header,
     recv_exactly,
     send_frame,
+    until,
 )
 
 MIN_SECRET_BYTES = 16
@@ -121,66 +122,85 @@ class FrameOpener:
 
 
 def _expect(sock: socket.socket, kind: Kind, size: int, limits: Limits,
-            header_buf: bytearray) -> tuple[Header, bytearray]:
-    """Read one handshake step; its kind and size are checked before its payload is read."""
+            header_buf: bytearray, deadline: float | None) -> tuple[Header, bytearray]:
+    """Read one handshake step by ``deadline``; its kind and size are checked
+    before its payload is read. ``PeerClosed`` when the peer closes first."""
+    recv_exactly(sock, header_buf, deadline)
+    header = decode_header(header_buf, limits)
+    if header.kind != kind or header.payload_len != size:
+        raise FrameError(f"handshake expected {kind.name} with {size} bytes, got kind "
+                         f"{header.kind} with {header.payload_len}")
+    payload = bytearray(size)
     try:
-        recv_exactly(sock, header_buf)
-        header = decode_header(header_buf, limits)
-        if header.kind != kind or header.payload_len != size:
-            raise FrameError(f"handshake expected {kind.name} with {size} bytes, got kind "
-                             f"{header.kind} with {header.payload_len}")
-        payload = bytearray(size)
-        recv_exactly(sock, payload)
-    except PeerClosed as exc:
-        raise AuthFailed(f"the peer closed the connection during the handshake ({exc})") from None
+        recv_exactly(sock, payload, deadline)
+    except PeerClosed:
+        raise PeerClosed(truncated=True) from None
     return header, payload
 
 
-def client_handshake(sock: socket.socket, secret: bytes,
-                     limits: Limits) -> tuple[FrameSealer, FrameOpener, int]:
-    """Authenticate a fresh connection from the client side.
+def _send(sock: socket.socket, header_bytes: bytes, payload: bytes, deadline: float | None) -> None:
+    """Send one handshake step, by ``deadline`` (``sendall`` counts its timeout
+    for the whole call)."""
+    if deadline is not None:
+        until(sock, deadline)
+    send_frame(sock, header_bytes, payload)
+
+
+def client_handshake(sock: socket.socket, secret: bytes, limits: Limits,
+                     deadline: float | None = None) -> tuple[FrameSealer, FrameOpener, int]:
+    """Authenticate a fresh connection from the client side, all of it by
+    ``deadline`` (``time.monotonic``; None: the socket's own timeout, per call).
 
     Returns ``(sealer, opener, server max piece)``. Raises ``AuthFailed`` when
-    the server does not prove the cluster secret (or refuses ours), ``FrameError``
-    on a malformed answer, ``OSError`` from the socket (``socket.timeout``
-    included when the caller set a timeout)."""
+    the server does not prove the cluster secret, ``FrameError`` on a
+    malformed answer, ``PeerClosed`` when the server closes the connection
+    before the WELCOME (it proved the secret, or did not get as far: it is
+    full, stopping, or timed us out, not refusing our proof), ``OSError`` from
+    the socket (``TimeoutError`` at the deadline). Leaves the socket's timeout
+    set to what was left of the deadline."""
     header_buf = bytearray(HEADER_SIZE)
     nc = secrets.token_bytes(NONCE_SIZE)
-    send_frame(sock, Header(Kind.HELLO, payload_len=NONCE_SIZE).pack(), nc)
-    _, body = _expect(sock, Kind.CHALLENGE, NONCE_SIZE + PROOF_SIZE, limits, header_buf)
+    _send(sock, Header(Kind.HELLO, payload_len=NONCE_SIZE).pack(), nc, deadline)
+    _, body = _expect(sock, Kind.CHALLENGE, NONCE_SIZE + PROOF_SIZE, limits, header_buf,
+                      deadline)
     ns, proof = bytes(body[:NONCE_SIZE]), bytes(body[NONCE_SIZE:])
     if not hmac.compare_digest(proof, server_proof(secret, nc, ns)):
         raise AuthFailed("the server's proof is wrong: it does not hold this cluster secret")
-    send_frame(sock, Header(Kind.PROOF, payload_len=PROOF_SIZE).pack(),
-               client_proof(secret, nc, ns))
+    _send(sock, Header(Kind.PROOF, payload_len=PROOF_SIZE).pack(),
+          client_proof(secret, nc, ns), deadline)
     c2s, s2c = session_keys(secret, nc, ns)
     opener = FrameOpener(s2c)
-    try:
-        welcome, _ = _expect(sock, Kind.WELCOME, 0, limits, header_buf)
-    except AuthFailed:
-        raise AuthFailed("the server refused our proof: it holds another cluster secret") from None
+    welcome, _ = _expect(sock, Kind.WELCOME, 0, limits, header_buf, deadline)
     opener.check(welcome, header_buf)
     return FrameSealer(c2s), opener, welcome.arg
 
 
-def server_handshake(sock: socket.socket, secret: bytes,
-                     limits: Limits) -> tuple[FrameSealer, FrameOpener]:
-    """Authenticate a fresh connection from the server side.
+def server_handshake(sock: socket.socket, secret: bytes, limits: Limits,
+                     deadline: float | None = None) -> tuple[FrameSealer, FrameOpener]:
+    """Authenticate a fresh connection from the server side, all of it by
+    ``deadline`` (``time.monotonic``: a peer that sends a byte now and then
+    gets no more time; None: the socket's own timeout, per call).
 
     Returns ``(sealer, opener)`` with the WELCOME already sent. Raises
-    ``AuthFailed`` for a wrong or replayed proof, ``FrameError`` for a
-    malformed step, ``OSError`` from the socket. The caller logs and closes."""
+    ``AuthFailed`` for a wrong or replayed proof or a peer that closes during
+    the handshake, ``FrameError`` for a malformed step, ``OSError`` from the
+    socket (``TimeoutError`` at the deadline). The caller logs and closes."""
     header_buf = bytearray(HEADER_SIZE)
-    _, nc = _expect(sock, Kind.HELLO, NONCE_SIZE, limits, header_buf)
-    ns = secrets.token_bytes(NONCE_SIZE)
-    send_frame(sock, Header(Kind.CHALLENGE, payload_len=NONCE_SIZE + PROOF_SIZE).pack(),
-               ns + server_proof(secret, bytes(nc), ns))
-    _, proof = _expect(sock, Kind.PROOF, PROOF_SIZE, limits, header_buf)
+    try:
+        _, nc = _expect(sock, Kind.HELLO, NONCE_SIZE, limits, header_buf, deadline)
+        ns = secrets.token_bytes(NONCE_SIZE)
+        _send(sock, Header(Kind.CHALLENGE, payload_len=NONCE_SIZE + PROOF_SIZE).pack(),
+              ns + server_proof(secret, bytes(nc), ns), deadline)
+        _, proof = _expect(sock, Kind.PROOF, PROOF_SIZE, limits, header_buf, deadline)
+    except PeerClosed as exc:
+        raise AuthFailed(f"the peer closed the connection during the handshake ({exc})") from None
     if not hmac.compare_digest(bytes(proof), client_proof(secret, bytes(nc), ns)):
         raise AuthFailed("the client's proof is wrong: another cluster secret, or a "
                          "handshake replayed from an earlier connection")
     c2s, s2c = session_keys(secret, bytes(nc), ns)
     sealer = FrameSealer(s2c)
+    if deadline is not None:
+        until(sock, deadline)
     send_frame(sock, sealer.seal(Header(Kind.WELCOME, arg=limits.max_piece)))
     return sealer, FrameOpener(c2s)
 

@@ -48,6 +48,7 @@ from shinglefs.server.errors import (
     FrameError,
     NodeError,
     NodeFull,
+    PeerClosed,
     RemoteNodeError,
     RequestTimeout,
     ServerUnreachable,
@@ -69,6 +70,7 @@ from shinglefs.server.wire import (
     encode_json,
     recv_exactly,
     send_frame,
+    until,
 )
 from shinglefs.store.api import StoreStats
 from shinglefs.store.zonerun import WriteFigures
@@ -193,6 +195,7 @@ class _Channel:
                  server_hostname: str | None) -> None:
         self.label = label
         self._limits = limits
+        deadline = time.monotonic() + connect_timeout  # connect, TLS and handshake together
         try:
             sock = socket.create_connection(address, timeout=connect_timeout)
         except OSError as exc:
@@ -201,8 +204,19 @@ class _Channel:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
             if ssl_context is not None:
+                until(sock, deadline)  # do_handshake counts the timeout for the whole of it
                 sock = ssl_context.wrap_socket(sock, server_hostname=server_hostname)
-            self._sealer, self._opener, self.max_piece = client_handshake(sock, secret, limits)
+            self._sealer, self._opener, self.max_piece = client_handshake(
+                sock, secret, limits, deadline)
+        except (PeerClosed, ConnectionError) as exc:
+            sock.close()
+            # It proved the secret (or never got that far): not a refusal of ours.
+            unreachable = ServerUnreachable(
+                label, f"it closed the connection during the handshake ({exc}): at its "
+                "max_connections, stopping, or it timed the handshake out")
+            unreachable.hint = ("retry later; if it persists, check the server's log and "
+                                "its max_connections")
+            raise unreachable from None
         except (OSError, ssl.SSLError) as exc:
             sock.close()
             raise ServerUnreachable(label, f"handshake failed: {exc}") from None
@@ -608,7 +622,8 @@ class RemoteNode:
     @property
     def drive_ids(self) -> list[int]:
         ids = decode_json(self._call(Kind.DRIVES)[1])
-        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                for i in ids):
             raise FrameError("a DRIVES answer is not a list of drive ids")
         return ids
 

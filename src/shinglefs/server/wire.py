@@ -37,6 +37,7 @@ import enum
 import json
 import socket
 import struct
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,9 +196,24 @@ def decode_header(raw: bytes | bytearray | memoryview, limits: Limits) -> Header
                   bytes(mac))
 
 
-def recv_exactly(sock: socket.socket, buf: bytearray | memoryview) -> None:
+def until(sock: socket.socket, deadline: float) -> None:
+    """Give ``sock`` the time left until ``deadline`` (``time.monotonic``) as its
+    timeout; ``TimeoutError`` when none is left. A socket's own timeout bounds
+    each call, so a peer that sends a byte now and then would restart it: a
+    loop of calls that must end by a deadline sets it before each one."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("timed out")
+    sock.settimeout(left)
+
+
+def recv_exactly(sock: socket.socket, buf: bytearray | memoryview,
+                 deadline: float | None = None) -> None:
     """Fill ``buf`` from ``sock`` with ``recv_into`` (no copy). Raises ``PeerClosed``
     when the peer closes first (``truncated`` tells whether some bytes came).
+    ``deadline`` (``time.monotonic``): all of ``buf`` must have come by then,
+    however the peer spaces its bytes, else ``TimeoutError``; it sets the
+    socket's timeout (``until``), which the caller restores.
 
     A plain socket is asked for the whole rest at once (``MSG_WAITALL``): a 4 MiB
     piece arrives in one or a few system calls instead of one per burst the
@@ -209,6 +225,8 @@ def recv_exactly(sock: socket.socket, buf: bytearray | memoryview) -> None:
     total = len(view)
     flags = socket.MSG_WAITALL if type(sock) is socket.socket else 0
     while got < total:
+        if deadline is not None:
+            until(sock, deadline)
         n = sock.recv_into(view[got:], total - got, flags)
         if n == 0:
             raise PeerClosed(truncated=got > 0)
@@ -266,8 +284,11 @@ def encode_json(value: Any) -> bytes:
 
 
 def decode_json(payload: bytes | bytearray | memoryview) -> Any:
-    """Parse a JSON body; a body that is not JSON is a ``FrameError``."""
+    """Parse a JSON body; a body that is not JSON, or nests deeper than the
+    parser recurses (``RecursionError``: ``b"[" * 200000``), is a ``FrameError``."""
     try:
         return json.loads(bytes(payload)) if payload else None
     except (UnicodeDecodeError, ValueError) as exc:
         raise FrameError(f"a control body is not JSON: {exc}") from None
+    except RecursionError:
+        raise FrameError("a control body nests too deep to parse") from None
