@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.server.test_wire_limits import dribble
 
 from shinglefs.server.auth import tls_client_context, tls_server_context
 from shinglefs.server.errors import AuthFailed, ServerUnreachable
@@ -96,4 +97,17 @@ def test_untrusted_server_certificate_is_refused(tls_server: SliceServer,
     with RemoteNode(tls_server.address, SECRET,
                     ssl_context=tls_client_context(str(other / "c.pem"))) as client, \
             pytest.raises(ServerUnreachable, match="CERTIFICATE_VERIFY_FAILED"):
+        client.ping()
+
+
+def test_a_peer_dribbling_inside_tls_is_dropped_within_the_handshake_timeout(
+        tls_server: SliceServer, certificate: tuple[str, str]) -> None:
+    """TLS done, then the HELLO a byte (a TLS record) at a time, each well within
+    the timeout: the whole handshake is still bounded by handshake_timeout (2 s)."""
+    hello = Header(Kind.HELLO, payload_len=NONCE_SIZE).pack() + os.urandom(NONCE_SIZE)
+    context = tls_client_context(certificate[0])
+    with context.wrap_socket(socket.create_connection(tls_server.address, timeout=10),
+                             server_hostname="127.0.0.1") as sock:
+        assert dribble(sock, hello, every_s=0.25, give_up_s=3.5) < 3.0
+    with RemoteNode(tls_server.address, SECRET, connections=1, ssl_context=context) as client:
         client.ping()

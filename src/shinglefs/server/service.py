@@ -40,8 +40,10 @@ clients, however many, are slowed by TCP, not by memory.
 
 Failure isolation: whatever one connection does — a wrong secret, a
 replayed handshake or frame, a malformed, oversized or truncated frame, a
-handshake not finished within ``handshake_timeout`` — closes that connection
-only, logged as a warning naming the peer and the typed error. Node errors
+handshake not finished within ``handshake_timeout`` (in all, TLS included),
+a payload not arrived within ``payload_timeout`` of its header — closes that
+connection only, logged as a warning naming the peer and the typed error.
+The acceptor outlives any one connection's failure (``_accept_loop``). Node errors
 (``SliceMissing``, ``NodeFull``...) are answered to the client as ERROR frames
 and the connection stays open.
 """
@@ -51,9 +53,12 @@ from __future__ import annotations
 import errno as _errno
 import functools
 import logging
+import os
+import resource
 import socket
 import ssl
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -97,6 +102,13 @@ log = logging.getLogger(__name__)
 
 SLICE_KINDS = frozenset({Kind.PUT, Kind.READ, Kind.LENGTH, Kind.DELETE})
 MAX_FLUSH_DRIVES = 4096
+DISCARD_CHUNK = 64 * 1024  # a PUT for an unknown drive: its payload read and dropped in these
+ACCEPT_BACKOFF_S = 0.1  # no descriptor (EMFILE/ENFILE) or memory for a connection: wait this long
+COMPLAIN_EVERY_S = 5.0  # the acceptor logs a recurring failure once per this long
+FD_RESERVE = 256  # descriptors kept for all but connections (drives, meta, peers), at most
+# TCP keepalive of the server's connections: a peer whose host died is noticed in
+# about KEEPIDLE + KEEPINTVL * KEEPCNT seconds (2 min), an idle live one never dropped
+KEEPALIVE = (("TCP_KEEPIDLE", 60), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 6))
 
 
 class ServedNode(Protocol):
@@ -142,7 +154,7 @@ def _flush_drives(payload: memoryview) -> list[int] | None:
     if ids is None:
         return None
     if (not isinstance(ids, list) or len(ids) > MAX_FLUSH_DRIVES
-            or not all(isinstance(i, int) and 0 <= i < 2**31 for i in ids)):
+            or not all(type(i) is int and 0 <= i < 2**31 for i in ids)):  # not bool
         raise FrameError("FLUSH names drives by a JSON list of small non-negative integers")
     return ids
 
@@ -187,6 +199,67 @@ def error_body(exc: BaseException) -> bytes:
         if isinstance(value, int):
             body[field] = value
     return encode_json(body)
+
+
+def _open_descriptors() -> int:
+    """Descriptors this process holds now (Linux: /proc/self/fd; else a guess)."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 64
+
+
+def fit_descriptors(max_connections: int) -> int:
+    """``max_connections`` fitted to the descriptors this process may open: the
+    soft ``RLIMIT_NOFILE`` is first raised towards the hard limit as far as
+    the connections, the descriptors open now and a reserve (a quarter of the
+    limit, at most ``FD_RESERVE``: drives, meta, connections to other servers)
+    need; when even the hard limit is short, fewer connections (at least 1),
+    with a warning. A full server then refuses a connection (accepted and
+    closed) instead of failing ``accept`` with EMFILE."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held = _open_descriptors()
+    need = held + max_connections + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < need:
+        raised = need if hard == resource.RLIM_INFINITY else min(hard, need)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            log.info("raised the soft limit of open files from %d to %d", soft, raised)
+            soft = raised
+        except (OSError, ValueError) as exc:
+            log.warning("cannot raise the soft limit of open files (%d): %s", soft, exc)
+    if soft == resource.RLIM_INFINITY:
+        return max_connections
+    room = soft - held - min(FD_RESERVE, soft // 4)
+    if max_connections > room:
+        log.warning("serving at most %d connections, not %d: %d open files allowed "
+                    "(RLIMIT_NOFILE), %d open now", max(1, room), max_connections, soft, held)
+        return max(1, room)
+    return max_connections
+
+
+class _Complaints:
+    """Logs a recurring failure (by key) at most once per ``every_s``, with a
+    count of those left unlogged since: a failure repeated in a loop costs a
+    line per interval, not a traceback per turn."""
+
+    def __init__(self, every_s: float) -> None:
+        self._every = every_s
+        self._last: dict[str, float] = {}
+        self._unsaid: dict[str, int] = {}
+
+    def say(self, key: str, message: str, *args: object) -> None:
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last < self._every:
+            self._unsaid[key] = self._unsaid.get(key, 0) + 1
+            return
+        self._last[key] = now
+        unsaid = self._unsaid.pop(key, 0)
+        if unsaid:
+            message += f" ({unsaid} more like it in the last %.0f s)"
+            args = (*args, now - last if last is not None else 0.0)
+        log.warning(message, *args)
 
 
 class _SliceLanes:
@@ -275,7 +348,12 @@ class _Connection:
     at once (non-blocking ``send``: a client that does not read never stalls a
     worker); the rest, and every large answer, goes through the writer thread.
     Frames are sealed and sent under ``_send_lock``, so ``seq`` follows the
-    byte stream."""
+    byte stream.
+
+    ``payload_due``: while the reader receives a frame's payload, the
+    ``time.monotonic`` by which all of it must have come (None otherwise);
+    the server's watch closes the connection when it passes
+    (``SliceServer.payload_timeout``)."""
 
     def __init__(self, server: SliceServer, sock: socket.socket, peer: str) -> None:
         self._server = server
@@ -288,16 +366,21 @@ class _Connection:
         self._sealer: FrameSealer | None = None
         self._inline = not isinstance(sock, ssl.SSLSocket)  # MSG_DONTWAIT is plain TCP only
         self._closed = threading.Event()
+        self.payload_due: float | None = None
         self.thread = threading.Thread(target=self._run, name=f"slice-conn {peer}", daemon=True)
 
     def _run(self) -> None:
         server = self._server
         writer: threading.Thread | None = None
         try:
+            # one deadline for the whole handshake, TLS included: a peer that sends
+            # a byte now and then gets no more time than a silent one
+            deadline = time.monotonic() + server.handshake_timeout
             self._sock.settimeout(server.handshake_timeout)
             if isinstance(self._sock, ssl.SSLSocket):
-                self._sock.do_handshake()
-            self._sealer, opener = server_handshake(self._sock, server.secret, server.limits)
+                self._sock.do_handshake()  # counts its timeout for the whole of it
+            self._sealer, opener = server_handshake(self._sock, server.secret, server.limits,
+                                                    deadline)
             self._sock.settimeout(None)
             writer = threading.Thread(target=self._write_loop,
                                       name=f"slice-send {self.peer}", daemon=True)
@@ -335,6 +418,10 @@ class _Connection:
             opener.check(header, header_buf)
             if header.kind not in REQUESTS:
                 raise FrameError(f"a client sent frame kind {header.kind}, not a request")
+            if header.kind == Kind.PUT and not self._known_drive(header.drive):
+                if not self._refuse_put(header):
+                    return
+                continue
             cost = header.payload_len + (header.arg if header.kind == Kind.READ else 0)
             if not self._budget.take(cost):
                 return
@@ -345,12 +432,10 @@ class _Connection:
             payload, pooled = self._server.buffers.take(header.payload_len)
             if header.payload_len:
                 try:
-                    recv_exactly(self._sock, payload)
-                except BaseException as exc:  # the connection is closing: no PUT to hold
+                    self._receive(payload)
+                except BaseException:  # the connection is closing: no PUT to hold
                     if header.kind == Kind.PUT:
                         self._server.held.give(header.payload_len, header.drive)
-                    if isinstance(exc, PeerClosed):
-                        raise PeerClosed(truncated=True) from None
                     raise
             reads = self._server.drive_reads.get(header.drive)
             if header.kind == Kind.READ and reads is not None:
@@ -364,6 +449,42 @@ class _Connection:
                 continue  # queued on its drive from here: no worker hand-off
             self._server.lanes.run(
                 lane, functools.partial(self._serve, header, payload, pooled, cost))
+
+    def _receive(self, payload: memoryview) -> None:
+        """Receive a frame's payload, all of it within ``payload_timeout`` (the
+        server's watch closes the connection otherwise: a client that stalls,
+        or whose host died, mid-frame gives back what it holds). ``PeerClosed``
+        (truncated) when the stream ends first."""
+        self.payload_due = time.monotonic() + self._server.payload_timeout
+        try:
+            recv_exactly(self._sock, payload)
+        except PeerClosed:
+            raise PeerClosed(truncated=True) from None
+        finally:
+            self.payload_due = None
+
+    def _known_drive(self, drive: int) -> bool:
+        """Does a request's drive field name a drive of the node (or none: any)?"""
+        return drive == NO_DRIVE or drive in self._server.node.drive_ids
+
+    def _refuse_put(self, header: Header) -> bool:
+        """A PUT for a drive the node lacks: its payload read in ``DISCARD_CHUNK``s
+        and dropped (no bytes held, no buffer of its size), then answered with
+        ``UnknownDrive``; the connection goes on. False once it is closed."""
+        if not self._budget.take(0):
+            return False
+        scratch = memoryview(bytearray(min(header.payload_len, DISCARD_CHUNK)))
+        left = header.payload_len
+        try:
+            while left:
+                self._receive(scratch[:min(left, DISCARD_CHUNK)])
+                left -= min(left, DISCARD_CHUNK)
+        except BaseException:
+            self._budget.give(0)
+            raise
+        error = UnknownDrive(header.drive, self._server.node.drive_ids)
+        self._answer(header, Kind.ERROR | RESPONSE_BIT, 0, error_body(error), 0)
+        return True
 
     def _queue_read(self, reads: DriveReads, header: Header, cost: int) -> None:
         """A READ of a drive: to its read scheduler (server/reads.py), not a lane,
@@ -406,6 +527,10 @@ class _Connection:
         arg = 0
         try:
             arg, body = dispatch(self._server.node, header, payload)
+        except FrameError as exc:  # a body that does not parse: answered, the connection goes on
+            log.warning("%s from %s refused: FrameError: %s", Kind(header.kind).name,
+                        self.peer, exc)
+            kind, body = Kind.ERROR | RESPONSE_BIT, error_body(exc)
         except ShingleError as exc:
             kind, body = Kind.ERROR | RESPONSE_BIT, error_body(exc)
         except Exception as exc:
@@ -564,12 +689,22 @@ class SliceServer:
     wrap every connection in TLS (the HMAC handshake runs inside it). ``read_threads``
     per drive serve its READs in runs of ``read_run_bytes`` per stream (server/reads.py;
     0: READs go to the workers as they come).
+
+    Time bounds: a connection must finish its handshake (TLS included) within
+    ``handshake_timeout`` in all, and a frame's payload, once its header came,
+    must arrive within ``payload_timeout`` (else that connection is closed and
+    what it held given back); an idle authenticated connection is kept, a dead
+    peer's noticed by TCP keepalive (``KEEPALIVE``). ``start`` fits
+    ``max_connections`` to the descriptors the process may open
+    (``fit_descriptors``), and the acceptor outlives any one connection's
+    failure (descriptors or threads exhausted: it waits ``ACCEPT_BACKOFF_S``
+    and logs once per ``COMPLAIN_EVERY_S``).
     """
 
     def __init__(self, node: ServedNode, secret: bytes, *, host: str = "127.0.0.1",
                  port: int = 0, limits: Limits | None = None, workers: int = 16,
                  max_connections: int = 1024, handshake_timeout: float = 5.0,
-                 ssl_context: ssl.SSLContext | None = None,
+                 payload_timeout: float = 30.0, ssl_context: ssl.SSLContext | None = None,
                  pool_bytes: int = 128 * 1024 * 1024,
                  held_bytes: int = 256 * 1024 * 1024, zone_run_bytes: int = 0,
                  read_threads: int = 4, read_run_bytes: int = RUN_BYTES) -> None:
@@ -577,6 +712,7 @@ class SliceServer:
         self.secret = check_secret(secret)
         self.limits = limits or Limits()
         self.handshake_timeout = handshake_timeout
+        self.payload_timeout = payload_timeout
         self._bind = (host, port)
         self._max_connections = max_connections
         self._ssl = ssl_context
@@ -597,7 +733,16 @@ class SliceServer:
         self._connections: set[_Connection] = set()
         self._listener: socket.socket | None = None
         self._acceptor: threading.Thread | None = None
+        self._watch: threading.Thread | None = None
         self._closing = False
+        self._stopping = threading.Event()  # close() began: the acceptor's and watch's waits end
+        self._complaints = _Complaints(COMPLAIN_EVERY_S)
+
+    @property
+    def max_connections(self) -> int:
+        """Connections served at once; more are accepted and closed at once
+        (``start`` may have lowered it: ``fit_descriptors``)."""
+        return self._max_connections
 
     @property
     def address(self) -> tuple[str, int]:
@@ -606,6 +751,7 @@ class SliceServer:
         return host, port
 
     def start(self) -> SliceServer:
+        self._max_connections = fit_descriptors(self._max_connections)
         family = socket.AF_INET6 if ":" in self._bind[0] else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -615,33 +761,87 @@ class SliceServer:
         self._acceptor = threading.Thread(target=self._accept_loop, name="slice-accept",
                                           daemon=True)
         self._acceptor.start()
+        self._watch = threading.Thread(target=self._watch_loop, name="slice-watch", daemon=True)
+        self._watch.start()
         log.info("serving slices on %s:%d", *self.address)
         return self
 
     def _accept_loop(self) -> None:
+        """Accept connections until ``close``. Nothing one connection does or
+        lacks stops it: a failed ``accept`` (no descriptor, no memory) waits
+        ``ACCEPT_BACKOFF_S`` before the next, a connection that cannot be set
+        up (its socket options, TLS wrapping, its thread) is closed and its
+        slot given back; each logged once per ``COMPLAIN_EVERY_S``, no traceback."""
         assert self._listener is not None
         while True:
             try:
                 sock, addr = self._listener.accept()
-            except OSError:
+            except OSError as exc:
                 if self._closing:
                     return
-                log.exception("accepting a connection")
+                self._complaints.say("accept", "accepting connections failed: %s", exc)
+                if exc.errno not in (_errno.ECONNABORTED, _errno.EPROTO, _errno.EPERM):
+                    self._stopping.wait(ACCEPT_BACKOFF_S)  # EMFILE/ENFILE/ENOMEM...: no spin
                 continue
             peer = f"{addr[0]}:{addr[1]}"
-            with self._lock:
-                if self._closing or len(self._connections) >= self._max_connections:
-                    log.warning("connection from %s refused: %d connections open", peer,
-                                len(self._connections))
-                    sock.close()
-                    continue
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                if self._ssl is not None:
-                    sock = self._ssl.wrap_socket(sock, server_side=True,
-                                                 do_handshake_on_connect=False)
-                conn = _Connection(self, sock, peer)
-                self._connections.add(conn)
+            try:
+                self._admit(sock, peer)
+            except Exception as exc:  # this connection only: the acceptor goes on
+                sock.close()
+                self._complaints.say("admit", "connection from %s dropped: cannot serve it: "
+                                     "%s: %s", peer, type(exc).__name__, exc)
+
+    def _admit(self, sock: socket.socket, peer: str) -> None:
+        """Serve one accepted connection in a thread of its own, or refuse it
+        (closed) when the server is full or closing. Raises what setting it up
+        raised, with the connection closed and forgotten."""
+        with self._lock:
+            count = len(self._connections)
+            refuse = self._closing or count >= self._max_connections
+        if refuse:
+            sock.close()
+            self._complaints.say("full", "connection from %s refused: %d connections open "
+                                 "(max_connections %d)", peer, count, self._max_connections)
+            return
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            for name, value in KEEPALIVE:
+                if hasattr(socket, name):
+                    sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+            if self._ssl is not None:
+                sock = self._ssl.wrap_socket(sock, server_side=True,
+                                             do_handshake_on_connect=False)
+            conn = _Connection(self, sock, peer)
+        except BaseException:
+            sock.close()  # the TLS socket once wrapped: the plain one is detached
+            raise
+        with self._lock:  # only this thread adds: the count checked above still holds
+            if self._closing:
+                sock.close()
+                return
+            self._connections.add(conn)
+        try:
             conn.thread.start()
+        except BaseException:
+            self.forget(conn)  # first: its slot is free once its peer sees the close
+            conn.close()
+            raise
+
+    def _watch_loop(self) -> None:
+        """Close every connection whose payload is overdue (``payload_due``),
+        checking about ten times per ``payload_timeout`` (at most every 0.5 s)."""
+        tick = min(0.5, max(0.01, self.payload_timeout / 10))
+        while not self._stopping.wait(tick):
+            now = time.monotonic()
+            with self._lock:
+                conns = list(self._connections)
+            for conn in conns:
+                due = conn.payload_due
+                if due is not None and due < now and conn.payload_due is due:
+                    log.warning("connection from %s closed: a frame's payload did not come "
+                                "within %g s", conn.peer, self.payload_timeout)
+                    conn.close()
 
     def in_zone_run(self, header: Header) -> bool:
         """Is a PUT's group the one its drive's writer stays on (``ZoneRun``)?"""
@@ -669,6 +869,7 @@ class SliceServer:
                 return
             self._closing = True
             conns = list(self._connections)
+        self._stopping.set()
         if self._listener is not None:
             try:
                 self._listener.shutdown(socket.SHUT_RDWR)
@@ -677,10 +878,13 @@ class SliceServer:
             self._listener.close()
         if self._acceptor is not None:
             self._acceptor.join()
+        if self._watch is not None:
+            self._watch.join()
         for conn in conns:
             conn.close()
         for conn in conns:
-            conn.thread.join()
+            if conn.thread.ident is not None:  # not one whose thread could not start
+                conn.thread.join()
         self._pool.shutdown(wait=True)
         for reads in self.drive_reads.values():
             reads.close()
