@@ -122,7 +122,11 @@ class HeldBytes:
 
     def give(self, n: int, drive: int, future: PieceFuture | None = None) -> None:
         with self._cond:
-            self._by_drive[drive] -= n
+            left = self._by_drive[drive] - n
+            if left:
+                self._by_drive[drive] = left
+            else:  # no entry kept per drive id ever named, only per drive holding bytes
+                del self._by_drive[drive]
             self.held -= n
             self._stored += 1
             if future is not None:
