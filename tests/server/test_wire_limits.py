@@ -14,14 +14,24 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 from tests.server.test_wire import SECRET, closed_by_peer, drive_specs, raw_handshake
 
+from shinglefs.meta.api import MetaStore, ServerDrive
 from shinglefs.server.auth import FrameOpener, FrameSealer, server_handshake
-from shinglefs.server.errors import AuthFailed, FrameError, ServerUnreachable
+from shinglefs.server.cluster import ClusterNode
+from shinglefs.server.errors import (
+    AuthFailed,
+    FrameError,
+    RequestTimeout,
+    ServerUnreachable,
+    WireError,
+)
 from shinglefs.server.node import StorageNode
+from shinglefs.server.process import cluster_key
 from shinglefs.server.remote import RemoteNode
 from shinglefs.server.service import SliceServer
 from shinglefs.server.wire import (
@@ -377,5 +387,100 @@ def test_a_deeply_nested_error_answer_is_a_frame_error_on_the_client() -> None:
     finally:
         thread.join()
         for sock in accepted:
+            sock.close()
+        listener.close()
+
+
+# ---------------------------------------------------------------- a hung server
+@pytest.mark.parametrize("piece", [128 * 1024, MiB], ids=["sent-inline", "sent-by-sender"])
+def test_pipelined_puts_to_a_hung_server_end_within_the_timeout(piece: int) -> None:
+    """A server that authenticates and then stops reading (stopped, deadlocked):
+    a thread pipelining submit_write is not blocked for ever in sending (inline,
+    or waiting for the sender's room), and every future fails with a WireError
+    once the client's timeout (plus the watch's grace) has passed."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def authenticate_then_hang() -> None:
+        sock, _ = listener.accept()
+        accepted.append(sock)
+        server_handshake(sock, SECRET, Limits())
+
+    thread = threading.Thread(target=authenticate_then_hang)
+    thread.start()
+    futures: list[Future[int]] = []
+    stopped: list[BaseException] = []
+    data = bytes(piece)
+    with RemoteNode(listener.getsockname(), SECRET, connections=1, timeout=1.0,
+                    connect_timeout=0.5) as client:
+
+        def pump() -> None:
+            try:
+                for n in range(4096):
+                    futures.append(client.submit_write(1, n * piece, data, group=1))
+            except WireError as exc:  # the connection failed; a new one is not answered
+                stopped.append(exc)
+
+        try:
+            start = time.monotonic()
+            pumper = threading.Thread(target=pump)
+            pumper.start()
+            pumper.join(4.0)
+            assert not pumper.is_alive(), "submit_write blocked past the timeout"
+            assert stopped and time.monotonic() - start < 4.0
+            for future in futures:
+                with pytest.raises(WireError):
+                    future.result(timeout=1.0)
+            assert any(isinstance(f.exception(), RequestTimeout) for f in futures)
+        finally:
+            client.close()
+            thread.join()
+            for sock in accepted:
+                sock.close()
+            listener.close()
+
+
+def test_a_cluster_write_goes_around_a_hung_replica(meta: MetaStore, node: StorageNode) -> None:
+    """Two replicas, one on a server that authenticates and then hangs: the
+    write completes once the client's timeout has passed, on the other, and
+    the slice reads back from it."""
+    key = cluster_key(meta)
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def authenticate_then_hang() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                sock, _ = listener.accept()
+            except TimeoutError:
+                continue
+            held.append(sock)
+            server_handshake(sock, key, Limits())
+
+    hung = threading.Thread(target=authenticate_then_hang)
+    hung.start()
+    try:
+        with SliceServer(node, key) as good:
+            for port, name in ((good.address[1], "good"), (listener.getsockname()[1], "hung")):
+                meta.register_server(f"127.0.0.1:{port}", [ServerDrive(
+                    0, f"emulated:/{name}", f"uuid-{name}", "cold", 256 * MiB, 256 * MiB)])
+            cluster = ClusterNode(meta, key, timeout=1.0, replicas=2, connections=1)
+            try:
+                writer = threading.Thread(
+                    target=cluster.write, args=(9300, 0, b"z" * 4096), kwargs={"group": 1})
+                writer.start()
+                writer.join(4.0)
+                assert not writer.is_alive(), "the write waits for the hung replica"
+                drives = cluster.replicas_of(9300, 0)
+                assert len(drives) == 1  # the hung replica was dropped
+                assert cluster.read(9300, 0, 4096, drives[0]) == b"z" * 4096
+            finally:
+                cluster.close()
+    finally:
+        stop.set()
+        hung.join()
+        for sock in held:
             sock.close()
         listener.close()

@@ -17,7 +17,10 @@ no connection could be made; ``ConnectionLost`` for every request outstanding
 on a connection that broke (the server died or closed it); ``RequestTimeout``
 when no answer came within ``timeout`` seconds — that connection is then
 dropped with its other requests (``ConnectionLost``), since an answer that
-comes later could no longer be matched. So a caller waits at most ``timeout``
+comes later could no longer be matched; a request nobody waits on with a
+timeout (a pipelined PUT's future), or a send blocked on a server that stopped
+reading, is ended the same way by the watch (``_Watch``) after ``timeout``
+plus ``WATCH_GRACE_S``. So a caller waits at most ``timeout`` (and the grace)
 for any request, and a dead server is noticed as soon as its kernel resets
 the connection. A broken connection is opened anew by the next request.
 
@@ -106,6 +109,8 @@ class _Request:
     finish: Finish | None  # what the reader makes of the answer (None: the answer)
     into: memoryview | None  # readinto: the caller's buffer, written only once claimed
     room: int | None  # READ: the longest answer payload it accepts (its length)
+    kind: int  # its frame kind
+    since: float  # time.monotonic() when it was made: the watch times it out
 
 
 def _arg(header: Header, _body: Any) -> int:
@@ -179,6 +184,52 @@ def remote_error(body: bytearray | memoryview) -> NodeError:
 HANDOFF_BYTES = 256 * 1024
 # The bytes of payload a connection's sender holds before callers wait for room.
 OUTBOX_BYTES = 16 * 1024 * 1024
+# The watch fails a connection whose oldest request has waited the client's
+# timeout plus this grace (a caller waiting with that timeout hears first).
+WATCH_GRACE_S = 0.5
+WATCH_TICK_S = 0.25
+
+
+class _Watch:
+    """One thread for every connection of the process, started while there are
+    any: each ``WATCH_TICK_S`` it fails a connection whose oldest outstanding
+    request is older than its client's ``timeout`` plus ``WATCH_GRACE_S``
+    (``_Channel.expire``). So the timeout holds for a request nobody waits on
+    with a timeout (a pipelined PUT's future) and for a caller blocked in
+    sending to a server that stopped reading: failing the connection shuts
+    its socket down, which ends the send."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._channels: set[_Channel] = set()
+        self._thread: threading.Thread | None = None
+
+    def add(self, channel: _Channel) -> None:
+        with self._lock:
+            self._channels.add(channel)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="slice-watch",
+                                                daemon=True)
+                self._thread.start()
+
+    def discard(self, channel: _Channel) -> None:
+        with self._lock:
+            self._channels.discard(channel)
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(WATCH_TICK_S)
+            with self._lock:
+                channels = list(self._channels)
+                if not channels:
+                    self._thread = None
+                    return
+            now = time.monotonic()
+            for channel in channels:
+                channel.expire(now)
+
+
+_watch = _Watch()
 
 
 class _Channel:
@@ -192,9 +243,10 @@ class _Channel:
 
     def __init__(self, address: tuple[str, int], label: str, secret: bytes, limits: Limits,
                  connect_timeout: float, ssl_context: ssl.SSLContext | None,
-                 server_hostname: str | None) -> None:
+                 server_hostname: str | None, timeout: float | None = None) -> None:
         self.label = label
         self._limits = limits
+        self._timeout = timeout
         deadline = time.monotonic() + connect_timeout  # connect, TLS and handshake together
         try:
             sock = socket.create_connection(address, timeout=connect_timeout)
@@ -243,6 +295,8 @@ class _Channel:
         self._reader = threading.Thread(target=self._read_loop, name=f"slice-recv {label}",
                                         daemon=True)
         self._reader.start()
+        if timeout is not None:
+            _watch.add(self)
 
     @property
     def alive(self) -> bool:
@@ -265,7 +319,8 @@ class _Channel:
         with self._lock:
             if self._failure is not None:
                 raise self._failure
-            self._pending[header.request_id] = _Request(future, finish, into, room)
+            self._pending[header.request_id] = _Request(future, finish, into, room,
+                                                        header.kind, time.monotonic())
         size = header.payload_len
         try:
             with self._send_lock:
@@ -364,8 +419,31 @@ class _Channel:
         if request is not None:
             _settle(request.future, error=error)
 
+    def expire(self, now: float) -> None:
+        """The watch's check (``_Watch``): when the oldest outstanding request has
+        waited ``timeout`` plus ``WATCH_GRACE_S``, the connection fails; the
+        requests older than ``timeout`` get ``RequestTimeout``, the others
+        ``ConnectionLost``."""
+        assert self._timeout is not None
+        with self._lock:
+            oldest = next(iter(self._pending.values()), None)  # in the order made: oldest first
+            if (self._failure is not None or oldest is None
+                    or now - oldest.since <= self._timeout + WATCH_GRACE_S):
+                return
+            late = {rid: r for rid, r in self._pending.items()
+                    if now - r.since > self._timeout}
+            for rid in late:
+                del self._pending[rid]
+        error = RequestTimeout(self.label, Kind(oldest.kind).name, self._timeout)
+        self.fail(ConnectionLost(self.label, str(error)))  # first: see _broken
+        for request in late.values():
+            _settle(request.future, error=RequestTimeout(self.label, Kind(request.kind).name,
+                                                         self._timeout))
+        log.warning("%s (%d requests timed out)", error, len(late))
+
     def fail(self, error: WireError) -> None:
         """Break the connection: every outstanding request gets ``error``. Idempotent."""
+        _watch.discard(self)
         with self._lock:
             if self._failure is not None:
                 return
@@ -452,7 +530,8 @@ class RemoteNode:
                                         f"{time.monotonic() - refused_at:.1f} s ago)")
             try:
                 channel = _Channel(self.address, self.label, self._secret, self._limits,
-                                   self._connect_timeout, self._ssl, self._server_hostname)
+                                   self._connect_timeout, self._ssl, self._server_hostname,
+                                   self.timeout)
             except ServerUnreachable as exc:
                 self._refused_at, self._refused_why = time.monotonic(), str(exc)
                 raise
