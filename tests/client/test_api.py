@@ -268,6 +268,33 @@ def test_files_of_a_script_that_never_closes_are_committed_at_exit(
         assert fs.read_bytes("/ckpt/left-open.bin") == b"buffered in the BufferedWriter"
 
 
+def test_a_joined_script_that_never_closes_still_stores_its_files(
+    fs_factory: FsFactory,
+) -> None:
+    """A process joined to another's drives (``shinglefs up`` serving them) sends
+    its bytes through thread pools that Python shuts down before ``atexit``:
+    the files it left open are committed before that, not left empty."""
+    fs_factory.format()
+    with connect(fs_factory.meta_url) as owner:  # serves its drives to others
+        script = run_python(f"""
+            import fsspec, shinglefs
+            fs = shinglefs.connect({fs_factory.meta_url!r})
+            mid = fs.open("/mid.bin", "wb")
+            mid.write(bytes(range(256)) * 400)  # 100 KiB: on a drive, not inline
+            big = fs.open("/big.bin", "wb")
+            big.write(b"B" * (10 << 20))
+            via = fsspec.open("shinglefs:///via-fsspec.bin", "wb",
+                              meta={fs_factory.meta_url!r}).open()
+            via.write(b"F" * (3 << 20))
+            # nothing closed: the interpreter exits
+        """)
+        assert script.returncode == 0, script.stderr
+        assert "Traceback" not in script.stderr, script.stderr
+        assert owner.read_bytes("/mid.bin") == bytes(range(256)) * 400
+        assert owner.read_bytes("/big.bin") == b"B" * (10 << 20)
+        assert owner.read_bytes("/via-fsspec.bin") == b"F" * (3 << 20)
+
+
 def test_a_handle_dropped_without_close_releases_the_file_system(fs_factory: FsFactory) -> None:
     import gc
 

@@ -24,6 +24,7 @@ import contextlib
 import errno
 import functools
 import io
+import logging
 import os
 import stat as _stat
 import threading
@@ -39,6 +40,8 @@ from shinglefs.client.vfs import VFS, SetAttrChanges
 from shinglefs.errors import ShingleError, UsageError
 from shinglefs.meta.api import ROOT_CTX, ROOT_INO, X_OK, Ctx, InodeAttr, StatFs
 from shinglefs.meta.records import permits
+
+log = logging.getLogger(__name__)
 
 MAX_SYMLINK_DEPTH = 40
 WRITE_BUFFER = 4 * 1024 * 1024
@@ -276,6 +279,7 @@ class ShingleFS:
         # No reference to self in the finalizer, so it can run at collection too.
         self._finalizer = weakref.finalize(self, _close_all, self._files,
                                            release or vfs.shutdown)
+        _closed_before_thread_pools(self)
 
     # ------------------------------------------------------------------ resolution
     def _walk(self, parts: list[str], follow_last: bool, depth: int = 0, *,
@@ -615,6 +619,41 @@ class ShingleFS:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# Every handle not closed yet, closed at interpreter exit *before* Python shuts
+# its thread pools down (``threading._register_atexit``, which
+# concurrent.futures itself uses; run in reverse order of registration, so
+# ours, registered after that module's import, goes first). An ``atexit``
+# hook runs after that: a joined client's last pieces, sent through the
+# pools to the servers, would be refused ("cannot schedule new futures after
+# shutdown") and its files left empty. ``weakref.finalize``'s own exit hook
+# stays as the fallback.
+_live: weakref.WeakSet[ShingleFS] = weakref.WeakSet()
+_live_lock = threading.Lock()
+_exit_hook: list[bool] = []
+
+
+def _closed_before_thread_pools(fs: ShingleFS) -> None:
+    with _live_lock:
+        _live.add(fs)
+        if _exit_hook:
+            return
+        with contextlib.suppress(RuntimeError, AttributeError):  # shutting down already
+            threading._register_atexit(_close_live)  # type: ignore[attr-defined]
+            _exit_hook.append(True)
+
+
+def _close_live() -> None:
+    """Close every handle still open (interpreter exit); never raises: a
+    failure is logged and the other handles are closed regardless."""
+    with _live_lock:
+        handles = list(_live)
+    for fs in handles:
+        try:
+            fs.close()
+        except Exception:
+            log.exception("closing a ShingleFS file system at interpreter exit failed")
 
 
 def _close_all(files: weakref.WeakSet[IO[Any]], release: Callable[[], None]) -> None:
