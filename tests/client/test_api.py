@@ -339,6 +339,30 @@ def test_a_cached_fsspec_instance_reconnects_after_close(fs_factory: FsFactory) 
         fsspec_impl.close_connections()
 
 
+def test_fsspec_ranges_from_the_end_and_blocks_read_as_from_a_local_file(
+        fs_factory: FsFactory, tmp_path) -> None:
+    """fsspec's own ``cat_file`` (negative offsets) and ``read_block`` ask the
+    open file its ``size`` (zarr's sharded reads do); compared with fsspec's
+    local file system."""
+    fs_factory.format()
+    data = bytes(range(256)) * 40
+    local = fsspec.filesystem("file")
+    (tmp_path / "a").write_bytes(data + b"\nline two\n")
+    try:
+        sfs = fsspec.filesystem("shinglefs", meta=fs_factory.meta_url)
+        sfs.pipe_file("/a", data + b"\nline two\n")
+        for start, end in ((-5, None), (0, -9995), (-100, -10), (7, 70)):
+            assert sfs.cat_file("/a", start=start, end=end) == local.cat_file(
+                str(tmp_path / "a"), start=start, end=end), (start, end)
+        assert sfs.read_block("/a", 100, 10) == local.read_block(str(tmp_path / "a"), 100, 10)
+        assert sfs.read_block("/a", 10000, 50, delimiter=b"\n") == local.read_block(
+            str(tmp_path / "a"), 10000, 50, delimiter=b"\n")
+        with sfs.open("/a", "rb") as f:
+            assert f.size == len(data) + 10
+    finally:
+        fsspec_impl.close_connections()
+
+
 # ---- directories remembered by path resolution (api._lookup_dir) -----------------------
 
 

@@ -261,6 +261,28 @@ def _parse_mode(mode: str) -> tuple[int, bool]:
     return flags, "b" in chars
 
 
+class _Sized:
+    """``size``: the file's size in meta now (fsspec's file objects have one;
+    its ``cat_file`` with a negative offset and ``read_block`` read it)."""
+
+    @property
+    def size(self) -> int:
+        raw: ShingleRawFile = self.raw  # type: ignore[attr-defined]  # the io base's
+        return raw._size()
+
+
+class _SizedReader(_Sized, io.BufferedReader):
+    pass
+
+
+class _SizedWriter(_Sized, io.BufferedWriter):
+    pass
+
+
+class _SizedRandom(_Sized, io.BufferedRandom):
+    pass
+
+
 class ShingleFS:
     """A ShingleFS file system addressed by paths. Thread-safe.
 
@@ -343,11 +365,11 @@ class ShingleFS:
             return raw  # type: ignore[return-value]
         file: Any
         if raw.readable() and raw.writable():
-            file = io.BufferedRandom(raw, buffering if buffering > 1 else WRITE_BUFFER)
+            file = _SizedRandom(raw, buffering if buffering > 1 else WRITE_BUFFER)
         elif raw.writable():
-            file = io.BufferedWriter(raw, buffering if buffering > 1 else WRITE_BUFFER)
+            file = _SizedWriter(raw, buffering if buffering > 1 else WRITE_BUFFER)
         else:
-            file = io.BufferedReader(raw, buffering if buffering > 1 else READ_BUFFER)
+            file = _SizedReader(raw, buffering if buffering > 1 else READ_BUFFER)
         if not binary:
             file = io.TextIOWrapper(
                 file, encoding=encoding or "utf-8", errors=errors, newline=newline,
