@@ -295,6 +295,52 @@ def test_a_joined_script_that_never_closes_still_stores_its_files(
         assert owner.read_bytes("/via-fsspec.bin") == b"F" * (3 << 20)
 
 
+def test_forked_workers_open_file_systems_of_their_own(fs_factory: FsFactory) -> None:
+    """DataLoader workers forked from a process that had read through its
+    connection (whose TCP connections, threads and session are the parent's):
+    fsspec and connect() in a worker open the worker's own file system; the
+    parent's handle refuses use there with a clear error; the parent goes on."""
+    fs_factory.format()
+    with connect(fs_factory.meta_url) as owner:  # serves its drives: the script joins
+        owner.makedirs("/data")
+        for i in range(4):
+            owner.write_bytes(f"/data/f{i}", bytes([i]) * (300 << 10))  # on a drive
+        script = run_python(f"""
+            import errno, multiprocessing, fsspec, shinglefs
+            url = {fs_factory.meta_url!r}
+            fs = shinglefs.connect(url)
+            assert fs.read_bytes("/data/f0") == bytes([0]) * (300 << 10)  # connections open
+
+            def worker(i):
+                with fsspec.open(f"shinglefs:///data/f{{i}}", "rb", meta=url) as f:
+                    assert f.read() == bytes([i]) * (300 << 10), "fsspec"
+                mine = shinglefs.connect(url)
+                assert mine.read_bytes(f"/data/f{{3 - i}}") == bytes([3 - i]) * (300 << 10)
+                try:
+                    fs.read_bytes("/data/f0")
+                except OSError as exc:
+                    assert exc.errno == errno.EBADF, exc
+                    assert "forked" in str(exc.__cause__), exc.__cause__  # why, with a hint
+                else:
+                    raise AssertionError("the parent's handle worked in a child")
+                mine.close()
+
+            ctx = multiprocessing.get_context("fork")
+            procs = [ctx.Process(target=worker, args=(i,)) for i in range(4)]
+            for p in procs:
+                p.start()
+            for p in procs:
+                p.join(60)
+            print("exit codes", [p.exitcode for p in procs])
+            assert fs.read_bytes("/data/f1") == bytes([1]) * (300 << 10)
+            fs.write_bytes("/after", b"the parent goes on")
+            fs.close()
+        """)
+        assert script.returncode == 0, script.stderr
+        assert "exit codes [0, 0, 0, 0]" in script.stdout, script.stdout + script.stderr
+        assert owner.read_bytes("/after") == b"the parent goes on"
+
+
 def test_a_handle_dropped_without_close_releases_the_file_system(fs_factory: FsFactory) -> None:
     import gc
 

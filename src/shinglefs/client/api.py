@@ -215,8 +215,9 @@ class ShingleRawFile(io.RawIOBase):
                 self.flush()
         finally:
             super().close()
-            with _as_oserror(self.name):
-                self._vfs.release(self.fh)
+            if not self._vfs.inherited:  # a forked child's copy: the parent's to close
+                with _as_oserror(self.name):
+                    self._vfs.release(self.fh)
 
 
 def _lookup_dir(vfs: VFS, parent: InodeAttr | None, name: bytes, ctx: Ctx) -> InodeAttr:
@@ -666,6 +667,26 @@ def _closed_before_thread_pools(fs: ShingleFS) -> None:
             _exit_hook.append(True)
 
 
+def _forget_the_parents() -> None:
+    """In a forked child (``os.register_at_fork``): what the parent opened stays
+    the parent's. Its handles' finalizers are detached (closing them here would
+    end the parent's session), ``connect`` opens the child's own file system,
+    and the locks, which another thread of the parent may have held at the
+    fork, are new. The parent's objects are kept referenced, never collected."""
+    global _live_lock, _opened_lock
+    _inherited.extend(_live)
+    for fs in list(_live):
+        fs._finalizer.detach()
+    _live.clear()
+    _inherited.extend(_opened.values())
+    _opened.clear()
+    _live_lock = threading.Lock()
+    _opened_lock = threading.Lock()
+
+
+_inherited: list[Any] = []
+
+
 def _close_live() -> None:
     """Close every handle still open (interpreter exit); never raises: a
     failure is logged and the other handles are closed regardless."""
@@ -702,6 +723,7 @@ class _Opened:
 
 _opened: dict[str, _Opened] = {}
 _opened_lock = threading.Lock()
+os.register_at_fork(after_in_child=_forget_the_parents)
 
 
 def _share_key(meta_url: str) -> str:
@@ -728,7 +750,7 @@ def connect(meta_url: str, *, config: ClientConfig | None = None, ctx: Ctx = ROO
     key = _share_key(meta_url)
     with _opened_lock:
         entry = _opened.get(key)
-        if entry is None or entry.vfs.closed:
+        if entry is None or entry.vfs.closed or entry.vfs.inherited:
             entry = _opened[key] = _Opened(open_filesystem(meta_url, config=config, serve=True,
                                                            join=True))
         elif config is not None and config != entry.vfs.config:

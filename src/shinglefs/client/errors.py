@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno as _errno
+import os as _os
 
 from shinglefs.errors import ShingleError
 
@@ -75,6 +76,21 @@ class ClientClosed(ClientError):
 
     def __init__(self) -> None:
         super().__init__("the ShingleFS client is shut down")
+
+
+class ForkedClient(ClientError):
+    """A file system opened in a parent process, used in a forked child: its
+    threads, connections and session are the parent's. ``connect()`` and
+    ``shinglefs://`` open one of the child's own."""
+
+    errno = _errno.EBADF
+
+    def __init__(self, owner_pid: int) -> None:
+        super().__init__(
+            f"this ShingleFS file system was opened by process {owner_pid}, the parent "
+            f"of this forked process ({_os.getpid()})",
+            hint="call shinglefs.connect() (or open shinglefs:// with fsspec) in the "
+                 "child: it opens a file system of its own")
 
 
 class TooManySymlinks(ClientError):

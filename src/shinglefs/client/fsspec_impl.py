@@ -40,10 +40,11 @@ _connections_lock = threading.Lock()
 
 
 def shared_connection(meta_url: str) -> ShingleFS:
-    """The process-wide connection to ``meta_url`` (opened on first use)."""
+    """The process-wide connection to ``meta_url`` (opened on first use; in a
+    forked child, such as a DataLoader worker, a new one of its own)."""
     with _connections_lock:
         fs = _connections.get(meta_url)
-        if fs is None or fs.closed:
+        if fs is None or fs.closed or fs.vfs.inherited:
             fs = _connections[meta_url] = connect(meta_url)
         return fs
 
@@ -61,6 +62,19 @@ def close_connections() -> None:
 
 
 atexit.register(close_connections)
+
+
+def _forget_the_parents() -> None:
+    """In a forked child: the parent's connections stay the parent's (kept
+    referenced, never closed here: ``api._forget_the_parents``)."""
+    global _connections_lock
+    _inherited.extend(_connections.values())
+    _connections.clear()
+    _connections_lock = threading.Lock()
+
+
+_inherited: list[ShingleFS] = []
+os.register_at_fork(after_in_child=_forget_the_parents)
 
 
 def _kind(attr: InodeAttr) -> str:

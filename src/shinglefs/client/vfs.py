@@ -48,6 +48,7 @@ from shinglefs.client.background import ClientJobs
 from shinglefs.client.config import ClientConfig
 from shinglefs.client.errors import (
     ClientClosed,
+    ForkedClient,
     NotOpenForReading,
     NotOpenForWriting,
     UnsupportedFallocate,
@@ -180,6 +181,7 @@ class VFS:
         # to other processes (server/share.py) stops before they close.
         self.before_close: list[Callable[[], None]] = []
         self._closed = False
+        self.pid = os.getpid()  # the process whose threads and session these are
         self.jobs.start()
 
     # ================================================================== helpers
@@ -196,6 +198,13 @@ class VFS:
     def _check_open(self) -> None:
         if self._closed:
             raise ClientClosed()
+        if self.pid != os.getpid():
+            raise ForkedClient(self.pid)
+
+    @property
+    def inherited(self) -> bool:
+        """Opened by the parent of this forked process: unusable here."""
+        return self.pid != os.getpid()
 
     # ================================================================== namespace
     def lookup(self, parent: int, name: bytes, ctx: Ctx = ROOT_CTX) -> InodeAttr:

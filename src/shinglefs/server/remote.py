@@ -36,6 +36,7 @@ import dataclasses
 import functools
 import itertools
 import logging
+import os
 import socket
 import ssl
 import threading
@@ -204,6 +205,13 @@ class _Watch:
         self._channels: set[_Channel] = set()
         self._thread: threading.Thread | None = None
 
+    def forget(self) -> None:
+        """In a forked child: no thread runs, and the parent's connections are
+        not this process's to watch (or fail)."""
+        self._lock = threading.Lock()
+        self._channels = set()
+        self._thread = None
+
     def add(self, channel: _Channel) -> None:
         with self._lock:
             self._channels.add(channel)
@@ -230,6 +238,7 @@ class _Watch:
 
 
 _watch = _Watch()
+os.register_at_fork(after_in_child=_watch.forget)
 
 
 class _Channel:
