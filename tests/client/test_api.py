@@ -409,6 +409,24 @@ def test_fsspec_ranges_from_the_end_and_blocks_read_as_from_a_local_file(
         fsspec_impl.close_connections()
 
 
+def test_fsspec_auto_mkdir_makes_parents_as_an_object_store_would(
+        fs_factory: FsFactory) -> None:
+    fs_factory.format()
+    try:
+        plain = fsspec.filesystem("shinglefs", meta=fs_factory.meta_url)
+        with pytest.raises(FileNotFoundError):
+            plain.pipe_file("/arr/c/0/0", b"chunk")
+        made = fsspec.filesystem("shinglefs", meta=fs_factory.meta_url, auto_mkdir=True)
+        made.pipe_file("/arr/c/0/0", b"chunk")
+        assert plain.cat_file("/arr/c/0/0") == b"chunk"
+        assert made.isdir("/arr/c/0")
+        with pytest.raises(FileNotFoundError):
+            made.cat_file("/arr/c/1/0")  # reading makes nothing
+        assert not made.exists("/arr/c/1")
+    finally:
+        fsspec_impl.close_connections()
+
+
 # ---- directories remembered by path resolution (api._lookup_dir) -----------------------
 
 

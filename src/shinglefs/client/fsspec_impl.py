@@ -7,7 +7,10 @@
 URL form ``shinglefs://<path>`` (the path is absolute in the file system:
 ``shinglefs://ckpt/a`` and ``shinglefs:///ckpt/a`` name the same file). The
 metadata URL comes from the storage option ``meta=`` or, when absent, the
-environment variable ``SHINGLEFS_META``.
+environment variable ``SHINGLEFS_META``. ``auto_mkdir=True`` (as fsspec's
+local file system takes it) makes a file's missing parent directories when
+it is opened for writing, as object stores behave: zarr's ``FsspecStore``
+writes ``array/c/0/0`` without making ``array/c/0`` first.
 
 One process opens a given file system once (its drives are locked to the
 process): every ``ShingleFileSystem`` of the same metadata URL shares one
@@ -91,8 +94,10 @@ class ShingleFileSystem(AbstractFileSystem):
     protocol = "shinglefs"
     root_marker = "/"
 
-    def __init__(self, meta: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, meta: str | None = None, auto_mkdir: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.auto_mkdir = auto_mkdir
         meta = meta or os.environ.get(META_ENV)
         if not meta:
             raise UsageError(
@@ -177,6 +182,8 @@ class ShingleFileSystem(AbstractFileSystem):
         path = self._strip_protocol(path)
         if not autocommit:
             raise NotImplementedError("transactions (autocommit=False) are not supported")
+        if self.auto_mkdir and any(c in mode for c in "wax"):
+            self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
         return self.fs.open(path, mode, buffering=block_size or -1)
 
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
