@@ -334,3 +334,67 @@ def test_a_damaged_or_foreign_database_names_the_way_back(work: Path) -> None:
         line = refused(run(work, "status", url), 3)
         hint = run(work, "status", url).stderr
         assert "load --from-drives" in hint and "keep a copy" in hint, (line, hint)
+
+
+def _as_nobody(func) -> tuple[int, str]:
+    """``func()`` (returning an exit code) in a forked child running as uid/gid
+    65534; its exit code and what it wrote to stderr."""
+    import tempfile
+
+    with tempfile.TemporaryFile() as err:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 99
+            try:
+                os.dup2(err.fileno(), 2)
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+                code = func()
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        err.seek(0)
+        return os.waitstatus_to_exitcode(status), err.read().decode()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
+def test_another_user_opening_roots_drives_gets_a_typed_error() -> None:
+    """fsck or status META_URL as a user who may not open root's drive lock
+    files: ``DriveNotPermitted`` (one line at the CLI's boundary, exit 3), not
+    a PermissionError traceback. (At the lock: a child running as another user
+    cannot import the rest of the CLI from root's 0700 home.)"""
+    import tempfile
+
+    from shinglefs.server.errors import DriveNotPermitted
+    from shinglefs.server.node import DriveLock
+
+    shared = Path(tempfile.mkdtemp(prefix="shinglefs-users-", dir="/tmp"))
+    os.chmod(shared, 0o755)  # every user may reach it; the lock file stays root's
+    image = shared / "smr0.img"
+    image.write_bytes(b"")
+    held = DriveLock("smr:" + str(image), str(image))
+    held.acquire()  # root's lock file, 0644
+
+    def open_as_nobody() -> int:
+        try:
+            DriveLock("smr:" + str(image), str(image)).acquire()
+        except DriveNotPermitted as exc:
+            os.write(2, f"{exc}\n{exc.hint}\n".encode())
+            return exc.exit_code
+        return 0
+
+    try:
+        code, err = _as_nobody(open_as_nobody)
+    finally:
+        held.release()
+        shutil.rmtree(shared, ignore_errors=True)
+    assert code == 3, err
+    assert "uid 65534 may not open its lock file" in err and "owned by uid 0" in err, err
+    assert "shinglefs status MOUNTPOINT" in err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno as _errno
+import os
 from collections.abc import Iterable
 
 from shinglefs.errors import ShingleError
@@ -29,6 +30,25 @@ class DriveInUse(NodeError):
         self.drive = drive
         self.lock_path = lock_path
         self.holder_pid = holder_pid
+
+
+class DriveNotPermitted(NodeError):
+    """This user may not open a drive's lock file (the drives belong to the user
+    who formatted them, often root)."""
+
+    errno = _errno.EACCES
+    exit_code = 3
+
+    def __init__(self, drive: str, lock_path: str, owner_uid: int | None) -> None:
+        owner = f"uid {owner_uid}" if owner_uid is not None else "another user"
+        super().__init__(
+            f"drive {drive}: uid {os.getuid()} may not open its lock file {lock_path} "
+            f"(owned by {owner})",
+            hint="run the command as the user who formatted the file system; a mount's "
+                 "state is also shown by `shinglefs status MOUNTPOINT`, as any user",
+        )
+        self.drive = drive
+        self.lock_path = lock_path
 
 
 class UnknownDrive(NodeError):

@@ -46,6 +46,7 @@ from typing import Any, Protocol
 from shinglefs.meta.api import LOCAL_SERVER, Replica
 from shinglefs.server.errors import (
     DriveInUse,
+    DriveNotPermitted,
     NodeClosed,
     NodeFull,
     SliceMissing,
@@ -131,7 +132,14 @@ class DriveLock:
         return path.rstrip("/") + ".lock"
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except PermissionError:
+            try:
+                owner: int | None = os.stat(self.path).st_uid
+            except OSError:
+                owner = None
+            raise DriveNotPermitted(self.spec, self.path, owner) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
