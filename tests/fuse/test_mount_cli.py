@@ -134,6 +134,98 @@ def test_umount_force_cleans_a_dead_mount(workdir: Path) -> None:
 
 
 
+def test_umount_force_of_a_mount_in_use_returns_at_once_and_loses_nothing(
+        workdir: Path) -> None:
+    """``--force`` detaches a mount with files open on it: it says the daemon
+    stays for them (not a failure after 120 s), the open file is still written
+    and closed through its descriptor, and the daemon then stores it and exits."""
+    fs = MountedFileSystem(workdir / "data", workdir / "mnt")
+    fs.format()
+    fs.start()
+    assert fs.process is not None
+    fd = os.open(fs.mountpoint / "open.bin", os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        os.write(fd, b"a" * (1 << 20))
+        busy = cli("umount", str(fs.mountpoint))
+        assert busy.returncode != 0 and "busy" in busy.stderr.lower(), busy.stderr
+        result = cli("umount", "--force", str(fs.mountpoint), timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert "is detached" in result.stdout and "still open" in result.stdout, result.stdout
+        assert mount_entry(fs.mountpoint) is None
+        assert fs.process.poll() is None  # serving the open file
+        os.write(fd, b"b" * (1 << 20))
+    finally:
+        os.close(fd)
+    fs.process.wait(timeout=60)  # the last file closed: stored, and gone
+    fs.process = None
+    fs.start()
+    try:
+        assert (fs.mountpoint / "open.bin").read_bytes() == b"a" * (1 << 20) + b"b" * (1 << 20)
+    finally:
+        fs.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
+def test_another_user_cannot_unmount_roots_mount_and_is_told_why(workdir: Path) -> None:
+    from shinglefs.fuse.errors import MountFailedError
+    from shinglefs.fuse.mounttable import unmount
+
+    fs = MountedFileSystem(workdir / "data", workdir / "mnt")
+    fs.format()
+    fs.start()
+    try:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child, as nobody
+            code = 1
+            try:
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+                unmount(fs.mountpoint, force=True)
+            except MountFailedError as exc:
+                os.write(write, f"{exc}\n{exc.hint}".encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        _, status = os.waitpid(pid, 0)
+        with os.fdopen(read, "rb") as f:
+            said = f.read().decode()
+        assert os.waitstatus_to_exitcode(status) == 0, said
+        assert "was mounted by uid 0: only that user or root may unmount it" in said
+        assert "--force" not in said  # no hint that leads back here
+        assert mount_entry(fs.mountpoint) is not None
+        assert (fs.mountpoint / "still").write_bytes(b"served") == 6
+    finally:
+        fs.stop()
+
+
+def test_status_of_every_mount_is_not_stopped_by_one_that_does_not_answer(
+        workdir: Path) -> None:
+    live = MountedFileSystem(workdir / "live", workdir / "mnt-live")
+    dead = MountedFileSystem(workdir / "dead", workdir / "mnt-dead")
+    for fs in (live, dead):
+        fs.format()
+        fs.start()
+    try:
+        assert dead.process is not None
+        os.kill(dead.process.pid, signal.SIGKILL)
+        dead.process.wait(timeout=30)
+        dead.process = None
+        result = cli("status")
+        assert result.returncode == 0, result.stderr
+        assert str(live.mountpoint) in result.stdout
+        assert f"{dead.mountpoint}: the mount at {dead.mountpoint} does not answer" \
+            in result.stderr, result.stderr
+        as_json = json.loads(cli("status", "--json").stdout)
+        assert "error" in as_json[str(dead.mountpoint)]
+        assert "drives" in json.dumps(as_json[str(live.mountpoint)])
+    finally:
+        force_unmount(dead.mountpoint)
+        live.stop()
+
+
 def test_up_again_after_its_daemon_was_killed_mounts_over_the_dead_mount(workdir: Path) -> None:
     """A SIGKILLed ``up`` leaves its mount point dead (every request ENOTCONN);
     running ``up`` again, as a user does after a crash, detaches it and

@@ -280,7 +280,9 @@ def umount_command(
 
     path = absolute(mountpoint)
     require_shingle_mount(str(path))
-    unmount(path, force=force)
+    note = unmount(path, force=force)
+    if note:
+        typer.echo(note)
 
 
 def up_command(

@@ -168,11 +168,35 @@ def _status_of_mount(mountpoint: str) -> dict[str, Any]:
     require_shingle_mount(mountpoint)
     try:
         raw = os.getxattr(mountpoint, STATUS_XATTR.decode())
+    except PermissionError as exc:
+        raise MountFailedError(
+            f"the mount at {mountpoint} (or a directory above it) is not open to uid "
+            f"{os.geteuid()}: {exc.strerror}",
+            hint="run `shinglefs status` as the mount's owner or root") from exc
     except OSError as exc:
         raise MountFailedError(f"the mount at {mountpoint} does not answer: {exc.strerror}",
                                hint=f"if its daemon died, `shinglefs umount --force {mountpoint}`"
                                ) from exc
     return dict(json.loads(raw))
+
+
+def _status_of_every_mount() -> tuple[dict[str, Any], dict[str, MountFailedError]]:
+    """Every ShingleFS mount's status, and the mounts that did not give one
+    (another user's, out of reach, or a dead one): one such mount does not
+    hide the others. NotMountedError when there is no mount; the first
+    failure when no mount answered."""
+    results: dict[str, Any] = {}
+    failed: dict[str, MountFailedError] = {}
+    for mp in mounts_of_type(FSTYPE):
+        try:
+            results[mp] = _status_of_mount(mp)
+        except MountFailedError as exc:
+            failed[mp] = exc
+    if not results and not failed:
+        raise NotMountedError("(no ShingleFS mount)")
+    if not results:
+        raise next(iter(failed.values()))
+    return results, failed
 
 
 def _status_of_url(meta_url: str, server_timeout_s: float | None) -> dict[str, Any]:
@@ -328,10 +352,9 @@ def status_command(
                              hint="e.g. shinglefs status postgresql://db/shingle --servers")
         _show_servers_of_url(target, server_timeout, as_json)
         return
+    failed: dict[str, MountFailedError] = {}
     if target is None:
-        results = {mp: _status_of_mount(mp) for mp in mounts_of_type(FSTYPE)}
-        if not results:
-            raise NotMountedError("(no ShingleFS mount)")
+        results, failed = _status_of_every_mount()
     elif _is_url(target):
         results = {target: _status_of_url(target, server_timeout)}
     else:
@@ -341,10 +364,14 @@ def status_command(
                              hint="pass a mount point or sqlite3:///PATH / postgresql://...")
         results = {mountpoint: _status_of_mount(mountpoint)}
     if as_json:
+        if target is None:
+            results.update({mp: {"error": str(exc)} for mp, exc in failed.items()})
         typer.echo(json.dumps(results if target is None else next(iter(results.values()))))
         return
     for title, status in results.items():
         _print_status(status, title)
+    for mp, exc in failed.items():
+        typer.echo(f"shinglefs: {mp}: {exc}", err=True)
 
 
 def register(app: typer.Typer) -> None:

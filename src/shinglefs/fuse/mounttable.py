@@ -40,6 +40,7 @@ DEFAULT_STATE_DIR = "/run/shinglefs"
 # What /proc/self/mountinfo calls a ShingleFS mount (``subtype=shinglefs``, fuse_options).
 FSTYPE = "fuse.shinglefs"
 EXIT_TIMEOUT = 120.0  # seconds `umount` waits for the daemon to store its buffers and exit
+IN_USE_WAIT_S = 2.0  # a mount detached while in use: how long `umount --force` looks for its exit
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +105,18 @@ def mount_entry(mountpoint: str | os.PathLike[str], *,
                 "major_minor": fields[2],
                 "fstype": fields[sep + 1],
                 "source": _unescape_mountinfo(fields[sep + 2]),
+                "super_options": fields[sep + 3] if len(fields) > sep + 3 else "",
             }
     return found
+
+
+def mount_owner(entry: dict[str, str]) -> int | None:
+    """The uid that made a FUSE mount (its ``user_id=`` super option), if shown."""
+    for opt in entry.get("super_options", "").split(","):
+        key, _, value = opt.partition("=")
+        if key == "user_id" and value.isdigit():
+            return int(value)
+    return None
 
 
 def mount_device(mountpoint: str | os.PathLike[str], *,
@@ -227,32 +238,49 @@ def kernel_unmount(mountpoint: str, lazy: bool, *, syscall: bool = True) -> tupl
 
 
 def unmount(mountpoint: str | os.PathLike[str], *, force: bool = False,
-            timeout: float = EXIT_TIMEOUT) -> None:
+            timeout: float = EXIT_TIMEOUT) -> str | None:
     """Unmount ``mountpoint`` and wait until the daemon stored its buffers and exited.
 
     ``force`` detaches lazily (``fusermount3 -uz``/``umount -l``): the way to
     clean a dead mount whose process was killed, or one still in use (the
-    users keep their open files until they close them). Raises
+    users keep their open files until they close them). A mount detached
+    while in use returns at once (after ``IN_USE_WAIT_S``) with a note saying
+    its daemon stays until those files are closed; else None. Raises
     NotMountedError, UnmountBusyError, MountFailedError (daemon still
-    running after ``timeout``).
+    running after ``timeout``; a mount another user made, for a non-root
+    caller).
     """
     path = os.path.abspath(mountpoint)
-    if mount_entry(path) is None:
+    entry = mount_entry(path)
+    if entry is None:
         raise NotMountedError(path)
+    owner = mount_owner(entry)
+    if os.geteuid() != 0 and owner is not None and owner != os.geteuid():
+        raise MountFailedError(
+            f"{path} was mounted by uid {owner}: only that user or root may unmount it",
+            hint=f"ask uid {owner} (or root) to run `shinglefs umount {path}`")
     state = read_state(path)
     ok, detail = kernel_unmount(path, lazy=False)
+    detached_in_use = False
     if not ok and force:
         ok, detail = kernel_unmount(path, lazy=True)
+        detached_in_use = ok
     if not ok:
         if "busy" in detail.lower():
             raise UnmountBusyError(path, detail)
         raise MountFailedError(f"cannot unmount {path}: {detail}",
                                hint="try `shinglefs umount --force " + path + "`")
     if state is None:
-        return
-    deadline = time.monotonic() + timeout
+        return None
+    # Detached while files were open on it: the daemon serves them until they
+    # are closed, then stores what they wrote and exits. Not an error, and not
+    # something to wait for: a short look, then say so.
+    deadline = time.monotonic() + (min(timeout, IN_USE_WAIT_S) if detached_in_use else timeout)
     while state.alive and time.monotonic() < deadline:
         time.sleep(0.05)
+    if state.alive and detached_in_use:
+        return (f"{path} is detached; its daemon (pid {state.pid}) serves the files still "
+                "open on it until they are closed, then stores their data and exits")
     if state.alive:
         raise MountFailedError(
             f"{path} is unmounted but its daemon (pid {state.pid}) is still storing buffered "
@@ -261,6 +289,8 @@ def unmount(mountpoint: str | os.PathLike[str], *, force: bool = False,
         )
     with contextlib.suppress(OSError):
         state_path(path).unlink()
+    return None
+
 
 def clear_dead_mount(path: str, entry: dict[str, str]) -> bool:
     """Detach ``entry``, the mount at ``path``, if it is a ShingleFS mount whose
