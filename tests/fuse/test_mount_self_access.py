@@ -34,6 +34,7 @@ from shinglefs.fuse.mount import (
     run_fuse_loop,
     write_back_outside,
 )
+from shinglefs.fuse.mounttable import mount_owner
 
 GiB = 1024**3
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,10 +57,12 @@ def test_mountinfo_entries_decode_octal_escapes_and_the_newest_stacked_mount_win
     odd = "/tmp/a b\tc\\d\ne"
     entry = mount_entry(odd, mountinfo=MOUNTINFO)
     assert entry == {"mountpoint": odd, "major_minor": "0:40", "fstype": "fuse.shinglefs",
-                     "source": "shinglefs"}
+                     "source": "shinglefs", "super_options": "rw"}
+    assert mount_owner(entry) is None  # no user_id= shown
     assert mount_device(odd, mountinfo=MOUNTINFO) == (0, 40)
     stacked = mount_entry("/mnt/x", mountinfo=MOUNTINFO)
     assert stacked is not None and stacked["source"] == "new one"
+    assert mount_owner(stacked) == 0
     assert mount_device("/mnt/x", mountinfo=MOUNTINFO) == (0, 42)
     assert mount_device("/tmp/a\\040b", mountinfo=MOUNTINFO) == (0, 43)
     assert mount_device("/tmp/a b", mountinfo=MOUNTINFO) is None
