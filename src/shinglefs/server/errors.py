@@ -125,8 +125,8 @@ class PeerClosed(WireError):
 
 
 class AuthFailed(WireError):
-    """The handshake failed: a wrong cluster secret, a replayed or forged proof, or
-    a peer that does not answer the challenge in time."""
+    """The handshake failed: a wrong cluster secret, a replayed or forged proof
+    (on the server: also a peer that closed during the handshake)."""
 
     errno = _errno.EACCES
 
@@ -145,9 +145,9 @@ class ServerUnreachable(WireError):
     """No connection to the storage server could be made (refused, unreachable,
     timed out)."""
 
-    def __init__(self, address: str, detail: str) -> None:
-        super().__init__(f"storage server {address} is unreachable: {detail}",
-                         hint="check that the server runs and listens on that address")
+    def __init__(self, address: str, detail: str, *,
+                 hint: str = "check that the server runs and listens on that address") -> None:
+        super().__init__(f"storage server {address} is unreachable: {detail}", hint=hint)
         self.address = address
 
 

@@ -272,12 +272,11 @@ class _Channel:
         except (PeerClosed, ConnectionError) as exc:
             sock.close()
             # It proved the secret (or never got that far): not a refusal of ours.
-            unreachable = ServerUnreachable(
+            raise ServerUnreachable(
                 label, f"it closed the connection during the handshake ({exc}): at its "
-                "max_connections, stopping, or it timed the handshake out")
-            unreachable.hint = ("retry later; if it persists, check the server's log and "
-                                "its max_connections")
-            raise unreachable from None
+                "max_connections, stopping, or it timed the handshake out",
+                hint="retry later; if it persists, check the server's log and its "
+                     "max_connections") from None
         except (OSError, ssl.SSLError) as exc:
             sock.close()
             raise ServerUnreachable(label, f"handshake failed: {exc}") from None
