@@ -127,6 +127,12 @@ class SetAttrChanges:
         )
 
 
+# This process's pid, kept up to date across forks: every VFS call compares it
+# with its opener's (``_check_open``) without a getpid system call.
+_this_process = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _this_process.__setitem__(0, os.getpid()))
+
+
 class VFS:
     """File operations as metadata transactions plus slice I/O. Thread-safe."""
 
@@ -181,7 +187,7 @@ class VFS:
         # to other processes (server/share.py) stops before they close.
         self.before_close: list[Callable[[], None]] = []
         self._closed = False
-        self.pid = os.getpid()  # the process whose threads and session these are
+        self.pid = _this_process[0]  # the process whose threads and session these are
         self.jobs.start()
 
     # ================================================================== helpers
@@ -198,13 +204,13 @@ class VFS:
     def _check_open(self) -> None:
         if self._closed:
             raise ClientClosed()
-        if self.pid != os.getpid():
+        if self.pid != _this_process[0]:
             raise ForkedClient(self.pid)
 
     @property
     def inherited(self) -> bool:
         """Opened by the parent of this forked process: unusable here."""
-        return self.pid != os.getpid()
+        return self.pid != _this_process[0]
 
     # ================================================================== namespace
     def lookup(self, parent: int, name: bytes, ctx: Ctx = ROOT_CTX) -> InodeAttr:
