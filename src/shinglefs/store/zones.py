@@ -323,6 +323,22 @@ class LogZones:
         room[: self.first_seq_zone] = 0
         return room
 
+    def writable_room(self) -> int:
+        """Unwritten bytes of the zones that can still take appends: every EMPTY
+        zone and the room of every ACTIVE one (a sealed zone's tail is lost
+        until GC resets it). GC's measure of what a collection gained."""
+        open_ = (self.z_state == ZoneState.EMPTY) | (self.z_state == ZoneState.ACTIVE)
+        return int(self.room_per_zone()[open_].sum())
+
+    def dead_bytes(self) -> int:
+        """Written bytes of sequential zones that no live extent holds (deleted
+        slices, superseded copies, record headers and padding)."""
+        written = self.z_state[self.first_seq_zone:] != ZoneState.EMPTY
+        used = (self.z_wp.astype(np.int64)[self.first_seq_zone:]
+                - np.arange(self.first_seq_zone, self.nz, dtype=np.int64) * self.zs)
+        usable = written & (self.z_state[self.first_seq_zone:] != ZoneState.BAD)
+        return int(used[usable].sum()) - int(self.index.live_bytes)
+
     def writable_bytes(self) -> int:
         """Bytes data streams can still append, what ``statfs`` reports and
         writers reserve against (caller holds ``_cv`` or ``io_lock``): empty
@@ -336,11 +352,7 @@ class LogZones:
         empty = (self.free_zones() - reserve) * self.zs
         lenders = self._data_zones_with_room() + self._gc_zone_to_lend()
         room = sum(self.room(z) for z in lenders)
-        written = self.z_state[self.first_seq_zone:] != ZoneState.EMPTY
-        used = (self.z_wp.astype(np.int64)[self.first_seq_zone:]
-                - np.arange(self.first_seq_zone, self.nz, dtype=np.int64) * self.zs)
-        usable = written & (self.z_state[self.first_seq_zone:] != ZoneState.BAD)
-        dead = int(used[usable].sum()) - int(self.index.live_bytes)
+        dead = self.dead_bytes()
         # What zone granularity costs at the end (the tails of zones GC seals,
         # the GC stream's own zone, a zone being collected): measured at about
         # one zone a drive when filling 4-8 GiB drives; kept back so that a
