@@ -103,3 +103,49 @@ def test_move_brings_existing_data_to_a_new_tier_and_leaves_snapshots_whole(
         assert check_consistency(meta) == []
     finally:
         meta.close()
+
+
+def test_move_to_a_full_tier_says_so_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """A tier whose drives are full takes no more of ``--move``: the command
+    says how many chunks it could not move instead of counting rewrites that
+    placement put back on the cold drive, and a rewrite that ran out of space
+    leaves no slice behind (fsck clean, the cold drive's figures back)."""
+    import json
+
+    from shinglefs.client.filesystem import format_filesystem
+    from shinglefs.meta.check import check_consistency
+
+    data = tmp_path / "data"
+    data.mkdir()
+    fs = MountedFileSystem(data, tmp_path / "mnt")
+    format_filesystem(fs.meta_url, [f"emulated:{data / 'smr.img'}:512M",
+                                    f"conventional:{data / 'flash.img'}:128M"],
+                      name="test", zone_size=16 * MiB)
+    fs.mountpoint.mkdir()
+    fs.start()
+    try:
+        hot, cold = fs.mountpoint / "hot", fs.mountpoint / "cold"
+        hot.mkdir()
+        cold.mkdir()
+        assert policy(str(hot), "--tier", "hot").returncode == 0
+        (hot / "filler").write_bytes(os.urandom(56 * MiB))  # the hot drive is (nearly) full
+        want = os.urandom(40 * MiB)
+        (cold / "big").write_bytes(want)
+        done = policy(str(cold), "--tier", "hot", "--move", "--json")
+        assert done.returncode in (0, 1), done.stderr
+        if done.returncode == 0:
+            moved = json.loads(done.stdout)["moved"]
+            assert moved["chunks"] == 0 and moved["no_room"] >= 1, moved
+        else:
+            assert "No space left" in done.stderr, done.stderr
+        assert tiers_holding(fs, cold / "big") == {"cold"}
+        drop_caches()
+        assert (cold / "big").read_bytes() == want
+    finally:
+        fs.stop()
+    meta = open_meta(fs.meta_url)
+    try:
+        assert check_consistency(meta) == []
+        assert meta.abandoned_slices(older_than_s=-1.0) == []  # no WRITING slice left
+    finally:
+        meta.close()

@@ -178,6 +178,9 @@ def policy_command(
     if moved is not None:
         typer.echo(f"moved to its tier: {moved['chunks']} chunks of {moved['files']} files "
                    f"({moved['skipped']} written meanwhile, left where they are)")
+        if moved["no_room"]:
+            typer.echo(f"not moved: {moved['no_room']} chunks; the drives of tier {policy.tier} "
+                       "have no room for them (free space there, then run --move again)")
 
 
 def _move_to_tier(local: str) -> dict[str, int]:
@@ -197,7 +200,7 @@ def _move_to_tier(local: str) -> dict[str, int]:
             os.removexattr(local, TIER_MOVE_XATTR)
         raise FsError(errno.ENOTSUP, f"the mount of {local} runs an older ShingleFS that "
                                      "cannot move data: unmount and mount it again") from None
-    return {k: int(figures[k]) for k in ("files", "chunks", "skipped")}
+    return {k: int(figures.get(k, 0)) for k in ("files", "chunks", "skipped", "no_room")}
 
 
 def _drive_ref(text: str) -> tuple[int, int]:

@@ -88,11 +88,13 @@ CAPS_XATTR = b"security.capability"
 @dataclass
 class TierMove:
     """What ``VFS.move_to_tier`` did: files whose directory sets a tier, chunks
-    rewritten onto it, chunks left because they changed meanwhile."""
+    rewritten onto it, chunks left because they changed meanwhile, chunks left
+    because the tier's drives had no room for them."""
 
     files: int = 0
     chunks: int = 0
     skipped: int = 0
+    no_room: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,10 +368,14 @@ class VFS:
         at or below ``ino`` holding a slice with no copy on a drive of its
         file's tier (``placement_tiers``) is rewritten as one new slice, which
         placement puts on the tier's drives (the compactor's optimistic swap:
-        a chunk written meanwhile is left as it is, ``skipped``). The old
-        slices are freed once nothing names them (a snapshot still may).
-        Inline data (in meta) stays. Returns what it did; EPERM unless
-        ``ctx`` is root or owns ``ino``; ENOENT."""
+        a chunk written meanwhile is left as it is, ``skipped``). A chunk
+        the tier's drives have no room for is left where it is (``no_room``):
+        once placement has put one rewritten chunk on another tier (the tier
+        is a preference, never an error), the rest for that tier are not
+        rewritten at all. The old slices are freed once
+        nothing names them (a snapshot still may). Inline data (in meta)
+        stays. Returns what it did; EPERM unless ``ctx`` is root or owns
+        ``ino``; ENOENT; ENOSPC when the drives of every tier are full."""
         self._check_open()
         top = self.meta.getattr(ino)
         if ctx.uid not in (0, top.uid):
@@ -378,6 +384,7 @@ class VFS:
         if len(self.node.tiers_offered()) < 2:
             return move  # one tier: nothing can be elsewhere
         compactor = self.jobs.compactor
+        full: set[str] = set()  # tiers whose drives had no room for a chunk
         pending = [top]
         while pending:
             attr = pending.pop()
@@ -397,10 +404,17 @@ class VFS:
             for index in range(-(-attr.size // self.chunk_size)):
                 if not self._chunk_elsewhere(attr.ino, index, tier):
                     continue
-                if compactor.compact_chunk(attr.ino, index, min_refs=1):
-                    move.chunks += 1
-                else:
+                if tier in full:
+                    move.no_room += 1
+                elif not compactor.compact_chunk(attr.ino, index, min_refs=1):
                     move.skipped += 1
+                elif self._chunk_elsewhere(attr.ino, index, tier):
+                    # Placement found no room on the tier (a preference) and
+                    # put the copy elsewhere: the tier is full for this move.
+                    move.no_room += 1
+                    full.add(tier)
+                else:
+                    move.chunks += 1
         return move
 
     def _chunk_elsewhere(self, ino: int, index: int, tier: str) -> bool:

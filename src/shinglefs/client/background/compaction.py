@@ -10,7 +10,8 @@ The swap is optimistic: the chunk's live bytes are read through its
 overlay, written into one new slice (holes stay holes) in the file's
 lifetime group, flushed on the drive (the ordered-commit rule:
 ``client.commit``), then ``replace_chunk`` at the chunk version read. If
-the chunk changed meanwhile the new slice is deleted and nothing happened.
+the chunk changed meanwhile, or writing the new slice failed (a full drive),
+the new slice is queued for deletion and nothing happened.
 The old slices are dereferenced by meta and freed by the deletion consumer.
 """
 
@@ -160,16 +161,33 @@ class Compactor:
                 ino, chunk_index, chunk.version, refs, group=group, slice_length=written,
                 registered=True,
             )
-        except (ChunkChanged, SliceMissing, SliceStateError):  # the last: discarded meanwhile
+        except BaseException as exc:
             if drive_id is not None:
-                for replica in self.node.replicas_of(slice_id, drive_id):
-                    self.node.delete(slice_id, replica)
-            return False
+                self._drop_partial(slice_id, drive_id)
+            if isinstance(exc, (ChunkChanged, SliceMissing, SliceStateError)):
+                return False  # the last: discarded meanwhile
+            raise  # a full drive, a dead server: the caller reports it
         self.node.forget(slice_id)
         self.inodes.maps.invalidate(ino)
         self.compactions += 1
         self._wake()
         return True
+
+    def _drop_partial(self, slice_id: int, drive_id: int) -> None:
+        """Free a new slice the swap gave up on (the chunk changed, a drive was
+        full, a server died): queued in meta for the deletion consumer, which
+        deletes it on each replica's drive, so that neither its registration
+        nor its bytes are left behind. Only a slice still WRITING and never
+        referenced is queued (``discard_slices``): one whose commit did land
+        is kept. Best effort; the janitor collects what this could not."""
+        try:
+            queued = self.meta.discard_slices([slice_id])
+        except Exception as exc:  # meta unreachable: the janitor finds the slice later
+            log.warning("compaction: slice %#x not queued for deletion: %s", slice_id, exc)
+            return
+        self.node.forget(slice_id)
+        if queued:
+            self._wake()
 
     def _group_of(self, ino: int) -> int:
         """The lifetime group of ``ino``'s writes: its open writer's, else the policy's."""
