@@ -120,6 +120,38 @@ def test_a_read_only_snapshot_among_old_checkpoints_is_kept(fs: ShingleFS) -> No
     assert names(fs, "/ckpt") == ["step-5", "step-6"]
 
 
+def test_a_pin_does_not_count_among_the_n_newest(fs: ShingleFS) -> None:
+    """Pinning the older of two kept steps (its read-only copy is then the
+    newest arrival) must not cost a recent checkpoint: N others stay."""
+    fs.makedirs("/ckpt")
+    policy(fs.vfs, "/ckpt", "keep-last=2")
+    save_step(fs, 1)
+    save_step(fs, 2)
+    fs.snapshot("/ckpt/step-1", "/ckpt/step-1@pin", read_only=True)
+    assert enforce(fs) == 0
+    assert names(fs, "/ckpt") == ["step-1", "step-1@pin", "step-2"]
+    save_step(fs, 3)
+    assert enforce(fs) == 6
+    assert names(fs, "/ckpt") == ["step-1@pin", "step-2", "step-3"]
+
+
+def test_a_connected_process_that_closes_at_once_leaves_the_rule_enforced(
+        fs_factory: FsFactory) -> None:
+    """A ``connect()`` client that writes its checkpoints and closes before any
+    background pass ran enforces the rule as it closes."""
+    vfs = fs_factory.vfs()
+    fs = ShingleFS(vfs)
+    fs.makedirs("/ckpt")
+    policy(vfs, "/ckpt", "keep-last=2")
+    vfs.jobs.stop()  # no background pass will come
+    for step in range(5):
+        fs.makedirs(f"/ckpt/s{step}.tmp")
+        fs.rename(f"/ckpt/s{step}.tmp", f"/ckpt/s{step}")
+    fs.close()
+    again = ShingleFS(fs_factory.vfs())
+    assert names(again, "/ckpt") == ["s3", "s4"]
+
+
 def test_a_read_only_copy_inside_an_old_checkpoint_keeps_that_checkpoint(
         fs: ShingleFS) -> None:
     """A file pinned inside step-1 (not step-1 itself) keeps step-1 whole and

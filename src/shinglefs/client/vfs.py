@@ -705,6 +705,10 @@ class VFS:
         self._closed = True
         for step in (
             self.jobs.closes.drain,
+            # A short-lived process (connect(), write a checkpoint, exit) ends
+            # with its arrivals' retention enforced, not left for a pass that
+            # never comes (docs/client.md, "Retention").
+            self.jobs.retention.run,
             self.jobs.session.end,
             self.jobs.deletions.run if self.config.deletion_consumer else (lambda: 0),
             self.jobs.backup.write_at_shutdown,  # the drives keep the metadata as left

@@ -17,7 +17,8 @@ do not inherit it: ``step-7/`` of a DCP save holds files that must all stay).
 Who enforces it: every client, for the directories it made an entry arrive
 in (``note``, called by the VFS's namespace operations; a cheap set insert),
 on its next background pass (``run``), so that no FUSE request waits for a
-deletion. The pass reads each noted directory's policy (a rule set or
+deletion, and once more when it closes (a short-lived ``connect()`` process
+ends with its pass done). The pass reads each noted directory's policy (a rule set or
 changed by ``shinglefs policy`` in another process applies at most
 ``POLICY_TTL_S`` after it was set, to every directory with an arrival since
 then) and its entries, and retires each entry older than the N newest:
@@ -41,7 +42,8 @@ next, so a huge old tree never holds up the client's other background jobs.
 What it never does: delete anything in a directory without a rule, delete a
 counted entry among the N newest, delete a read-only snapshot (immutable: an
 old checkpoint pinned with ``shinglefs snapshot --read-only`` stays beyond the
-N, and so does an old entry holding one anywhere below it), follow a symlink
+N and is not one of them, so pinning a step keeps N others; an old entry
+holding one anywhere below it stays too, but counts), follow a symlink
 out of the directory, or delete hidden or ``.tmp`` entries other than its own
 ``.shinglefs-retired.*``.
 """
@@ -213,7 +215,10 @@ class Retention:
             raise
         if rule is None:
             return 0
-        keep = [e for e in entries if rule.counts(e[0])]
+        # A read-only snapshot (a pinned checkpoint) is kept and does not
+        # count among the N: pinning step-1 never costs the newest step.
+        keep = [(name, child) for name, child, immutable in entries
+                if rule.counts(name) and not immutable]
         removed = 0
         for name, child in keep[: max(0, len(keep) - rule.keep_last)]:
             if self._pinned(child):
@@ -235,7 +240,7 @@ class Retention:
             self._changed()
             log.info("retention %s of directory %d: retired %r (inode %d)",
                      rule, ino, name.decode(errors="replace"), child)
-        for name, _child in self._entries(ino):
+        for name, _child, _immutable in self._entries(ino):
             if name.startswith(RETIRED_PREFIX) and budget[0] > 0:
                 removed += self._remove(ino, name, budget)
         return removed
@@ -268,13 +273,13 @@ class Retention:
             raise
         return False
 
-    def _entries(self, ino: int) -> list[tuple[bytes, int]]:
-        """(name, inode) of every entry of ``ino``, oldest arrival first."""
-        out: list[tuple[bytes, int]] = []
+    def _entries(self, ino: int) -> list[tuple[bytes, int, bool]]:
+        """(name, inode, immutable) of every entry of ``ino``, oldest arrival first."""
+        out: list[tuple[bytes, int, bool]] = []
         cookie = 0
         while True:
             batch = self.meta.readdir(ino, cookie, 1024, ROOT_CTX)
-            out.extend((e.name, e.ino) for e in batch)
+            out.extend((e.name, e.ino, e.attr.immutable) for e in batch)
             if len(batch) < 1024:
                 return out
             cookie = batch[-1].cookie
@@ -302,7 +307,7 @@ class Retention:
             if exc.errno == errno.ENOENT:  # another client removed it meanwhile
                 return 0
             raise
-        for child_name, _child in children:
+        for child_name, _child, _immutable in children:
             if budget[0] <= 0:
                 return removed
             removed += self._remove(attr.ino, child_name, budget)
