@@ -326,3 +326,26 @@ def test_status_of_an_unmounted_file_system_by_url(workdir: Path) -> None:
     assert cli("status", url, "--json").returncode == 0
     shown = cli("status", url)
     assert "none on the drives yet" in shown.stdout, shown.stdout
+
+
+def test_status_by_url_of_an_up_file_system_asks_its_server(workdir: Path) -> None:
+    """While ``up`` holds the drives, ``status META_URL`` joins its storage
+    server: the drives' own figures (live bytes, slices, zones, write
+    amplification), as the mount point's status shows them, not the
+    heartbeat's capacity and free bytes alone."""
+    data, mnt = workdir / "data", workdir / "mnt"
+    started = cli("up", str(data), str(mnt))
+    assert started.returncode == 0, started.stderr
+    try:
+        (mnt / "f").write_bytes(os.urandom(20 * 1000 * 1000))
+        by_mount = json.loads(cli("status", str(mnt), "--json").stdout)
+        result = cli("status", f"sqlite3://{data / 'meta.db'}", "--json")
+        assert result.returncode == 0, result.stderr
+        by_url = json.loads(result.stdout)
+        assert by_url["drives_not_asked"] == {}
+        assert by_url["live_bytes"] == by_mount["live_bytes"] == 20 * 1000 * 1000
+        assert [(d["live_bytes"], d["slices"], d["zones"]) for d in by_url["drives"]] == \
+            [(d["live_bytes"], d["slices"], d["zones"]) for d in by_mount["drives"]]
+        assert by_url["write_amplification"] == by_mount["write_amplification"]
+    finally:
+        assert cli("umount", str(mnt)).returncode == 0

@@ -101,9 +101,14 @@ def collect_status(vfs: VFS, *, meta_url: str | None = None,
     """Capacity, drives, zones by condition and write amplification of an open
     file system, and its storage servers (``server_status``)."""
     from shinglefs.meta.api import ROOT_CTX
+    from shinglefs.server.cluster import ClusterNode
 
     statfs = vfs.statfs(ROOT_CTX)
-    node = vfs.node.stats()
+    unasked: dict[int, str] = {}
+    if isinstance(vfs.node, ClusterNode):  # the drives are storage servers': ask them
+        node, unasked = vfs.node.stats_asked(WRITES_TIMEOUT_S)
+    else:
+        node = vfs.node.stats()
     user = node.user_bytes_written
     drives: list[dict[str, Any]] = []
     for drive in node.drives:
@@ -139,6 +144,9 @@ def collect_status(vfs: VFS, *, meta_url: str | None = None,
         "drives": drives,
         "servers": server_status(vfs.meta, server_timeout_s),
         "metadata_backup": vfs.meta_backup.newest(),
+        # Live servers that did not answer STATS: their drives show only the
+        # capacity and free bytes of their last heartbeat.
+        "drives_not_asked": {str(k): v for k, v in unasked.items()},
     }
 
 

@@ -94,6 +94,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from shinglefs.client.commit import cluster_drive_id, drive_for, split_drive_id
+from shinglefs.errors import ShingleError
 from shinglefs.meta.api import LOCAL_SERVER, MetaStore, Replica, ServerRecord
 from shinglefs.meta.errors import FsError
 from shinglefs.server.cluster_reads import (
@@ -680,6 +681,46 @@ class ClusterNode:
         with self._lock:
             self._refresh()
             return _reported_stats(self._live, self._servers, self._copies(None), self._free)
+
+    def stats_asked(self, timeout_s: float) -> tuple[NodeStats, dict[int, str]]:
+        """``stats`` with each live server's own drive figures (live bytes,
+        slices, zones, write amplification, write-scheduler figures) asked over
+        the slice protocol (STATS) instead of the heartbeat's capacity and free
+        bytes alone: what ``shinglefs status META_URL`` shows. Totals stay
+        ``stats``'s (at the default goal). A server that does not answer within
+        ``timeout_s`` keeps its reported figures; returns them with
+        ``{server id: why}`` for those."""
+        reported = self.stats()
+        by_server: dict[int, list[DriveStats]] = {}
+        for drive in reported.drives:
+            by_server.setdefault(split_drive_id(drive.drive_id)[0], []).append(drive)
+        with self._lock:
+            addresses = {sid: self._servers[sid].address for sid in by_server
+                         if sid in self._servers}
+        drives: list[DriveStats] = []
+        failed: dict[int, str] = {}
+        user = device = 0
+        for server_id, known in sorted(by_server.items()):
+            try:
+                with RemoteNode(addresses[server_id], self._secret, connections=1,
+                                timeout=timeout_s, connect_timeout=timeout_s) as remote:
+                    answer = remote.stats()
+            except (ShingleError, OSError, KeyError) as exc:
+                failed[server_id] = str(exc)
+                drives.extend(known)
+                continue
+            user += answer.user_bytes_written
+            device += answer.device_bytes_written
+            for d in answer.drives:
+                drives.append(DriveStats(cluster_drive_id(server_id, d.drive_id),
+                                         f"{addresses[server_id]}:{d.spec}", d.capacity_bytes,
+                                         d.free_bytes, d.store, d.runs, d.writes))
+        asked = NodeStats(capacity_bytes=reported.capacity_bytes,
+                          free_bytes=reported.free_bytes,
+                          live_bytes=sum(d.store.live_bytes for d in drives),
+                          user_bytes_written=user, device_bytes_written=device,
+                          drives=sorted(drives, key=lambda d: d.drive_id))
+        return asked, failed
 
     def close(self) -> None:
         """Close every connection (writes answered are on the servers; nothing to flush
