@@ -63,7 +63,10 @@ def test_policy_sets_and_shows_a_goal_and_keeps_the_rest_of_the_policy(
 
 
 @pytest.mark.parametrize(("args", "code", "says"), [
-    (["/nowhere", "--replicas", "2"], 1, "no entry"),
+    (["/nowhere", "--replicas", "2"], 1, "/nowhere: no 'nowhere' in / [ENOENT]"),
+    (["/ckpt/none/deeper"], 1, "/ckpt/none/deeper: no 'none' in /ckpt [ENOENT]"),
+    (["/ckpt/file"], 1, "/ckpt/file is not a directory: a policy is set on the directory"),
+    (["/ckpt/file/x"], 1, "/ckpt/file/x: /ckpt/file is not a directory [ENOTDIR]"),
     (["/ckpt", "--replicas", "0"], 1, "1..16"),
     (["/ckpt", "--replicas", "two"], 2, "neither a number"),
     (["ckpt"], 2, "absolute path"),
@@ -75,6 +78,7 @@ def test_policy_refuses_what_it_cannot_do_with_one_line(
         meta_url: str, meta: MetaStore, capsys: pytest.CaptureFixture[str], args: list[str],
         code: int, says: str) -> None:
     ckpt = meta.mkdir(ROOT_INO, b"ckpt", 0o755)
+    meta.create(ckpt.ino, b"file", 0o644)
     assert cli("policy", meta_url, *args) == code
     assert says in capsys.readouterr().err
     assert meta.get_policy(ckpt.ino) == DirPolicy()

@@ -155,16 +155,20 @@ def test_refusals_are_one_line_and_change_nothing(fs: MountedFileSystem, tmp_pat
         (["--delete", str(fs.mountpoint / "d" / "f")], 1, "/d/f is not a read-only snapshot"),
         (["--delete", str(fs.mountpoint / "d"), str(fs.mountpoint / "x")], 2, "one path"),
         (["--delete", str(tmp_path / "x")], 2, "nor on a ShingleFS mount"),
-        (["--delete", fs.meta_url], 2, "nor on a ShingleFS mount"),
+        (["--delete", fs.meta_url], 2, "is a metadata URL: --delete takes"),
         ([str(fs.mountpoint / "d")], 2, "a source and a new name"),
+        (["d", ".."], 2, f"'..' ({fs.mountpoint.parent}) is neither"),  # as typed, and where
+        ([str(fs.mountpoint / "d"), str(fs.mountpoint / "ro@v1" / "in")], 1,
+         "/ro@v1 is a read-only snapshot"),
     ]
+    snapshot(str(fs.mountpoint / "d"), str(fs.mountpoint / "ro@v1"), "--read-only")
     for args, code, words in cases:
         done = subprocess.run([*shinglefs_command(), "snapshot", *args],
-                              capture_output=True, text=True, timeout=120)
+                              capture_output=True, text=True, timeout=120, cwd=fs.mountpoint)
         assert done.returncode == code, (args, done.stderr)
         assert words in done.stderr, (args, done.stderr)
         assert "Traceback" not in done.stderr
-    assert sorted(os.listdir(fs.mountpoint)) == ["d"]
+    assert sorted(os.listdir(fs.mountpoint)) == ["d", "ro@v1"]
     assert (fs.mountpoint / "d" / "f").read_bytes() == b"x"
     consistent(fs)
 

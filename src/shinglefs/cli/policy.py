@@ -57,15 +57,25 @@ def opened_meta(meta_url: str) -> Iterator[MetaStore]:
 
 
 def resolve_path(meta: MetaStore, path: str) -> int:
-    """The inode of absolute ``path`` (ENOENT, ENOTDIR from meta)."""
+    """The inode of absolute ``path`` (ENOENT, ENOTDIR naming the path)."""
     from shinglefs.meta.api import ROOT_INO
+    from shinglefs.meta.errors import FsError
 
     if not path.startswith("/"):
         raise UsageError(f"{path!r} is not an absolute path inside the file system",
                          hint="e.g. /ckpt (the path as the mount shows it below its root)")
     ino = ROOT_INO
+    walked = ""
     for name in (p for p in posixpath.normpath(path).split("/") if p):
-        ino = meta.lookup(ino, os.fsencode(name)).ino
+        try:
+            ino = meta.lookup(ino, os.fsencode(name)).ino
+        except FsError as exc:
+            if exc.errno == errno.ENOENT:
+                raise FsError(errno.ENOENT, f"{path}: no {name!r} in {walked or '/'}") from None
+            if exc.errno == errno.ENOTDIR:
+                raise FsError(errno.ENOTDIR, f"{path}: {walked} is not a directory") from None
+            raise
+        walked += "/" + name
     return ino
 
 
@@ -96,10 +106,11 @@ POLICY_USAGE = ("shinglefs policy ./mnt/ckpt (a directory on a mount), or "
                 "shinglefs policy META_URL /ckpt")
 
 
-def path_on_mount(target: str, usage: str = POLICY_USAGE) -> tuple[str, str]:
+def path_on_mount(target: str, usage: str = POLICY_USAGE,
+                  shown: str | None = None) -> tuple[str, str]:
     """(metadata URL, absolute path inside the file system) of ``target`` on a
     ShingleFS mount of this host (``policy ./mnt/ckpt``); ``usage`` is the
-    hint when it is on none."""
+    hint when it is on none; ``shown``: how to name it in that message."""
     from shinglefs.cli.status import _status_of_mount
     from shinglefs.fuse.mount import FSTYPE, mount_entry
 
@@ -107,7 +118,8 @@ def path_on_mount(target: str, usage: str = POLICY_USAGE) -> tuple[str, str]:
     while (entry := mount_entry(top)) is None and os.path.dirname(top) != top:
         top = os.path.dirname(top)
     if entry is None or entry["fstype"] != FSTYPE:
-        raise UsageError(f"{target!r} is neither a metadata URL nor on a ShingleFS mount",
+        named = repr(target) if shown is None else shown
+        raise UsageError(f"{named} is neither a metadata URL nor on a ShingleFS mount",
                          hint=usage)
     inside = os.path.relpath(real, top)
     return str(_status_of_mount(top)["meta_url"]), "/" if inside == "." else "/" + inside
@@ -131,6 +143,7 @@ def policy_command(
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
     """Show a directory's policy; with options, change those parts of it."""
+    from shinglefs.meta.errors import FsError
     from shinglefs.meta.records import ROOT_INO
 
     goal = _goal(replicas)
@@ -143,6 +156,9 @@ def policy_command(
         meta_url, path = path_on_mount(meta_url)
     with opened_meta(meta_url) as meta:
         ino = resolve_path(meta, path)
+        if not meta.getattr(ino).is_dir:
+            raise FsError(errno.ENOTDIR, f"{local or path} is not a directory: a policy "
+                                         "is set on the directory that holds the files")
         policy = meta.get_policy(ino)
         changed = policy
         if goal != "":

@@ -57,10 +57,11 @@ def _entry_on_mount(path: str) -> tuple[str, str]:
     from shinglefs.cli.policy import path_on_mount
 
     absolute = os.path.abspath(path)
+    shown = repr(path) if path == absolute else f"{path!r} ({absolute})"
     head, tail = os.path.split(absolute)
     if not tail or os.path.ismount(absolute):
-        return path_on_mount(absolute, USAGE)
-    meta_url, inside = path_on_mount(head, USAGE)
+        return path_on_mount(absolute, USAGE, shown=shown)
+    meta_url, inside = path_on_mount(head, USAGE, shown=shown)
     return meta_url, posixpath.join(inside, tail)
 
 
@@ -71,7 +72,8 @@ def _why(code: int, path: str, dst: str) -> str | None:
             errno.EEXIST: f"{dst} exists",
             errno.EINVAL: f"{dst} is inside {path}: a tree cannot be copied into itself",
             errno.EACCES: f"{path} or {posixpath.dirname(dst)}: permission denied",
-            errno.EPERM: f"{path} holds a device node (only root copies one), or "
+            errno.EPERM: f"{posixpath.dirname(dst)} is a read-only snapshot (or inside "
+                         f"one), {path} holds a device node (only root copies one), or "
                          f"{posixpath.dirname(dst)} is another user's sticky directory",
             errno.EROFS: f"{dst}: the mount is read-only",
             errno.EMLINK: f"{posixpath.dirname(dst)} has too many subdirectories"}.get(code)
@@ -234,6 +236,11 @@ def snapshot_command(
         if second is not None or read_only:
             raise UsageError("--delete takes one path on a mount, and no other option",
                              hint="name only the read-only snapshot, by its path on a mount")
+        from shinglefs.cli.status import _is_url
+
+        if _is_url(first):
+            raise UsageError(f"{first!r} is a metadata URL: --delete takes the read-only "
+                             "snapshot's path on a mount", hint=USAGE)
         gone, count = _delete_through_mount(first)
         took = time.perf_counter() - started
         if as_json:
