@@ -445,6 +445,7 @@ def open_filesystem(
         node.tier_of = TierLookup(meta)
         try:
             _adopt_unidentified(meta, info, records, specs, found)
+            _ids_past_the_drives(meta, node)
             vfs = VFS(meta, node, config, mountpoint=mountpoint, groups=groups)
         except BaseException:
             node.close()
@@ -455,6 +456,18 @@ def open_filesystem(
     if serve:
         _share(vfs, meta, node)
     return vfs
+
+
+def _ids_past_the_drives(meta: MetaStore, node: StorageNode) -> None:
+    """Raise meta's slice id counter past every id the drives hold: metadata
+    loaded from an older dump (or restored from a copy) would otherwise hand
+    out ids of slices still on the drives, and the first new files would fail
+    on close (EINVAL) and stay empty."""
+    top = node.highest_slice_id()
+    if top and meta.raise_slice_ids(top):
+        log.warning("the drives hold slice ids up to %d, past the metadata's counter (metadata "
+                    "restored from an older copy?): new slices now take higher ids; "
+                    "`shinglefs fsck` checks the rest", top)
 
 
 OWNER_WAIT_S = 5.0

@@ -579,6 +579,13 @@ class MetaStore(ServerRegistry):
         """A fresh slice id, from a local batch refilled by one transaction.
         Ids are unique across processes and hosts; a crash only leaves gaps."""
 
+    @abstractmethod
+    def raise_slice_ids(self, past: int) -> bool:
+        """Make every slice id handed out from now on (by any client) greater
+        than ``past``: the drives hold a slice with that id, which metadata
+        restored from an older dump does not know. Returns whether the
+        counter had to move. Durable when it returns."""
+
     # ---- slices (storage side) ---------------------------------------------------
 
     @abstractmethod

@@ -341,6 +341,7 @@ INS_ID = "INSERT INTO ids (name, next_id) VALUES (?, ?)"
 INS_ID_IF_MISSING = "INSERT INTO ids (name, next_id) VALUES (?, ?) ON CONFLICT (name) DO NOTHING"
 SET_SECRET_IF_EMPTY = "UPDATE format SET secret = ? WHERE id = 1 AND secret = ''"
 ALLOC_IDS = "UPDATE ids SET next_id = next_id + ? WHERE name = ? RETURNING next_id"
+RAISE_IDS = "UPDATE ids SET next_id = ? WHERE name = ? AND next_id <= ?"
 INS_COUNTER = "INSERT INTO counters (shard, used_bytes, inodes) VALUES (?, 0, 0)"
 # The statfs counters: a base row per shard (format made 16; only shard 0 is
 # written now) plus the changes operations append to counter_deltas, keyed by

@@ -365,6 +365,10 @@ class StorageNode:
     def drive_ids(self) -> list[int]:
         return sorted(self._stores)
 
+    def highest_slice_id(self) -> int:
+        """The highest slice id any drive of this node holds or held (0: none)."""
+        return max((self._store(d).highest_slice_id() for d in self.drive_ids), default=0)
+
     def _store(self, drive_id: int) -> SliceStoreAPI:
         if self._closed:
             raise NodeClosed("the storage node is closed")

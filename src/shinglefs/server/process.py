@@ -325,6 +325,12 @@ class StorageServer:
                      for d in s.drives if d.uuid is not None}
             self._node, self._uuids = open_drives(self.config, fs_uuid, known)
             self._node.tier_of = TierLookup(self._meta)
+            # Clients number new slices from meta's counter: keep it past
+            # every id these drives hold (metadata restored from a dump).
+            top = self._node.highest_slice_id()
+            if top and self._meta.raise_slice_ids(top):
+                log.warning("drives hold slice ids up to %d, past the metadata's counter: "
+                            "raised it", top)
             try:
                 stores = server_store_config(self.config.store_config)
                 self._slices = SliceServer(self._node, key, host=host, port=port,

@@ -217,6 +217,10 @@ class SliceStoreAPI(ABC):
     def stats(self) -> StoreStats: ...
 
     @abstractmethod
+    def highest_slice_id(self) -> int:
+        """The highest slice id the store holds or held (0: none)."""
+
+    @abstractmethod
     def space(self) -> StoreSpace:
         """``stats()``'s space fields alone, in microseconds (the write path's figure)."""
 

@@ -159,6 +159,11 @@ class SliceIndex:
                 return int(self._off[i]) + int(self._len[i])
         return None
 
+    def highest_id(self) -> int:
+        """The highest slice id the index has seen (live or not; 0 when none)."""
+        base = int(self._sid.max()) if self._sid.size else 0
+        return max(base, max(self._tail, default=0))
+
     def slice_ids(self) -> Iterator[int]:
         """Every live slice id (a snapshot; base ids in ascending order, then the tail's)."""
         ids = np.unique(self._sid[self._len != 0])

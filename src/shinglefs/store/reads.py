@@ -48,6 +48,10 @@ class LogReads(LogZones):
             raise SliceNotFound(sid, drive=self.name)
         return n
 
+    def highest_slice_id(self) -> int:
+        with self._cv:
+            return self.index.highest_id()
+
     def slice_ids(self) -> Iterator[int]:
         with self._cv:
             ids = list(self.index.slice_ids())

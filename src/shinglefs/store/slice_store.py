@@ -213,6 +213,12 @@ class SliceStore(SliceStoreAPI):
         self._check_open()
         return self._log.contains(slice_id)
 
+    def highest_slice_id(self) -> int:
+        """The highest slice id this drive's index holds or held (0: none):
+        new slices must be given higher ones (``StorageNode.highest_slice_id``)."""
+        self._check_open()
+        return self._log.highest_slice_id()
+
     def slice_ids(self) -> Iterator[int]:
         """Every slice id held (a snapshot), for reconciliation with the metadata."""
         self._check_open()

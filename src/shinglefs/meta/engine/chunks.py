@@ -113,6 +113,12 @@ class ChunkOps(SqlCore):
     def next_slice_id(self) -> int:
         return self._alloc("slice")
 
+    def raise_slice_ids(self, past: int) -> bool:
+        moved = self._run(lambda tx: tx.run(S.RAISE_IDS, (past + 1, "slice", past)), "autocommit")
+        with self._lock:
+            self._ids.pop("slice", None)  # a batch taken before may lie below: take a new one
+        return bool(moved)
+
     def add_slice(self, info: SliceInfo) -> None:
         def txn(tx: Tx) -> None:
             state = SliceState(info.state).value
