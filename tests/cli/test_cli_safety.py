@@ -398,3 +398,17 @@ def test_another_user_opening_roots_drives_gets_a_typed_error() -> None:
     assert code == 3, err
     assert "uid 65534 may not open its lock file" in err and "owned by uid 0" in err, err
     assert "shinglefs status MOUNTPOINT" in err
+
+
+def test_the_metadata_and_the_drive_images_are_their_owners_alone(work: Path) -> None:
+    """meta.db holds the cluster secret and every file's metadata; a drive image
+    holds every file's bytes: another user must not read either around the
+    mount's permissions (they were 0644)."""
+    import stat
+
+    done = small_format(work, "data")
+    assert done.returncode == 0, done.stderr
+    made = [p for p in (work / "data").iterdir() if not p.name.endswith(".lock")]
+    assert any(p.name == "meta.db" for p in made) and any(p.suffix == ".img" for p in made)
+    for path in made:
+        assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, (path, oct(path.stat().st_mode))

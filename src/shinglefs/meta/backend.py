@@ -38,6 +38,7 @@ raises ``MetaUnavailable``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sqlite3
@@ -264,6 +265,12 @@ class SqliteBackend:
         self._conn()  # fail now, with a clear error, if the file is unusable
 
     def _connect(self) -> sqlite3.Connection:
+        if self.path != ":memory:" and not os.path.exists(self.path):
+            # A new database is its owner's alone (it holds the cluster secret
+            # and every file's metadata); SQLite gives its -wal and -shm files
+            # the same mode.
+            with contextlib.suppress(FileExistsError, FileNotFoundError):
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         try:
             conn = sqlite3.connect(
                 self.path,

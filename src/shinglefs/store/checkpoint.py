@@ -113,7 +113,7 @@ class CheckpointArea:
         self.path = path
         self._fd: int | None = None
         if path is not None:
-            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
             self.base = 0
             self.slot_size = 1 << 40  # a sparse file: no practical limit
             self.backup_slot_size = 1 << 40

@@ -105,7 +105,7 @@ class ConventionalDrive(ZonedDrive):
         geometry = Geometry(zone_size, zone_count, zone_count, 0, block_size)
         name = name or os.path.basename(os.fspath(path).rstrip("/"))
         try:
-            fd = os.open(data, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            fd = os.open(data, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             raise UsageError(
                 f"{data} already exists", hint="format never overwrites a drive: choose a new path for it"

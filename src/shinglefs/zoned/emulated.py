@@ -159,7 +159,7 @@ class EmulatedZonedDrive(EmulatedIO):
                 )
         else:
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             except FileExistsError:
                 raise UsageError(
                     f"{path} already exists", hint="format never overwrites a drive: choose a new path for it"

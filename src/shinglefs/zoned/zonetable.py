@@ -126,7 +126,7 @@ class ZoneTable:
         header[len(fields) : len(fields) + 4] = _CRC.pack(crc32c.crc32c(fields))
         slot_size = _slot_size(geometry.zone_count)
         tmp = f"{path}.tmp{os.getpid()}"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.pwrite(fd, bytes(header), 0)
             os.ftruncate(fd, HEADER_SIZE + 2 * slot_size)
