@@ -168,6 +168,20 @@ def test_a_drive_of_another_file_system_is_refused_in_one_line(work: Path) -> No
     assert "belongs to another file system" in line
 
 
+def test_a_missing_or_truncated_drive_is_one_line_with_the_way_back(work: Path) -> None:
+    assert small_format(work, "a").returncode == 0
+    image = work / "a" / "smr0.img"
+    image.rename(work / "aside.img")
+    for command in (["status", "sqlite3:a/meta.db"], ["mount", "sqlite3:a/meta.db", "mnt"]):
+        line = refused(run(work, *command), 18)
+        assert "drive 0 of file system 'fs' is missing: nothing at" in line, (command, line)
+    (work / "aside.img").rename(image)
+    with open(image, "r+b") as f:
+        f.truncate(1 << 20)
+    result = run(work, "status", "sqlite3:a/meta.db")
+    assert result.returncode == 3 and "put the whole image back" in result.stderr, result.stderr
+
+
 @pytest.mark.skipif(not ROOT, reason="mounting a tmpfs needs root")
 def test_umount_leaves_a_mount_of_another_file_system_alone(work: Path) -> None:
     other = work / "tmpfs"

@@ -343,6 +343,13 @@ def _check_identities(info: FormatInfo, records: list[DriveRecord],
     """Read every drive's header and compare it with the metadata (nothing is opened)."""
     found: list[DriveIdentity | None] = []
     for i, (record, spec) in enumerate(zip(records, specs, strict=True)):
+        if spec.kind != "linux" and not os.path.exists(spec.path):
+            raise DriveIdentityError(
+                f"drive {i} of file system {info.name!r} is missing: nothing at {spec.path}",
+                hint="put the drive file back at this path (or the data directory back "
+                "together); `shinglefs status URL --servers` and the other drives are "
+                "untouched: nothing was opened",
+            )
         ident = _identity_of(i, spec, info)
         found.append(ident)
         if ident is None:

@@ -140,10 +140,14 @@ class ConventionalDrive(ZonedDrive):
         try:
             fd = os.open(data, os.O_RDWR)
         except FileNotFoundError:
-            raise DriveFormatError(f"data file {data} not found", drive=name) from None
+            raise DriveFormatError(f"data file {data} not found", drive=name,
+                                   hint="put the drive's data file back at this path beside "
+                                   "its .zones table") from None
         if os.lseek(fd, 0, os.SEEK_END) < geometry.capacity:
             os.close(fd)
-            raise DriveFormatError("data file is shorter than its zone table says", drive=name)
+            raise DriveFormatError("data file is shorter than its zone table says", drive=name,
+                                   hint="the file was truncated or replaced: put the whole file "
+                                   "back (a copy must keep its size; `cp --sparse=always` does)")
         return cls(data, fd, geometry, name)
 
     # -- descriptors ----------------------------------------------------------------------

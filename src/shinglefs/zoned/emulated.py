@@ -198,7 +198,9 @@ class EmulatedZonedDrive(EmulatedIO):
             fd = os.open(path, os.O_RDWR)
         except FileNotFoundError:
             table.close()
-            raise DriveFormatError(f"data file {path} not found", drive=name) from None
+            raise DriveFormatError(f"data file {path} not found", drive=name,
+                                   hint="put the drive's image back at this path beside its "
+                                   ".zones table") from None
         size = os.lseek(fd, 0, os.SEEK_END)
         if size < table.geometry.capacity:
             os.close(fd)
@@ -206,6 +208,8 @@ class EmulatedZonedDrive(EmulatedIO):
             raise DriveFormatError(
                 f"data file holds {size} bytes; the zone table says {table.geometry.capacity}",
                 drive=name,
+                hint="the image was truncated or replaced: put the whole image back (a copy "
+                "of a drive image must keep its size; `cp --sparse=always` does)",
             )
         return cls(path, fd, table, wps, failed, name)
 
