@@ -168,6 +168,18 @@ def test_a_drive_of_another_file_system_is_refused_in_one_line(work: Path) -> No
     assert "belongs to another file system" in line
 
 
+def test_a_lost_meta_db_beside_its_drives_names_the_rebuild_command(work: Path) -> None:
+    assert small_format(work, "a").returncode == 0
+    (work / "a" / "meta.db").rename(work / "meta.db.aside")
+    data = (work / "a").resolve()
+    for command in (["mount", "sqlite3:a/meta.db", "mnt"], ["fsck", "sqlite3:a/meta.db"]):
+        result = run(work, *command)
+        assert result.returncode == 3, result.stderr
+        assert (f"`shinglefs load --from-drives smr:{data}/smr0.img smr:{data}/smr1.img "
+                f"sqlite3://{data}/meta.db`") in result.stderr, result.stderr
+        assert not (work / "a" / "meta.db").exists()  # nothing was created
+
+
 def test_a_missing_or_truncated_drive_is_one_line_with_the_way_back(work: Path) -> None:
     assert small_format(work, "a").returncode == 0
     image = work / "a" / "smr0.img"

@@ -107,11 +107,38 @@ def require_metadata_file(meta_url: str) -> None:
     (opening it would create an empty database)."""
     path = sqlite_file(meta_url)
     if path is not None and path.is_absolute() and not path.exists():
+        drives = sorted(p.name for p in path.parent.glob("*.zones")) if path.parent.is_dir() \
+            else []
+        if drives:  # a data directory whose meta.db is gone: the drives keep a backup
+            shown = " ".join(_drive_spec_of_table(path.parent / d) for d in drives)
+            raise NotFormatted(
+                f"no metadata database at {path}, but drives of a file system are beside "
+                "where it was",
+                hint=f"rebuild it from their newest backup: `shinglefs load --from-drives "
+                f"{shown} sqlite3://{path}`, then `shinglefs fsck --repair sqlite3://{path}` "
+                "(docs/metadata.md, \"Losing meta.db\")",
+            )
         raise NotFormatted(
             f"no metadata database at {path}: the file does not exist",
             hint="check the path; `shinglefs format URL --drive ...` or "
             "`shinglefs up DATA_DIR MOUNTPOINT` creates one",
         )
+
+
+def _drive_spec_of_table(table: Path) -> str:
+    """``KIND:PATH`` of the drive whose zone table is ``table`` (``PATH.zones``):
+    conventional when every zone is, else smr (``KIND`` if unreadable)."""
+    from shinglefs.zoned.zonetable import ZoneTable
+
+    data = str(table).removesuffix(".zones")
+    try:
+        loaded, _, _ = ZoneTable.load(str(table), table.name)
+    except ShingleError:
+        return f"KIND:{data}"
+    geometry = loaded.geometry
+    loaded.close()
+    conventional = geometry.conventional_zones == geometry.zone_count
+    return f"{'conventional' if conventional else 'smr'}:{data}"
 
 
 def _recorded_spec(spec: DriveSpec, base: Path | None) -> str:

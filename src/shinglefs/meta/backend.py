@@ -64,9 +64,10 @@ _BACKOFF_FIRST = 0.0002
 _BACKOFF_MAX = 0.05
 
 DAMAGED_HINT = ("check that the URL names the file system's meta.db; if it does, the file "
-                "is damaged: keep a copy of it, then rebuild the metadata from the drives' newest backup into a new file with `shinglefs "
-                "load --from-drives DRIVE... sqlite3:///NEW/meta.db` and `shinglefs fsck "
-                "--repair` it (docs/metadata.md, \"Losing meta.db\")")
+                "is damaged: move it aside (`mv meta.db meta.db.damaged`, and its -wal and "
+                "-shm files), then rebuild it in its place from the drives' newest backup "
+                "with `shinglefs load --from-drives DRIVE... URL` and `shinglefs fsck "
+                "--repair URL` (docs/metadata.md, \"Losing meta.db\")")
 
 # This process's id, kept current across fork: every transaction asks whether
 # its connection was made in this process, and ``os.getpid()`` is a system
