@@ -217,6 +217,18 @@ def test_gc_gives_up_on_a_drive_full_of_live_data_and_resumes_after_deletes(driv
         for _ in range(3):  # and later passes copy nothing until something is deleted
             store.collect_garbage()
         assert store.stats().gc_bytes_copied == copied
+        # What statfs and reservations are told is still writable is (no
+        # longer counting the dead bytes GC gave up on).
+        promised = store.slice_log.writable_bytes()
+        taken = 0
+        with pytest.raises(StoreFull):
+            while True:
+                sid += 1
+                store.write(sid, 0, payload(sid, 50_000), group=0)
+                written[sid] = payload(sid, 50_000)
+                taken += 50_000
+        assert taken >= promised
+        copied = store.stats().gc_bytes_copied
         for s in list(written)[::2]:
             store.delete(s)
             del written[s]

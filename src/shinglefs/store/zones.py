@@ -353,6 +353,9 @@ class LogZones:
         lenders = self._data_zones_with_room() + self._gc_zone_to_lend()
         room = sum(self.room(z) for z in lenders)
         dead = self.dead_bytes()
+        gave_up = self.collector.gave_up_at_dead if self.collector is not None else None
+        if gave_up is not None:  # GC found the dead bytes it stopped at not worth copying
+            dead -= gave_up
         # What zone granularity costs at the end (the tails of zones GC seals,
         # the GC stream's own zone, a zone being collected): measured at about
         # one zone a drive when filling 4-8 GiB drives; kept back so that a
