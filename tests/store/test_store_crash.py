@@ -25,7 +25,10 @@ def test_flushed_writes_and_deletes_survive_a_power_cut_and_unflushed_ones_may_n
         assert store.read(1, 0, 300_000) == payload(1, 300_000)
         assert store.read(3, 0, 50_000) == payload(3, 50_000)
         assert not store.contains(2)
-        assert not store.contains(4)
+        # Never flushed by the test: lost, unless a background flush (GC, an
+        # index checkpoint) made it durable first; never half of it.
+        if store.contains(4):
+            assert store.read(4, 0, 70_000) == payload(4, 70_000)
         report = store.recovery_report
         assert report.records_replayed >= 3  # data 1, 2, 3 and the tombstone after the checkpoint
     finally:
