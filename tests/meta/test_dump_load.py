@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.meta.recoverykit import (
@@ -25,8 +28,16 @@ from tests.support.pgcluster import PgCluster
 
 from shinglefs.client.filesystem import open_filesystem
 from shinglefs.client.recovery import NoMetadataBackup, load_from_drives
+from shinglefs.errors import PathError
 from shinglefs.meta import open_meta
-from shinglefs.meta.dump import DumpError, LoadTargetNotEmpty, dump_url, load_url
+from shinglefs.meta.backend import backend_from_url
+from shinglefs.meta.dump import (
+    DumpError,
+    LoadTargetNotEmpty,
+    dump_url,
+    load_backend,
+    load_url,
+)
 from shinglefs.meta.errors import AlreadyFormatted, NotFormatted
 from shinglefs.store.metabackup import BackupError, backup_slots, write_backup
 
@@ -111,8 +122,18 @@ def test_a_dump_cut_short_is_refused_and_never_looks_like_a_file_system(
     lines = (tmp_path / "d.jsonl").read_bytes().splitlines(keepends=True)
     (tmp_path / "cut.jsonl").write_bytes(b"".join(lines[: len(lines) - 3]))
     target = f"sqlite3://{tmp_path / 'cut.db'}"
-    with pytest.raises(DumpError, match=r"cut short|format record"):
+    with pytest.raises(DumpError, match=r"cut short"):
         load_url(str(tmp_path / "cut.jsonl"), target)
+    assert not (tmp_path / "cut.db").exists()  # a file is checked before the target is made
+    # A dump read once (a pipe) is checked as it is loaded: cut short, it leaves rows
+    # that never look like a file system, and the next load refuses them.
+    backend = backend_from_url(target)
+    try:
+        with pytest.raises(DumpError, match=r"cut short"):
+            load_backend(io.BytesIO(b"".join(lines[: len(lines) - 3])), backend,
+                         check_first=False)
+    finally:
+        backend.close()
     meta = open_meta(target)
     try:
         with pytest.raises(NotFormatted):
@@ -197,20 +218,22 @@ def test_the_maintenance_thread_writes_the_backup_when_due(tmp_path: Path) -> No
     assert sql(tmp_path, "SELECT COUNT(*) FROM sessions")[0][0] == 0
 
 
-def test_a_failed_dump_leaves_the_previous_dump_and_no_partial_file(
+def test_a_failed_dump_leaves_no_file_and_an_existing_one_is_never_overwritten(
         fs: FsFactory, tmp_path: Path) -> None:
-    """The dump is written beside its file and renamed over it once complete:
-    dumping a database that holds no file system fails and keeps yesterday's dump."""
+    """The dump is written beside its file and linked into place once complete:
+    dumping a database that holds no file system fails and leaves no file; a file
+    already at the path (yesterday's dump) is refused and kept as it was."""
     out = tmp_path / "d.jsonl"
     dump_url(fs.meta_url, str(out))
     before = out.read_bytes()
+    with pytest.raises(PathError, match="already exists"):
+        dump_url(fs.meta_url, str(out))
+    assert out.read_bytes() == before
     empty = f"sqlite3://{tmp_path / 'empty.db'}"
     open_meta(empty).close()  # a database, but no file system in it
     with pytest.raises(NotFormatted):
-        dump_url(empty, str(out))
-    assert out.read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("d.jsonl")) == [
-        "d.jsonl"]
+        dump_url(empty, str(tmp_path / "new.jsonl"))
+    assert sorted(p.name for p in tmp_path.iterdir() if "jsonl" in p.name) == ["d.jsonl"]
 
 
 def test_loading_a_missing_dump_is_one_line_and_creates_no_database(tmp_path: Path) -> None:
@@ -291,3 +314,158 @@ def test_a_clean_shutdown_leaves_a_backup_of_the_metadata_as_left(tmp_path: Path
         Path(f"{tmp_path}/meta.db{suffix}").unlink(missing_ok=True)
     assert load_from_drives(drive_specs(tmp_path), factory.meta_url).backup.number == 2
     assert listing(factory.meta_url) == {"/short-lived": pattern(4, 10_000)}
+
+
+# ---- a dump that is not complete, or damaged, is refused in one line (exit 3) -------------
+
+
+def _cut_table(lines: list[bytes], table: str) -> list[bytes]:
+    start = lines.index(next(ln for ln in lines if ln.startswith(b'{"table":"%s"' % table.encode())))
+    end = lines.index(next(ln for ln in lines if ln.startswith(b'{"end":"%s"' % table.encode())))
+    return lines[:start] + lines[end + 1:]
+
+
+def _json_edit(line: bytes, edit: Callable[[dict[str, Any]], None]) -> bytes:
+    obj = json.loads(line)
+    edit(obj)
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+def _first_row(lines: list[bytes], table: str) -> int:
+    return lines.index(next(ln for ln in lines if ln.startswith(b'{"table":"%s"' % table.encode()))) + 1
+
+
+def _drop_row_fix_end(lines: list[bytes], also_trailer: bool) -> list[bytes]:
+    row = _first_row(lines, "inodes")
+    out = lines[:row] + lines[row + 1:]
+    end = next(i for i, ln in enumerate(out) if ln.startswith(b'{"end":"inodes"'))
+    out[end] = _json_edit(out[end], lambda o: o.update(rows=o["rows"] - 1))
+    if also_trailer:
+        out[-1] = _json_edit(out[-1], lambda o: o["rows"].update(inodes=o["rows"]["inodes"] - 1))
+    return out
+
+
+def _trailer_count(lines: list[bytes]) -> list[bytes]:
+    return [*lines[:-1], _json_edit(lines[-1], lambda o: o["rows"].update(chunk_refs=7))]
+
+
+def _table_twice(lines: list[bytes]) -> list[bytes]:
+    start = _first_row(lines, "dentries") - 1
+    end = next(i for i, ln in enumerate(lines) if ln.startswith(b'{"end":"dentries"'))
+    return lines[: end + 1] + lines[start: end + 1] + lines[end + 1:]
+
+
+INCOMPLETE: dict[str, Callable[[list[bytes]], list[bytes]]] = {
+    "chunk_refs removed": lambda lines: _cut_table(lines, "chunk_refs"),
+    "inodes removed": lambda lines: _cut_table(lines, "inodes"),
+    "a trailer count changed": _trailer_count,
+    "a row removed, its end count fixed": lambda lines: _drop_row_fix_end(lines, False),
+    "a row removed, its end and trailer counts fixed": lambda lines: _drop_row_fix_end(lines, True),
+    "a table twice": _table_twice,
+    "lines after the trailer": lambda lines: [*lines, *lines[1:3]],
+    "a row changed": lambda lines: [
+        *lines[: _first_row(lines, "chunks")],
+        lines[_first_row(lines, "chunks")].replace(b"[", b"[9", 1),
+        *lines[_first_row(lines, "chunks") + 1:]],
+}
+
+
+@pytest.mark.parametrize("damage", sorted(INCOMPLETE))
+def test_a_dump_that_is_not_complete_is_refused_and_the_target_stays_loadable(
+        fs: FsFactory, tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "d.jsonl"
+    dump_url(fs.meta_url, str(good))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"".join(INCOMPLETE[damage](good.read_bytes().splitlines(keepends=True))))
+    target = f"sqlite3://{fs.root / 'copy.db'}"  # beside the drives: listing reads them
+    capsys.readouterr()
+    assert cli("load", str(bad), target) == 3
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln]
+    assert err[0].startswith("shinglefs: error:") and "Traceback" not in "".join(err)
+    # Refused before a row was written: the same target takes the complete dump.
+    assert cli("load", str(good), target) == 0
+    assert listing(target) == listing(fs.meta_url)
+
+
+MALFORMED_ROWS = ["5", "null", '"table"', '{"table":"inodes"}', '{"b64":123}', '{"x":1}',
+                  '{"end":"inodes","rows":"many"}', "[1,2]", '{"complete":true}']
+
+
+@pytest.mark.parametrize("replacement", MALFORMED_ROWS)
+def test_a_malformed_line_is_one_line_naming_its_number_and_exit_3(
+        fs: FsFactory, tmp_path: Path, replacement: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "d.jsonl"
+    dump_url(fs.meta_url, str(good))
+    lines = good.read_bytes().splitlines(keepends=True)
+    row = _first_row(lines, "inodes")
+    lines[row] = replacement.encode() + b"\n"
+    (tmp_path / "bad.jsonl").write_bytes(b"".join(lines))
+    capsys.readouterr()
+    assert cli("load", str(tmp_path / "bad.jsonl"), f"sqlite3://{tmp_path / 'x.db'}") == 3
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln]
+    assert err[0].startswith("shinglefs: error:") and f"line {row + 1}" in err[0], err
+
+
+def test_a_bad_value_in_a_row_is_refused(fs: FsFactory, tmp_path: Path) -> None:
+    good = tmp_path / "d.jsonl"
+    dump_url(fs.meta_url, str(good))
+    lines = good.read_bytes().splitlines(keepends=True)
+    row = _first_row(lines, "dentries")
+    values = json.loads(lines[row])
+    for bad in ({"b64": 123}, {"b64": "!!"}, [1], {"x": "AA=="}):
+        values[1] = bad
+        lines[row] = json.dumps(values).encode() + b"\n"
+        (tmp_path / "bad.jsonl").write_bytes(b"".join(lines))
+        with pytest.raises(DumpError, match=f"line {row + 1}"):
+            load_url(str(tmp_path / "bad.jsonl"), f"sqlite3://{tmp_path / 'x.db'}")
+
+
+def _without_checksums(lines: list[bytes]) -> list[bytes]:
+    """As a dump written before the tables carried a checksum."""
+    def strip(obj: dict[str, Any]) -> None:
+        obj.pop("sha256", None)
+    return [_json_edit(ln, strip) if ln.startswith(b'{"end"') else ln for ln in lines]
+
+
+def test_a_dump_without_checksums_still_loads(fs: FsFactory, tmp_path: Path) -> None:
+    good = tmp_path / "d.jsonl"
+    dump_url(fs.meta_url, str(good))
+    old = tmp_path / "old.jsonl"
+    old.write_bytes(b"".join(_without_checksums(good.read_bytes().splitlines(keepends=True))))
+    target = f"sqlite3://{fs.root / 'old.db'}"
+    assert cli("load", str(old), target) == 0
+    assert listing(target) == listing(fs.meta_url)
+
+
+def test_a_duplicate_row_is_one_line_and_exit_3(fs: FsFactory, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    good = tmp_path / "d.jsonl"
+    dump_url(fs.meta_url, str(good))
+    lines = _without_checksums(good.read_bytes().splitlines(keepends=True))
+    row = _first_row(lines, "inodes")
+    lines.insert(row, lines[row])
+    end = next(i for i, ln in enumerate(lines) if ln.startswith(b'{"end":"inodes"'))
+    lines[end] = _json_edit(lines[end], lambda o: o.update(rows=o["rows"] + 1))
+    lines[-1] = _json_edit(lines[-1], lambda o: o["rows"].update(inodes=o["rows"]["inodes"] + 1))
+    (tmp_path / "dup.jsonl").write_bytes(b"".join(lines))
+    capsys.readouterr()
+    assert cli("load", str(tmp_path / "dup.jsonl"), f"sqlite3://{tmp_path / 'x.db'}") == 3
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln]
+    assert err[0].startswith("shinglefs: error:") and "inodes" in err[0], err
+    assert not re.search(r"\b(drop|delete|remove)\b", "\n".join(err), re.I)
+
+
+def test_a_damaged_or_cut_gzip_dump_is_one_line_and_exit_3(
+        fs: FsFactory, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    packed = tmp_path / "d.jsonl.gz"
+    dump_url(fs.meta_url, str(packed))
+    whole = packed.read_bytes()
+    cases = {"garbage.gz": whole[:2] + b"this is not deflate data" * 10,
+             "cut.gz": whole[: len(whole) // 2]}
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        capsys.readouterr()
+        assert cli("load", str(tmp_path / name), f"sqlite3://{tmp_path / name}.db") == 3, name
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln]
+        assert err and err[0].startswith("shinglefs: error:"), (name, err)

@@ -11,6 +11,7 @@ storage server or one of its drives was not scrubbed.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -112,15 +113,14 @@ def fsck_command(
 
 def scrub_command(
     meta_url: str = typer.Argument(..., help="metadata URL of the file system"),
-    rate: float = typer.Option(0.0, "--rate", help="read at most this many MiB/s per drive "
-                               "(0: no limit)"),
+    rate_text: str = typer.Option("0", "--rate", metavar="MiB/s",
+                                  help="read at most this many MiB/s per drive (0: no limit)"),
 ) -> None:
     """Read every stored slice and verify its checksums; resumable; exit 41 if damaged,
     42 if a storage server or drive was not scrubbed."""
     from shinglefs.client.recovery import scrub
 
-    if rate < 0:
-        raise UsageError(f"--rate {rate} is negative", hint="e.g. --rate 100")
+    rate = _rate(rate_text)
     meta_url = _existing(meta_url)
     with _progress(None, "bytes") as step:
         result = scrub(meta_url, rate_bytes=rate * MiB or None, progress=step)
@@ -144,6 +144,18 @@ def scrub_command(
         raise typer.Exit(EXIT_DAMAGED)
     if not result.finished:
         raise typer.Exit(EXIT_NOT_SCRUBBED)
+
+
+def _rate(text: str) -> float:
+    """``--rate``: MiB/s, 0 for no limit; ``UsageError`` (exit 2) for anything else."""
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = math.nan
+    if not math.isfinite(rate) or rate < 0:
+        raise UsageError(f"--rate {text!r} is not a number of MiB/s (0 or more)",
+                         hint="e.g. `shinglefs scrub META_URL --rate 100`")
+    return rate
 
 
 HEALTH_SAYS = {
@@ -189,27 +201,31 @@ def load_command(
                                           "drives (KIND:PATH specs)"),
 ) -> None:
     """Load a dump (or the drives' newest backup) into an empty metadata database."""
+    from shinglefs.client.filesystem import absolute_meta_url
+
     if from_drives:
         if len(sources) < 2:
             raise UsageError("load --from-drives needs DRIVE... META_URL",
-                             hint="e.g. load --from-drives smr:/data/smr0.img "
-                                  "sqlite3:///data/meta.db")
+                             hint="e.g. `shinglefs load --from-drives smr:/data/smr0.img "
+                                  "sqlite3:///data/meta.db`")
         from shinglefs.client.recovery import load_from_drives
 
-        loaded = load_from_drives(sources[:-1], sources[-1])
+        target = absolute_meta_url(sources[-1])
+        loaded = load_from_drives(sources[:-1], target)
         typer.echo(f"loaded metadata backup {loaded.backup.number} of drive "
                    f"{loaded.backup.drive} ({sum(loaded.rows.values())} rows); run "
-                   f"`shinglefs fsck --repair {sources[-1]}` next", err=True)
+                   f"`shinglefs fsck --repair {target}` next", err=True)
         return
     if len(sources) != 2:
-        raise UsageError("load needs FILE META_URL", hint="e.g. load meta.jsonl "
-                         "postgresql://fs@db/shingle")
+        raise UsageError("load needs FILE META_URL", hint="e.g. `shinglefs load meta.jsonl "
+                         "postgresql://fs@db/shingle`")
     from shinglefs.meta.dump import load_url
 
+    target = absolute_meta_url(sources[1])
     with _progress(None, "rows") as step:
-        rows = load_url(sources[0], sources[1],
+        rows = load_url(sources[0], target,
                         progress=lambda table, n: step(0, f"{table} {n}"))
-    typer.echo(f"loaded {sum(rows.values())} rows into {sources[1]}", err=True)
+    typer.echo(f"loaded {sum(rows.values())} rows into {target}", err=True)
 
 
 def register(app: typer.Typer) -> None:
