@@ -154,7 +154,9 @@ def test_counters_and_nlink_are_recomputed(fs: FsFactory) -> None:
         meta.close()
 
 
-def test_a_slice_no_file_references_is_dropped_from_meta_and_the_drive(fs: FsFactory) -> None:
+def test_a_committed_slice_no_file_references_is_kept_in_lost_found(
+        fs: FsFactory, capsys: pytest.CaptureFixture[str]) -> None:
+    # Its references lost: its bytes can still be read, so repair never deletes them.
     sid = _slice_of(fs.root, b"c")
     sql(fs.root, "DELETE FROM chunk_refs WHERE slice_id = ?", (sid,))
     sql(fs.root, "UPDATE chunks SET nrefs = 0")
@@ -162,11 +164,16 @@ def test_a_slice_no_file_references_is_dropped_from_meta_and_the_drive(fs: FsFac
                  "(SELECT ino FROM dentries WHERE name = ?)", (b"c",))
     sql(fs.root, f"UPDATE counters SET used_bytes = used_bytes - {len(C)} WHERE shard = 0")
     found = _found(fsck(fs.meta_url))
-    assert f"slice {sid} is committed but unreferenced and not queued" in found["slice_refcounts"]
+    assert f"slice {sid} ({len(C)} bytes) is committed but no file references it" in \
+        found["slice_refcounts"]
     assert cli("fsck", "--repair", fs.meta_url) == 40
-    assert fsck(fs.meta_url).clean
+    out = capsys.readouterr().out
+    assert f"as /lost+found/slice-{sid:x} ({len(C)} bytes)" in out
+    assert "deleted" not in out
+    assert cli("fsck", fs.meta_url) == 0
     with node_of(fs.root) as node:
-        assert not node.contains(sid)
+        assert node.contains(sid)
+    assert listing(fs.meta_url)[f"/lost+found/slice-{sid:x}"] == C
 
 
 def test_a_slice_on_the_drive_unknown_to_meta_is_reattached_in_lost_found(

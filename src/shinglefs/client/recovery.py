@@ -2,7 +2,10 @@
 
 - ``fsck``: the passes of ``shinglefs.meta.fsck`` with the drives' slice
   indexes as input; ``--repair`` refuses while a live session has the file
-  system open (``FileSystemInUse``) unless forced.
+  system open (``FileSystemInUse``) unless forced. fsck and scrub check each
+  drive's identity header against the metadata first, exactly as a mount
+  does (``DriveIdentityError``): another file system's drive, or a swapped
+  one, is never read as this one's.
 - ``scrub``: ``shinglefs.store.scrub`` on every drive, damaged slices mapped
   to file paths through the chunk map; on a file system on storage servers
   each server scrubs its own drives when asked (server/scrubbing.py) and
@@ -14,7 +17,7 @@
   every ``BACKUP_INTERVAL_S`` (the first ``FIRST_BACKUP_S`` after opening);
   a clean shutdown writes one more (``write_at_shutdown``).
 - ``load_from_drives``: rebuild a lost metadata database from the newest
-  valid backup on the drives.
+  valid backup on the drives, all of one file system.
 
 A session is live when its heartbeat is younger than the client's session
 timeout and, for a session of this host, its pid still runs.
@@ -35,9 +38,9 @@ from dataclasses import dataclass, field
 from shinglefs.client.config import ClientConfig
 from shinglefs.errors import ShingleError, UsageError
 from shinglefs.meta import open_meta
-from shinglefs.meta.api import MetaStore
+from shinglefs.meta.api import MetaStore, is_inline_slice
 from shinglefs.meta.backend import Tx
-from shinglefs.meta.check import CheckContext, path_of
+from shinglefs.meta.check import CheckContext, paths_of
 from shinglefs.meta.dump import backend_of, dump_backend, load_backend
 from shinglefs.meta.fsck import FsckReport, run_fsck
 from shinglefs.server.node import SliceNode, StorageNode
@@ -52,12 +55,14 @@ from shinglefs.server.scrubbing import (
 from shinglefs.store.metabackup import (
     BackupError,
     BackupSlot,
+    backup_slots,
     newest_backup,
     read_backup,
     write_backup,
 )
 from shinglefs.store.scrub import ScrubState, scrub_drive
 from shinglefs.store.slice_store import SliceStore
+from shinglefs.zoned.drivespec import parse_drive_spec
 
 log = logging.getLogger(__name__)
 
@@ -111,18 +116,63 @@ def _opened(meta_url: str, before_drives: Callable[[MetaStore], None] | None = N
             ) -> tuple[MetaStore, StorageNode]:
     """The metadata and its recorded drives, opened; ``before_drives(meta)`` runs
     before the drives are opened (and locked)."""
-    from shinglefs.client.filesystem import recorded_drives
-
     meta = open_meta(meta_url)
     try:
-        meta.format_info()
+        specs = _identified_drives(meta)
         if before_drives is not None:
             before_drives(meta)
-        node = StorageNode.open(list(enumerate(recorded_drives(meta))))
+        node = _open_drives(specs, meta_url, recorded=True)
     except BaseException:
         meta.close()
         raise
     return meta, node
+
+
+def _identified_drives(meta: MetaStore) -> list[str]:
+    """The recorded drives' specs, after checking each drive's identity header
+    against the metadata exactly as a mount does (``DriveIdentityError``, exit
+    18: a drive missing, of another file system, or another drive of this
+    one), before any drive is opened: fsck and scrub must never read another
+    file system's slices as this one's, let alone "repair" by them."""
+    from shinglefs.client.filesystem import (
+        _check_identities,
+        _drive_base,
+        _opened_spec,
+        _records,
+    )
+
+    info = meta.format_info()
+    records = _records(meta)
+    base = _drive_base(meta.url_where)
+    specs = [_opened_spec(r, base) for r in records]
+    _check_identities(info, records, specs)
+    return [str(spec) for spec in specs]
+
+
+def _open_drives(specs: list[str], meta_url: str, *, recorded: bool) -> StorageNode:
+    """``StorageNode.open`` for a recovery command, its refusals hinting at what
+    to run: a drive held by a mount (``DriveInUse``, exit 3) and a drive whose
+    size is not the one its spec gives (recorded in the metadata: the drive is
+    not the one recorded, ``DriveIdentityError``, exit 18; typed by the user:
+    ``DriveSpecError``, exit 2)."""
+    from shinglefs.server.errors import DriveInUse
+    from shinglefs.zoned.drivespec import DriveIdentityError, DriveSpecError
+
+    try:
+        return StorageNode.open(list(enumerate(specs)))
+    except DriveInUse as exc:
+        exc.hint = ("unmount the file system first (`shinglefs umount MOUNTPOINT`), then run "
+                    "this command again")
+        raise
+    except DriveSpecError as exc:
+        if recorded:
+            raise DriveIdentityError(
+                f"{exc}: the drive there is not the one the metadata recorded",
+                hint="put this file system's own drive back at this path, then run "
+                     f"`shinglefs fsck {meta_url}`; nothing was changed") from None
+        raise DriveSpecError(
+            str(exc), hint="give each drive as KIND:PATH, without a size: `shinglefs load "
+                           f"--from-drives KIND:PATH... {meta_url}`") from None
 
 
 def slice_inventory(node: StorageNode) -> dict[int, dict[int, int]]:
@@ -140,7 +190,9 @@ def fsck(meta_url: str, *, repair: bool = False, force: bool = False,
     """Check (and with ``repair`` fix) the file system at ``meta_url``.
 
     Raises ``FileSystemInUse`` for ``repair`` while a live session exists and
-    ``force`` is off; ``DriveInUse`` while a local process holds the drives.
+    ``force`` is off; ``DriveInUse`` while a local process holds the drives;
+    ``DriveIdentityError`` (before anything is read or changed) when a drive
+    is missing, of another file system or another drive of this one.
     On a file system whose bytes are on storage servers only the metadata
     passes run; the report names the drive passes it skipped.
     """
@@ -225,6 +277,9 @@ class ScrubResult:
     unreferenced: list[int] = field(default_factory=list)
     servers: dict[int, ServerScrub] = field(default_factory=dict)
     file_health: dict[str, str] = field(default_factory=dict)
+    missing: list[int] = field(default_factory=list)
+    """Slices files reference that no drive holds (drives of its own only):
+    their files are in ``damaged_files`` too."""
 
     @property
     def finished(self) -> bool:
@@ -247,7 +302,11 @@ HEALTH_ORDER = ("degraded", "unverified", "lost")  # a file is as bad as its wor
 def scrub(meta_url: str, *, rate_bytes: float | None = None,
           progress: Callable[[int], None] | None = None,
           stop: Callable[[], bool] | None = None) -> ScrubResult:
-    """Verify every slice on every drive; map damaged slices to file paths.
+    """Verify every slice on every drive; map damaged slices to file paths. On
+    drives of its own, a finished scrub also reports the files referencing a
+    slice no drive holds (``ScrubResult.missing``; their reads fail with EIO).
+    Refuses drives that are not the ones the metadata records, as a mount
+    does (``DriveIdentityError``), before reading anything.
 
     On a file system on storage servers each live server scrubs its own
     drives, in turn, at ``rate_bytes`` per drive (server/scrubbing.py); a
@@ -271,6 +330,13 @@ def scrub(meta_url: str, *, rate_bytes: float | None = None,
                 progress=progress, stop=stop)
         damaged = {sid: why for s in result.drives.values() for sid, why in s.damaged.items()}
         result.damaged_files, result.unreferenced = _files_of(meta, damaged)
+        if result.finished:  # a stopped scrub's report is about what it read
+            result.missing = _unstored_slices(meta, slice_inventory(node))
+            files, _unused = _paths_of(meta, result.missing)
+            for path, sids in files.items():
+                result.damaged_files.setdefault(path, []).extend(
+                    f"slice {sid:#x}: on no drive (its bytes read as EIO; `shinglefs fsck "
+                    f"{meta_url}` says more)" for sid in sids)
         return result
     finally:
         try:
@@ -290,7 +356,8 @@ def _scrub_servers(meta_url: str, *, rate_bytes: float | None,
     if rate_bytes and rate_bytes < MIN_RATE_BYTES:
         raise UsageError(f"a scrub of storage servers reads at least {MIN_RATE_BYTES >> 20} "
                          f"MiB/s per drive, not {rate_bytes / (1 << 20):g}",
-                         hint="e.g. --rate 50, or no --rate")
+                         hint="e.g. `shinglefs scrub META_URL --rate 50`, or "
+                              "`shinglefs scrub META_URL` (no limit)")
     meta = open_meta(meta_url)
     result = ScrubResult()
     try:
@@ -367,24 +434,38 @@ def _slice_health(meta: MetaStore, servers: dict[int, ServerScrub]) -> dict[int,
 
 def _paths_of(meta: MetaStore, sids: list[int]) -> tuple[dict[str, list[int]], list[int]]:
     """slice -> chunk map -> inode -> path: each path's slices among ``sids``, and
-    the slices no file uses."""
+    the slices no file uses (the chunk map is read once: it has no index by slice)."""
     if not sids:
         return {}, []
+    wanted = set(sids)
 
     def txn(tx: Tx) -> tuple[dict[str, list[int]], list[int]]:
+        users: dict[int, set[int]] = {}
+        for sid, ino in tx.all("SELECT DISTINCT slice_id, ino FROM chunk_refs"):
+            if sid in wanted:
+                users.setdefault(sid, set()).add(ino)
+        paths = paths_of(tx, sorted({ino for inos in users.values() for ino in inos}))
         files: dict[str, list[int]] = {}
-        orphans = []
-        for sid in sorted(sids):
-            inos = [r[0] for r in tx.all(
-                "SELECT DISTINCT ino FROM chunk_refs WHERE slice_id = ?", (sid,))]
-            if not inos:
-                orphans.append(sid)
-            for ino in inos:
-                files.setdefault(path_of(tx, ino), []).append(sid)
-        return files, orphans
+        for sid in sorted(wanted):
+            for ino in sorted(users.get(sid, ())):
+                files.setdefault(paths[ino], []).append(sid)
+        return files, sorted(wanted - set(users))
 
     result: tuple[dict[str, list[int]], list[int]] = backend_of(meta).run(txn, "read")
     return result
+
+
+def _unstored_slices(meta: MetaStore, held: dict[int, dict[int, int]]) -> list[int]:
+    """The slices files reference that no drive holds (inline slices live in meta):
+    reading their bytes fails with EIO."""
+    on_drives = set().union(*held.values()) if held else set()
+
+    def txn(tx: Tx) -> list[int]:
+        return [int(r[0]) for r in tx.all("SELECT DISTINCT slice_id FROM chunk_refs")
+                if not is_inline_slice(r[0]) and r[0] not in on_drives]
+
+    result: list[int] = backend_of(meta).run(txn, "read")
+    return sorted(result)
 
 
 def _files_of(meta: MetaStore, damaged: dict[int, str]) -> tuple[dict[str, list[str]], list[int]]:
@@ -519,12 +600,22 @@ class LoadedBackup:
 def load_from_drives(drive_specs: list[str], meta_url: str) -> LoadedBackup:
     """Rebuild the metadata at ``meta_url`` (an empty database) from the newest valid
     backup on the drives; its slice id counter is raised past every slice the
-    drives hold. Raises ``NoMetadataBackup`` when no drive holds a valid one.
+    drives hold. Raises ``NoMetadataBackup`` when no drive holds a valid one, and
+    ``DriveIdentityError`` (exit 18) when the drives belong to different file
+    systems (by their identity headers, checked before any drive is opened,
+    and by their backups' labels), before the database is touched.
     """
-    node = StorageNode.open(list(enumerate(drive_specs)))
+    identities = _drive_file_systems(drive_specs)
+    _refuse_mixed(identities)
+    node = _open_drives(drive_specs, meta_url, recorded=False)
     try:
         stores = [node.store(d) for d in node.drive_ids]
         logs = [s.slice_log for s in stores if isinstance(s, SliceStore)]
+        for drive_id, store in zip(node.drive_ids, stores, strict=True):
+            if isinstance(store, SliceStore):
+                path = parse_drive_spec(drive_specs[drive_id]).path
+                identities[path] |= {b.label for b in backup_slots(store.slice_log) if b.label}
+        _refuse_mixed(identities)
         with tempfile.TemporaryFile() as packed:
             chosen = None
             for slice_log, slot in newest_backup(logs):
@@ -540,7 +631,8 @@ def load_from_drives(drive_specs: list[str], meta_url: str) -> LoadedBackup:
             if chosen is None:
                 raise NoMetadataBackup(
                     f"none of the {len(drive_specs)} drive(s) holds a valid metadata backup",
-                    hint="pass every drive of the file system, or load a `shinglefs dump` file")
+                    hint="pass every drive of the file system to `shinglefs load --from-drives`, "
+                         "or load a dump with `shinglefs load FILE META_URL`")
             packed.seek(0)
             meta = open_meta(meta_url)
             try:
@@ -553,6 +645,39 @@ def load_from_drives(drive_specs: list[str], meta_url: str) -> LoadedBackup:
         return LoadedBackup(chosen, rows, next_id)
     finally:
         node.close()
+
+
+def _drive_file_systems(drive_specs: list[str]) -> dict[str, set[str]]:
+    """Each drive's path -> the file system uuid its identity header names (an
+    empty set: a drive formatted before identities, or whose header cannot be
+    read; opening it says why). Reads only the headers."""
+    from shinglefs.zoned.drivespec import read_identity
+    from shinglefs.zoned.errors import DriveFormatError
+
+    found: dict[str, set[str]] = {}
+    for spec in drive_specs:
+        path = parse_drive_spec(spec).path
+        try:
+            ident = read_identity(spec)
+        except DriveFormatError:
+            ident = None
+        found[path] = {ident.filesystem} if ident is not None else set()
+    return found
+
+
+def _refuse_mixed(identities: dict[str, set[str]]) -> None:
+    """``DriveIdentityError`` naming each drive and its file system when the
+    drives do not all belong to one file system."""
+    from shinglefs.zoned.drivespec import DriveIdentityError
+
+    if len(set().union(*identities.values())) <= 1:
+        return
+    named = ", ".join(f"{path} ({'/'.join(sorted(fs)) or 'unknown'})"
+                      for path, fs in sorted(identities.items()))
+    raise DriveIdentityError(
+        f"the drives belong to different file systems: {named}; nothing was loaded",
+        hint="give the drives of one file system only: `shinglefs load --from-drives "
+             "DRIVE... META_URL`")
 
 
 def _raise_slice_ids(meta: MetaStore, at_least: int) -> int:

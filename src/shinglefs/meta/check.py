@@ -11,7 +11,18 @@ the drives hold, and runs the repairs.
 Repairs never delete file bytes that can still be read: entries pointing at
 nothing are dropped, unreachable inodes are linked into ``/lost+found``,
 counters are recomputed; only inodes nobody can reach or open (nlink 0, open
-by no live session) are freed.
+by no live session) are freed. A file whose inode row is lost gets it back
+(``lost_inodes``: at its entries, else in ``/lost+found``); a committed slice
+nothing references any more becomes ``/lost+found/slice-<id>``
+(``slice_refcounts``); only slices already queued for deletion, or with no
+stored byte, are deleted (WRITING slices are the janitor's). A missing root
+directory is re-created with its entries (``root_dir``), and missing or low
+id counters are restored past every id in use (``id_counters``): without
+them the file system does not mount.
+
+Each pass is one set-based query or a few (joins, GROUP BY), never a
+subquery per row: the entries have no index by inode, so a per-inode lookup
+would make a pass quadratic in the number of inodes.
 """
 
 from __future__ import annotations
@@ -23,7 +34,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shinglefs.meta import schema as S
-from shinglefs.meta.api import ROOT_INO, MetaStore, is_inline_slice
+from shinglefs.meta.api import (
+    FIRST_COOKIE,
+    INLINE_SLICE_BIT,
+    ROOT_INO,
+    MetaStore,
+    is_inline_slice,
+)
 from shinglefs.meta.backend import Backend, Mode, Tx
 
 DIR_LO, DIR_HI = stat.S_IFDIR, stat.S_IFDIR + 0o010000  # mode range of directories
@@ -98,6 +115,33 @@ def path_of(tx: Tx, ino: int) -> str:
     return f"<inode {ino}>"
 
 
+def paths_of(tx: Tx, inos: list[int]) -> dict[int, str]:
+    """``path_of`` of each of ``inos``; for more than a few, the entries are read
+    once (the entries have no index by inode: one lookup scans them all)."""
+    if len(inos) <= PATHS_ONE_BY_ONE:
+        return {ino: path_of(tx, ino) for ino in inos}
+    up: dict[int, tuple[int, bytes]] = {}
+    for parent, name, ino in tx.all("SELECT parent, name, ino FROM dentries"):
+        up.setdefault(ino, (parent, bytes(name)))
+    out = {}
+    for ino in inos:
+        parts: list[bytes] = []
+        cur = ino
+        for _ in range(4096):
+            if cur == ROOT_INO:
+                out[ino] = "/" + "/".join(p.decode(errors="replace") for p in reversed(parts))
+                break
+            if cur not in up:
+                break
+            cur, name = up[cur]
+            parts.append(name)
+        out.setdefault(ino, f"<inode {ino}>")
+    return out
+
+
+PATHS_ONE_BY_ONE = 16
+
+
 def _is_dir_sql(alias: str) -> str:
     return f"{alias}.mode >= {DIR_LO} AND {alias}.mode < {DIR_HI}"
 
@@ -145,10 +189,157 @@ def _drop_open_files(ctx: CheckContext, found: list[Finding]) -> None:
 # ---- namespace ------------------------------------------------------------------------
 
 
+def _root_dir(tx: Tx, ctx: CheckContext) -> list[Finding]:
+    row = tx.one("SELECT mode FROM inodes WHERE ino = ?", (ROOT_INO,))
+    if row is None:
+        n = tx.one("SELECT COUNT(*) FROM dentries WHERE parent = ?", (ROOT_INO,))[0]
+        return [Finding(f"the root directory (inode {ROOT_INO}) is missing; {n} entries "
+                        "live in it", (ROOT_INO,))]
+    if not DIR_LO <= row[0] < DIR_HI:
+        return [Finding(f"the root (inode {ROOT_INO}) is no directory (mode {row[0]:o})",
+                        repairable=False)]
+    return []
+
+
+def _recreate_root(ctx: CheckContext, found: list[Finding]) -> None:
+    """Put the root directory's row back (mode 0755, root's), keeping its entries;
+    ``dir_nlink`` and ``counters`` then recount what it holds."""
+    def txn(tx: Tx) -> None:
+        if tx.one("SELECT 1 FROM inodes WHERE ino = ?", (ROOT_INO,)) is not None:
+            return
+        cookie = tx.one("SELECT COALESCE(MAX(cookie), 0) FROM dentries WHERE parent = ?",
+                        (ROOT_INO,))[0]
+        subdirs = tx.one("SELECT COUNT(*) FROM dentries d JOIN inodes c ON c.ino = d.ino "
+                         f"WHERE d.parent = ? AND {_is_dir_sql('c')}", (ROOT_INO,))[0]
+        now = time.time_ns()
+        # The statfs counters still count the lost row: left as they are.
+        tx.run(S.INS_INODE, (ROOT_INO, stat.S_IFDIR | 0o755, 0, 0, 2 + int(subdirs), 0, now,
+                             now, now, 0, 1, 0, ROOT_INO, max(FIRST_COOKIE, int(cookie) + 1),
+                             None, None, None))
+
+    ctx.run(txn)
+    ctx.log.append(f"re-created the missing root directory (inode {ROOT_INO}), its entries "
+                   "kept")
+
+
+ID_COUNTERS = ("inode", "slice", "session", "server")
+"""The id counters a file system is formatted with (``engine/format.py``)."""
+
+
+def _ids_in_use(tx: Tx, ctx: CheckContext) -> dict[str, int]:
+    """The highest id of each kind in use (0: none), the drives' slices included
+    when ``ctx.held`` is known."""
+    top = {
+        "inode": tx.one("SELECT COALESCE(MAX(ino), 0) FROM inodes")[0],
+        "session": max(tx.one("SELECT COALESCE(MAX(id), 0) FROM sessions")[0],
+                       tx.one("SELECT COALESCE(MAX(session), 0) FROM open_files")[0]),
+        "server": tx.one("SELECT COALESCE(MAX(id), 0) FROM servers")[0],
+    }
+    top["inode"] = max(top["inode"], tx.one("SELECT COALESCE(MAX(ino), 0) FROM dentries")[0],
+                       tx.one("SELECT COALESCE(MAX(ino), 0) FROM chunk_refs")[0])
+    for (server,) in tx.all("SELECT DISTINCT server FROM slice_replicas"):
+        if str(server).isdigit():
+            top["server"] = max(top["server"], int(server))
+    # An inline slice's id is a slice id with INLINE_SLICE_BIT set.
+    top["slice"] = max(
+        tx.one("SELECT COALESCE(MAX(id), 0) FROM slices WHERE id < ?", (INLINE_SLICE_BIT,))[0],
+        tx.one("SELECT COALESCE(MAX(id), 0) FROM slices WHERE id >= ?",
+               (INLINE_SLICE_BIT,))[0] & ~INLINE_SLICE_BIT,
+        tx.one("SELECT COALESCE(MAX(slice_id), 0) FROM chunk_refs WHERE slice_id < ?",
+               (INLINE_SLICE_BIT,))[0])
+    if ctx.held:
+        top["slice"] = max([top["slice"], *(max(d, default=0) for d in ctx.held.values())])
+    return {k: int(v) for k, v in top.items()}
+
+
+def _id_counters(tx: Tx, ctx: CheckContext) -> list[Finding]:
+    """Every id counter exists and is past every id in use (a file system
+    without them does not mount). The slice counter's value against the
+    drives is ``fsck.py``'s ``slice_ids`` pass when the drives are read."""
+    have = {str(r[0]): int(r[1]) for r in tx.all("SELECT name, next_id FROM ids")}
+    top = _ids_in_use(tx, ctx)
+    first = {"inode": ROOT_INO + 1}
+    out = []
+    for name in ID_COUNTERS:
+        want = max(top[name] + 1, first.get(name, 1))
+        if name not in have:
+            out.append(Finding(f"the {name} id counter is missing (ids in use reach "
+                               f"{top[name]})", (name, want)))
+        elif have[name] < want and (name != "slice" or ctx.held is None):
+            out.append(Finding(f"next {name} id {have[name]} is not past the highest in use "
+                               f"({top[name]})", (name, want)))
+    return out
+
+
+def _restore_id_counters(ctx: CheckContext, found: list[Finding]) -> None:
+    def txn(tx: Tx) -> None:
+        for f in found:
+            name, want = f.key
+            tx.run(S.INS_ID_IF_MISSING, (name, want))
+            tx.run(S.RAISE_IDS, (want, name, want))
+
+    ctx.run(txn)
+    ctx.log.extend(f"set the {f.key[0]} id counter to {f.key[1]}" for f in found)
+
+
+def _lost_inodes(tx: Tx, ctx: CheckContext) -> list[Finding]:
+    """Files whose inode row is gone while their content map (chunk refs) is
+    still there: their bytes are readable once the row is back."""
+    rows = tx.all(
+        "SELECT r.ino, COUNT(*) FROM chunk_refs r LEFT JOIN inodes i ON i.ino = r.ino "
+        "WHERE i.ino IS NULL GROUP BY r.ino ORDER BY r.ino"
+    )
+    return [Finding(f"inode {r[0]} is missing but {r[1]} chunk reference(s) of it remain",
+                    (r[0],)) for r in rows]
+
+
+def _recreate_inodes(ctx: CheckContext, found: list[Finding]) -> None:
+    """Give each lost file an inode row again (a regular file, mode 0600, root's,
+    as long as its references reach), kept at the entries still naming it or,
+    with none, linked as ``/lost+found/#INO``."""
+    if not ctx.chunk_size:
+        return
+    cs = ctx.chunk_size
+    named: list[tuple[int, str]] = []
+    homeless: list[int] = []
+
+    def txn(tx: Tx) -> None:
+        now = time.time_ns()
+        for f in found:
+            ino = f.key[0]
+            if tx.one("SELECT 1 FROM inodes WHERE ino = ?", (ino,)) is not None:
+                continue
+            size = int(tx.one("SELECT COALESCE(MAX(chunk_index * ? + chunk_offset + length), 0) "
+                              "FROM chunk_refs WHERE ino = ?", (cs, ino))[0])
+            links = int(tx.one("SELECT COUNT(*) FROM dentries WHERE ino = ?", (ino,))[0])
+            # The statfs counters still count the lost row: left as they are.
+            tx.run(S.INS_INODE, (ino, stat.S_IFREG | 0o600, 0, 0, links, size, now, now, now,
+                                 0, 1, 0, 0, FIRST_COOKIE, None, None, None))
+            if links:
+                named.append((ino, path_of(tx, ino)))
+            else:
+                homeless.append(ino)
+
+    ctx.run(txn)
+    ctx.log.extend(f"re-created lost inode {ino} at {path} (mode 0600, owner root)"
+                   for ino, path in named)
+    if homeless:
+        home = lost_found(ctx)
+
+        def link(tx: Tx) -> None:
+            for ino in homeless:
+                link_into_lost_found(tx, home, ino, stat.S_IFREG, f"#{ino}".encode())
+                tx.run("UPDATE inodes SET nlink = 1 WHERE ino = ?", (ino,))
+
+        ctx.run(link)
+        ctx.log.extend(f"re-created lost inode {ino} as /lost+found/#{ino} (mode 0600, "
+                       "owner root)" for ino in homeless)
+
+
 def _dangling_entries(tx: Tx, ctx: CheckContext) -> list[Finding]:
     rows = tx.all(
         "SELECT d.parent, d.name, d.ino FROM dentries d LEFT JOIN inodes i ON i.ino = d.ino "
-        "WHERE i.ino IS NULL"
+        "WHERE i.ino IS NULL AND NOT EXISTS (SELECT 1 FROM chunk_refs r WHERE r.ino = d.ino)"
     )
     return [Finding(f"entry {bytes(r[1])!r} in {r[0]} points at missing inode {r[2]}",
                     (r[0], bytes(r[1]))) for r in rows]
@@ -202,9 +393,11 @@ _fix_dir_parents = _set_inode_column("parent")
 
 
 def _unreachable(tx: Tx, ctx: CheckContext) -> list[Finding]:
+    # One anti-join against the set of linked inodes (dentries has no index by
+    # ino: a per-inode subquery would scan it once per inode).
     rows = tx.all(
-        "SELECT i.ino, i.mode FROM inodes i WHERE i.ino <> ? AND i.nlink > 0 "
-        "AND NOT EXISTS (SELECT 1 FROM dentries d WHERE d.ino = i.ino)", (ROOT_INO,)
+        "SELECT i.ino, i.mode FROM inodes i LEFT JOIN (SELECT DISTINCT ino FROM dentries) d "
+        "ON d.ino = i.ino WHERE i.ino <> ? AND i.nlink > 0 AND d.ino IS NULL", (ROOT_INO,)
     )
     return [Finding(f"inode {r[0]} has links but no entry (unreachable)", (r[0], r[1]))
             for r in rows]
@@ -281,8 +474,9 @@ def _free_orphans(ctx: CheckContext, found: list[Finding]) -> None:
 
 def _file_nlink(tx: Tx, ctx: CheckContext) -> list[Finding]:
     rows = tx.all(
-        "SELECT i.ino, i.nlink, (SELECT COUNT(*) FROM dentries d WHERE d.ino = i.ino) "
-        f"FROM inodes i WHERE NOT ({_is_dir_sql('i')})"
+        "SELECT i.ino, i.nlink, COALESCE(d.n, 0) FROM inodes i LEFT JOIN "
+        "(SELECT ino, COUNT(*) AS n FROM dentries GROUP BY ino) d ON d.ino = i.ino "
+        f"WHERE NOT ({_is_dir_sql('i')}) AND i.nlink <> COALESCE(d.n, 0)"
     )
     return [Finding(f"inode {r[0]} has nlink {r[1]} but {r[2]} entries", (r[0], r[2]),
                     repairable=r[2] > 0) for r in rows if r[1] != r[2]]
@@ -293,9 +487,10 @@ _set_nlink = _set_inode_column("nlink")
 
 def _dir_nlink(tx: Tx, ctx: CheckContext) -> list[Finding]:
     rows = tx.all(
-        "SELECT p.ino, p.nlink, (SELECT COUNT(*) FROM dentries d JOIN inodes c ON c.ino = d.ino "
-        f"WHERE d.parent = p.ino AND {_is_dir_sql('c')}) "
-        f"FROM inodes p WHERE {_is_dir_sql('p')}"
+        "SELECT p.ino, p.nlink, COALESCE(s.n, 0) FROM inodes p LEFT JOIN "
+        "(SELECT d.parent AS parent, COUNT(*) AS n FROM dentries d JOIN inodes c "
+        f"ON c.ino = d.ino WHERE {_is_dir_sql('c')} GROUP BY d.parent) s ON s.parent = p.ino "
+        f"WHERE {_is_dir_sql('p')}"
     )
     return [Finding(f"directory {r[0]} has nlink {r[1]} but {r[2]} subdirectories",
                     (r[0], 2 + r[2])) for r in rows if r[1] != 2 + r[2]]
@@ -317,12 +512,7 @@ def _chunk_nrefs(tx: Tx, ctx: CheckContext) -> list[Finding]:
     )
     out += [Finding(f"refs of chunk {r[1]} of {r[0]} have no chunk row", ("row", *r))
             for r in rows]
-    rows = tx.all(
-        "SELECT DISTINCT r.ino FROM chunk_refs r LEFT JOIN inodes i ON i.ino = r.ino "
-        "WHERE i.ino IS NULL"
-    )
-    out += [Finding(f"chunk refs of missing inode {r[0]}", ("inode", r[0])) for r in rows]
-    return out
+    return out  # refs of a missing inode: the ``lost_inodes`` pass
 
 
 def _fix_chunks(ctx: CheckContext, found: list[Finding]) -> None:
@@ -330,14 +520,6 @@ def _fix_chunks(ctx: CheckContext, found: list[Finding]) -> None:
 
     def txn(tx: Tx) -> None:
         for f in found:
-            if f.key[0] == "inode":
-                counts: dict[int, int] = {}
-                for (sid,) in tx.all(S.SEL_REF_SLICES_OF, (f.key[1],)):
-                    counts[sid] = counts.get(sid, 0) + 1
-                tx.run(S.DEL_REFS_OF, (f.key[1],))
-                tx.run(S.DEL_CHUNKS_OF, (f.key[1],))
-                deref_slices(tx, counts)
-                continue
             ino, ci = f.key[1:]
             n = tx.one(count, (ino, ci))[0]
             if f.key[0] == "row":
@@ -351,23 +533,29 @@ def _fix_chunks(ctx: CheckContext, found: list[Finding]) -> None:
 
 
 def _slice_refcounts(tx: Tx, ctx: CheckContext) -> list[Finding]:
-    rows = tx.all(
-        "SELECT s.id, s.refcount, s.state, (SELECT COUNT(*) FROM chunk_refs r "
-        "WHERE r.slice_id = s.id), (SELECT COUNT(*) FROM deletions q WHERE q.slice_id = s.id) "
-        "FROM slices s"
-    )
+    # Counted in one pass per table (chunk_refs has no index by slice).
+    real = dict(tx.all("SELECT slice_id, COUNT(*) FROM chunk_refs GROUP BY slice_id"))
+    queued = {r[0] for r in tx.all("SELECT slice_id FROM deletions")}
+    inline = dict(tx.all("SELECT slice_id, LENGTH(data) FROM inline_slices"))
     out = []
-    for sid, refcount, state, real, queued in rows:
-        if refcount != real:
-            out.append(Finding(f"slice {sid} has refcount {refcount} but {real} references",
-                               ("count", sid, real)))
-        if state == "to_delete" and real:
+    for sid, refcount, state, length in tx.all(
+            "SELECT id, refcount, state, length FROM slices ORDER BY id"):
+        n = int(real.get(sid, 0))
+        if refcount != n:
+            out.append(Finding(f"slice {sid} has refcount {refcount} but {n} references",
+                               ("count", sid, n)))
+        if state == "to_delete" and n:
             out.append(Finding(f"slice {sid} is queued for deletion but still referenced",
                                ("revive", sid)))
-        if state == "committed" and not real:
-            out.append(Finding(f"slice {sid} is committed but unreferenced and not queued",
-                               ("drop", sid)))
-        if state == "to_delete" and not queued:
+        if state == "committed" and not n:
+            stored = _stored_length(ctx, sid, length, inline)
+            if stored:  # its bytes can still be read: kept, as a file of lost+found
+                out.append(Finding(f"slice {sid} ({stored} bytes) is committed but no file "
+                                   "references it", ("adopt", sid, stored)))
+            else:
+                out.append(Finding(f"slice {sid} is committed but unreferenced and not queued "
+                                   "(no bytes of it are stored)", ("drop", sid)))
+        if state == "to_delete" and sid not in queued:
             out.append(Finding(f"slice {sid} is to_delete but not in the deletion queue",
                                ("drop", sid)))
     rows = tx.all(
@@ -376,6 +564,56 @@ def _slice_refcounts(tx: Tx, ctx: CheckContext) -> list[Finding]:
     )
     out += [Finding(f"chunk refs point at unknown slice {r[0]}", ("register", *r)) for r in rows]
     return out
+
+
+def _stored_length(ctx: CheckContext, sid: int, length: int, inline: dict[int, int]) -> int:
+    """How many bytes of slice ``sid`` can be read: an inline slice's bytes in
+    meta; else what the drives hold (``ctx.held``) or, not read, its recorded length."""
+    if is_inline_slice(sid):
+        return int(inline.get(sid) or 0)
+    if ctx.held is None:
+        return int(length)
+    return max((d[sid] for d in ctx.held.values() if sid in d), default=0)
+
+
+def free_name(tx: Tx, parent: int, base: str) -> bytes:
+    """``base``, or ``base.N`` for the first N it is free as, in directory ``parent``."""
+    name, n = base.encode(), 1
+    while tx.one("SELECT 1 FROM dentries WHERE parent = ? AND name = ?", (parent, name)):
+        name, n = f"{base}.{n}".encode(), n + 1
+    return name
+
+
+def adopt_unreferenced(ctx: CheckContext, adopt: list[tuple[int, int]]) -> None:
+    """Each committed slice no file references any more (its references or its
+    inode lost), given as (slice id, readable bytes), becomes a file
+    ``/lost+found/slice-<id>`` holding those bytes: never deleted, as unknown
+    slices on a drive are not (``fsck.py``'s ``unknown_slices``)."""
+    if not adopt:
+        return
+    home = lost_found(ctx)
+    for sid, length in adopt:
+        def txn(tx: Tx, sid: int = sid, length: int = length) -> str | None:
+            if tx.one("SELECT 1 FROM chunk_refs WHERE slice_id = ? LIMIT 1", (sid,)):
+                return None  # referenced again meanwhile
+            name = free_name(tx, home, f"slice-{sid:x}")
+            ino = tx.one(S.ALLOC_IDS, (1, "inode"))[0] - 1
+            now = time.time_ns()
+            tx.run(S.INS_INODE, (ino, stat.S_IFREG | 0o600, 0, 0, 0, length, now, now, now,
+                                 0, 1, 0, 0, FIRST_COOKIE, None, None, None))
+            link_into_lost_found(tx, home, ino, stat.S_IFREG, name)
+            tx.run("UPDATE inodes SET nlink = 1 WHERE ino = ?", (ino,))
+            tx.run("INSERT INTO chunks (ino, chunk_index, version, nrefs) VALUES (?, 0, 1, 1)",
+                   (ino,))
+            tx.run(S.INS_REF, (ino, 0, 0, sid, 0, length, 0))
+            tx.run("UPDATE slices SET refcount = 1, state = 'committed' WHERE id = ?", (sid,))
+            tx.run(S.ADD_COUNTERS, (length, 1, 0))
+            return name.decode()
+
+        name = ctx.run(txn)
+        if name is not None:
+            ctx.log.append(f"re-attached slice {sid:#x}, which no file references any more, "
+                           f"as /lost+found/{name} ({length} bytes)")
 
 
 def _inline_slices(tx: Tx, ctx: CheckContext) -> list[Finding]:
@@ -415,13 +653,14 @@ def _fix_refcounts(ctx: CheckContext, found: list[Finding]) -> None:
             elif kind == "revive":
                 tx.run("UPDATE slices SET state = 'committed' WHERE id = ?", (sid,))
                 tx.run(S.DEL_DELETION, (sid,))
-            elif kind == "drop":  # unreferenced: the deletion queue removes its bytes
+            elif kind == "drop":  # queued to_delete, or no bytes stored: the queue ends it
                 tx.run(S.DOOM_SLICE, (sid,))
                 tx.run(S.QUEUE_DELETION, (sid, now))
-            else:
+            elif kind == "register":
                 tx.run(S.INS_SLICE, (sid, f.key[3], 0, "committed", f.key[2], now))
 
     ctx.run(txn)
+    adopt_unreferenced(ctx, [(f.key[1], f.key[2]) for f in found if f.key[0] == "adopt"])
 
 
 def _counters(tx: Tx, ctx: CheckContext) -> list[Finding]:
@@ -451,6 +690,9 @@ SESSION_PASSES = [
     CheckPass("open_files", _open_files, _drop_open_files),
 ]
 NAMESPACE_PASSES = [
+    CheckPass("root_dir", _root_dir, _recreate_root),
+    CheckPass("id_counters", _id_counters, _restore_id_counters),
+    CheckPass("lost_inodes", _lost_inodes, _recreate_inodes),
     CheckPass("dangling_entries", _dangling_entries, _drop_entries),
     CheckPass("entries_in_non_dirs", _entries_in_non_dirs, _drop_entries),
     CheckPass("dir_parents", _dir_parents, _fix_dir_parents),
