@@ -359,7 +359,7 @@ def test_a_damaged_or_foreign_database_names_the_way_back(work: Path) -> None:
     for url in (f"sqlite3://{db}", f"sqlite3://{work / 'junk.db'}"):
         line = refused(run(work, "status", url), 3)
         hint = run(work, "status", url).stderr
-        assert "load --from-drives" in hint and "keep a copy" in hint, (line, hint)
+        assert "load --from-drives" in hint and "move it aside" in hint, (line, hint)
 
 
 def _as_nobody(func) -> tuple[int, str]:

@@ -25,7 +25,8 @@ class DriveInUse(NodeError):
         holder = f"pid {holder_pid}" if holder_pid else "another process"
         super().__init__(
             f"drive {drive} is in use by {holder} (lock file {lock_path})",
-            hint="stop the other shinglefs process (unmount it) or use other drives",
+            hint="`shinglefs umount MOUNTPOINT` (or `shinglefs status` to see the mounts) or "
+                 "stop the storage server that holds it, then try again",
         )
         self.drive = drive
         self.lock_path = lock_path

@@ -116,7 +116,7 @@ def parse_drive_spec(spec: str) -> DriveSpec:
     if kind == "linux" and size is not None:
         raise DriveSpecError(
             f"{spec!r}: a zoned block device has a fixed size",
-            hint=f"drop the size: {kind_text}:{path}",
+            hint=f"name it without a size: {kind_text}:{path}",
         )
     return DriveSpec(kind, path, size)
 
@@ -146,7 +146,8 @@ def open_drive(spec: str | DriveSpec) -> ZonedDrive:
         drive.close_drive()
         raise DriveSpecError(
             f"{s.path} holds {capacity} bytes, but the spec says {s.size}",
-            hint=f"drop the size or give {capacity}",
+            hint=f"write the drive as {s.kind}:{s.path} (no size: the drive's own) or "
+                 f"{s.kind}:{s.path}:{capacity}",
         )
     return drive
 
