@@ -184,7 +184,8 @@ def test_a_missing_or_truncated_drive_is_one_line_with_the_way_back(work: Path) 
     assert small_format(work, "a").returncode == 0
     image = work / "a" / "smr0.img"
     image.rename(work / "aside.img")
-    for command in (["status", "sqlite3:a/meta.db"], ["mount", "sqlite3:a/meta.db", "mnt"]):
+    for command in (["status", "sqlite3:a/meta.db"], ["fsck", "sqlite3:a/meta.db"],
+                    ["scrub", "sqlite3:a/meta.db"], ["mount", "sqlite3:a/meta.db", "mnt"]):
         line = refused(run(work, *command), 18)
         assert "drive 0 of file system 'fs' is missing: nothing at" in line, (command, line)
     (work / "aside.img").rename(image)
