@@ -168,6 +168,17 @@ def test_a_drive_of_another_file_system_is_refused_in_one_line(work: Path) -> No
     assert "belongs to another file system" in line
 
 
+def test_an_error_of_a_command_with_a_progress_bar_is_its_first_line(work: Path) -> None:
+    """fsck, scrub and load draw a progress bar only on a terminal: a script's
+    stderr starts with the error (it started with a blank line)."""
+    assert small_format(work, "a").returncode == 0
+    (work / "a" / "smr1.img").rename(work / "aside.img")
+    for command in (["fsck", "sqlite3:a/meta.db"], ["scrub", "sqlite3:a/meta.db"],
+                    ["load", "missing.jsonl", "sqlite3:b.db"]):
+        result = run(work, *command)
+        assert result.stderr.startswith("shinglefs: error:"), (command, result.stderr)
+
+
 def test_a_lost_meta_db_beside_its_drives_names_the_rebuild_command(work: Path) -> None:
     assert small_format(work, "a").returncode == 0
     (work / "a" / "meta.db").rename(work / "meta.db.aside")

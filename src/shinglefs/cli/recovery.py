@@ -39,9 +39,14 @@ def _progress(total: int | None, what: str) -> Iterator[Any]:
         TimeElapsedColumn,
     )
 
+    console = Console(stderr=True)
+    if not console.is_terminal:  # a script's stderr gets the error lines alone (a
+        # stopped live display writes a newline even where it drew nothing)
+        yield lambda advance=1, description=None: None
+        return
     counter = DownloadColumn() if what == "bytes" else MofNCompleteColumn()
     with Progress(TextColumn("{task.description}"), BarColumn(), counter, TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as bar:
+                  console=console, transient=True) as bar:
         task = bar.add_task(what, total=total)
         yield lambda advance=1, description=None: bar.update(
             task, advance=advance, **({"description": description} if description else {}))
