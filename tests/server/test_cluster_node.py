@@ -553,3 +553,51 @@ def test_existing_data_moves_to_its_new_tier_across_servers(
     finally:
         fs.close()
     assert check_consistency(meta) == []
+
+
+def test_a_writer_whose_server_restarts_mid_slice_keeps_a_prefix_never_a_gap(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+    """Bytes ``write`` accepted into a slice that then failed (its server was
+    killed and came back) are lost with the slice: every later write of that
+    handle fails (EIO) rather than go on past a gap. Before, the writer got one
+    EIO, wrote on, closed without error, and the file's first 9 MB read zeros."""
+    server, port = start_server(meta_url, tmp_path, "s1", servers)
+    wait_until(lambda: live_count(meta) == 1, "server live")
+    blocks = [bytes([65 + i]) * MiB for i in range(17)]
+    fs = shinglefs.connect(meta_url)
+    try:
+        f = fs.open("/held.bin", "wb", buffering=0)
+        for block in blocks[:9]:
+            f.write(block)
+        server.kill()
+        failed = 0
+        for block in blocks[9:13]:  # while the server is away
+            try:
+                f.write(block)
+            except OSError as exc:
+                assert exc.errno == errno.EIO, exc
+                failed += 1
+        start_server(meta_url, tmp_path, "s1", servers, port=port)
+        wait_until(lambda: live_count(meta) == 1, "server live again")
+        for block in blocks[13:]:
+            try:
+                f.write(block)
+            except OSError as exc:
+                assert exc.errno == errno.EIO, exc
+                failed += 1
+        assert failed >= 1  # the loss is reported, and then on every write
+        with pytest.raises(OSError):
+            f.write(b"after")  # sticky: past the lost bytes nothing is written
+        try:
+            f.close()
+        except OSError as exc:
+            assert exc.errno == errno.EIO
+    finally:
+        fs.close()
+    fs = shinglefs.connect(meta_url)
+    try:
+        content = fs.read_bytes("/held.bin") if fs.exists("/held.bin") else b""
+    finally:
+        fs.close()
+    whole = b"".join(blocks)
+    assert content == whole[:len(content)]  # old content (nothing) or a prefix: never zeros

@@ -13,11 +13,16 @@ keeps that state:
   piece is unanswered kills the slice but is not reported, the earlier
   piece's failure is (the writer waits for a dead slice's pieces before it
   reports);
-- running out of space is *sticky* for writes: from a piece that failed with
-  ENOSPC (a storage server refused it: another client took the room this
-  one's reservation counted on) every later ``write`` raises ENOSPC, since
-  bytes ``write`` had accepted are lost and the file would go on past a gap;
-  a truncation at or below the first lost byte ends it.
+- a failed slice is *sticky* for writes: from a piece that failed (a storage
+  server refused it for want of room -- another client took the room this
+  one's reservation counted on --, or died, or the owner of the drives went
+  away) every later ``write`` raises that error (ENOSPC, else EIO), since
+  bytes ``write`` had accepted are lost with the slice and the file would go
+  on past a gap that reads as zeros; the file keeps what was committed
+  before (its old content or a prefix of the new). A truncation at or below
+  the first lost byte ends it. (Before, only ENOSPC was: a `connect()`
+  writer whose `up` was restarted got one EIO, wrote on, and closed a file
+  whose first 9 MB read zeros.)
 
 Thread safety: ``piece_failed`` runs on whatever thread completes a piece;
 the rest under the writer's lock. Each field is one assignment, and a race
@@ -31,6 +36,7 @@ import itertools
 from concurrent import futures
 
 from shinglefs.client.writebuffers import OpenSlice
+from shinglefs.errors import ShingleError
 from shinglefs.server.errors import NodeFull, RemoteNodeError
 from shinglefs.store.errors import SliceOrderError
 
@@ -44,7 +50,7 @@ class WriteFailures:
 
     def __init__(self) -> None:
         self.error: BaseException | None = None  # not reported yet
-        self.full: BaseException | None = None  # the first ENOSPC of a piece: sticky
+        self.full: BaseException | None = None  # the first failure of a slice: sticky
         self.lost_from = 0  # with ``full``: the file offset of the first byte lost
 
     def piece_failed(self, s: OpenSlice, exc: BaseException, *, behind: bool = False) -> None:
@@ -60,7 +66,7 @@ class WriteFailures:
                 s.failure = exc
             return
         s.failure = exc
-        if getattr(exc, "errno", None) == errno.ENOSPC and self.full is None:
+        if self.full is None or s.start < self.lost_from:
             self.full, self.lost_from = exc, s.start
         if self.error is None:
             self.error = exc
@@ -96,8 +102,7 @@ class WriteFailures:
         the failure of the dead open slice ``s``."""
         error, self.error = self.error, None
         if error is None and writing and self.full is not None:
-            error = NodeFull(s.slice_id if s is not None else 0, None,
-                             f"bytes of this file were refused earlier ({self.full})")
+            error = _lost(self.full, self.lost_from, s.slice_id if s is not None else 0)
         if error is None and s is not None:
             error = s.failure
         return error
@@ -106,6 +111,22 @@ class WriteFailures:
         """The file was cut to ``size``: below the lost bytes, writing may go on."""
         if self.full is not None and size <= self.lost_from:
             self.full = None
+
+
+def _lost(first: BaseException, lost_from: int, slice_id: int) -> BaseException:
+    """What a write raises once bytes of the file from ``lost_from`` were lost
+    to ``first``: ENOSPC when the drives refused them, else EIO."""
+    if getattr(first, "errno", None) == errno.ENOSPC:
+        return NodeFull(slice_id, None, f"bytes of this file were refused earlier ({first})")
+    return WriteLost(f"bytes of this file from offset {lost_from} were lost when writing them "
+                     f"failed ({first}): truncate it to {lost_from} or below, or write it anew")
+
+
+class WriteLost(ShingleError):
+    """Bytes a ``write`` had accepted were lost (their slice failed): later writes
+    past them would leave a gap; EIO until the file is cut below them."""
+
+    errno = errno.EIO
 
 
 def _out_of_order(exc: BaseException) -> bool:
