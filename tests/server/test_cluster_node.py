@@ -601,3 +601,33 @@ def test_a_writer_whose_server_restarts_mid_slice_keeps_a_prefix_never_a_gap(
         fs.close()
     whole = b"".join(blocks)
     assert content == whole[:len(content)]  # old content (nothing) or a prefix: never zeros
+
+
+def test_a_reader_finds_its_server_again_at_a_new_address(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+    """A process that only reads (a DataLoader) must find a restarted server
+    (a new port: a restarted `up`) by itself: reads used to fail with EIO
+    against the old address for good, since only writes re-read the servers."""
+    server, _ = start_server(meta_url, tmp_path, "s1", servers)
+    wait_until(lambda: live_count(meta) == 1, "server live")
+    want = {f"/r{i}.bin": os.urandom(2 * MiB + i) for i in range(3)}
+    fs = shinglefs.connect(meta_url)
+    try:
+        for path, data in want.items():
+            fs.write_bytes(path, data)
+        assert fs.read_bytes("/r0.bin") == want["/r0.bin"]  # connected to its address
+        server.kill()
+        start_server(meta_url, tmp_path, "s1", servers)  # the same drive, another port
+        wait_until(lambda: live_count(meta) == 1, "server live again")
+
+        def reads_again() -> bool:
+            try:
+                return fs.read_bytes("/r1.bin") == want["/r1.bin"]
+            except OSError as exc:
+                assert exc.errno == errno.EIO, exc
+                return False
+
+        wait_until(reads_again, "a read served by the restarted server", limit=30.0)
+        assert fs.read_bytes("/r2.bin") == want["/r2.bin"]
+    finally:
+        fs.close()

@@ -638,12 +638,21 @@ class ClusterNode:
         except NodeError:
             if drive_id is not None:
                 raise
+            servers = {split_drive_id(d)[0] for d in drives}
             with self._lock:  # the memo may name drives the slice has left since
                 self._located.pop(slice_id, None)
+                # A server that came back (a restarted `up`, a new port) is found
+                # by the servers' records, which reads alone never re-read: a
+                # reader would fail against the old address for good.
+                before = {s: r.address for s, r in self._servers.items() if s in servers}
+                self._refresh()
+                readdressed = any(s in self._servers and self._servers[s].address != a
+                                  for s, a in before.items())
             moved = tuple(d for d in self._drives_of(slice_id) if d not in drives)
-            if not moved:
+            retry = moved or (drives if readdressed else ())
+            if not retry:
                 raise
-            return read_replicas(self._read_order(moved), slice_id, offset, length,
+            return read_replicas(self._read_order(retry), slice_id, offset, length,
                                  self._remote, self._suspect, self._failover_after)
 
     def _read_order(self, drives: tuple[int, ...]) -> tuple[int, ...]:
