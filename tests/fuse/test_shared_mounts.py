@@ -47,6 +47,20 @@ def test_a_mount_a_connect_in_another_process_and_a_second_mount_share_one_file_
         (second / "from_second.txt").write_text("hello from the second mount")
         assert (first / "from_second.txt").read_text() == "hello from the second mount"
         assert sorted(os.listdir(second)) == sorted(os.listdir(first))
+        # Close-to-open across the mounts when a name moves to another inode:
+        # the second mount's cached name leads to the old inode, unlinked but
+        # not yet closed by the first mount (deferred closes): its open must
+        # fail ESTALE, so that the kernel looks the name up again, and never
+        # read the previous checkpoint or a deleted file.
+        for step in range(5):
+            (first / "ck.tmp").write_bytes(b"step %d" % step)
+            os.replace(first / "ck.tmp", first / "ck")
+            assert (second / "ck").read_bytes() == b"step %d" % step
+            (first / "x").write_bytes(b"first %d" % step)
+            assert (second / "x").read_bytes() == b"first %d" % step
+            os.unlink(first / "x")
+            (first / "x").write_bytes(b"second %d" % step)
+            assert (second / "x").read_bytes() == b"second %d" % step
     finally:
         other.stop()
         subprocess.run([*shinglefs_command(), "umount", str(first)], capture_output=True,

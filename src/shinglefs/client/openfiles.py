@@ -64,16 +64,21 @@ class OpenFiles:
     def open(self, ino: int, flags: int, ctx: Ctx) -> int:
         """Open ``ino`` with ``flags`` (O_TRUNC truncates); returns a file handle.
 
-        ESTALE when ``ino`` no longer exists: the caller's name for it is
-        stale (another client unlinked it, or renamed another file over it,
-        since the kernel looked the name up). On ESTALE the kernel looks the
-        name up again and retries the open once (``do_filp_open``), which
-        then opens what the name is now, or creates it (O_CREAT); ENOENT
-        would reach the application although the name exists."""
+        ESTALE when ``ino`` no longer exists, or has no name left and this
+        client holds it nowhere (another client still has it open, or has
+        not sent its deferred close yet): the caller's name for it is stale
+        (another client unlinked it, or renamed another file over it, since
+        the kernel looked the name up). On ESTALE the kernel looks the name
+        up again and retries the open once (``do_filp_open``), which then
+        opens what the name is now, or creates it (O_CREAT); ENOENT would
+        reach the application although the name exists. (An unlinked file
+        this client holds open reopens: ``/proc/self/fd/N``.)"""
         try:
             attr = self.meta.getattr(ino)
             if attr.is_dir:
                 raise FsError(errno.EISDIR, f"inode {ino} is a directory", ino=ino)
+            if attr.nlink == 0 and self.inodes.get(ino) is None:
+                raise FsError(errno.ENOENT, f"inode {ino} has no name left", ino=ino)
             self._access_for_flags(attr, flags, ctx)
             self.meta.open_file(self._session(), ino)
         except FsError as exc:

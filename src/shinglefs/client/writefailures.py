@@ -20,7 +20,10 @@ keeps that state:
   bytes ``write`` had accepted are lost with the slice and the file would go
   on past a gap that reads as zeros; the file keeps what was committed
   before (its old content or a prefix of the new). A truncation at or below
-  the first lost byte ends it. (Before, only ENOSPC was: a `connect()`
+  the first lost byte ends it, and so does writing the lost bytes again:
+  a write that begins at or before the first byte still lost is taken and
+  moves that byte past its end; once the lost range is written over, the
+  file is whole again. (Before, only ENOSPC was: a `connect()`
   writer whose `up` was restarted got one EIO, wrote on, and closed a file
   whose first 9 MB read zeros.)
 
@@ -46,12 +49,13 @@ __all__ = ["WriteFailures"]
 class WriteFailures:
     """The failures one writer has to report (module docstring)."""
 
-    __slots__ = ("error", "full", "lost_from")
+    __slots__ = ("error", "full", "lost_from", "lost_to")
 
     def __init__(self) -> None:
         self.error: BaseException | None = None  # not reported yet
         self.full: BaseException | None = None  # the first failure of a slice: sticky
-        self.lost_from = 0  # with ``full``: the file offset of the first byte lost
+        self.lost_from = 0  # with ``full``: the file offset of the first byte still lost
+        self.lost_to = 0  # with ``full``: the end of the bytes lost
 
     def piece_failed(self, s: OpenSlice, exc: BaseException, *, behind: bool = False) -> None:
         """A piece of ``s`` failed: the first failure kills the slice and is to be
@@ -68,6 +72,7 @@ class WriteFailures:
         s.failure = exc
         if self.full is None or s.start < self.lost_from:
             self.full, self.lost_from = exc, s.start
+        self.lost_to = max(self.lost_to, s.end)
         if self.error is None:
             self.error = exc
 
@@ -96,11 +101,23 @@ class WriteFailures:
         """Nothing to report, not full, and no dead open slice ``s``."""
         return self.error is None and self.full is None and (s is None or s.failure is None)
 
-    def due(self, s: OpenSlice | None, *, writing: bool) -> BaseException | None:
+    def quiet(self, s: OpenSlice | None) -> bool:
+        """Nothing to report and no dead open slice ``s`` (a flush has nothing to
+        raise; the sticky loss is for writes)."""
+        return self.error is None and (s is None or s.failure is None)
+
+    def due(self, s: OpenSlice | None, *, writing: bool,
+            at: tuple[int, int] | None = None) -> BaseException | None:
         """What the writer's call must raise now, taken (reported once), or None:
-        the failure not reported yet; else (``writing``) the sticky ENOSPC; else
-        the failure of the dead open slice ``s``."""
+        the failure not reported yet; else (``writing`` ``at`` = (offset,
+        length)) the sticky loss, unless that write begins at or before the
+        first byte still lost; else the failure of the dead open slice ``s``."""
         error, self.error = self.error, None
+        if error is None and writing and self.full is not None and at is not None \
+                and at[0] <= self.lost_from:
+            self.lost_from = max(self.lost_from, at[0] + at[1])  # written again
+            if self.lost_from >= self.lost_to:
+                self.full = None
         if error is None and writing and self.full is not None:
             error = _lost(self.full, self.lost_from, s.slice_id if s is not None else 0)
         if error is None and s is not None:

@@ -142,14 +142,15 @@ class FileWriter:
         self._written_end = min(self._written_end, size)
         self._failures.truncated(size)
 
-    def _raise_pending_error(self, *, writing: bool = False) -> None:
+    def _raise_pending_error(self, *, writing: bool = False,
+                             at: tuple[int, int] | None = None) -> None:
         """Raise what ``WriteFailures.due`` says is due (``writing``: the sticky
         ENOSPC too); drop the open slice then (its bytes are partly lost: rather
         than commit a gap)."""
         s = self.open_slice
         if s is not None and s.failure is not None:
             self._failures.all_answered(s)  # report the first failed piece's failure
-        error = self._failures.due(s, writing=writing)
+        error = self._failures.due(s, writing=writing, at=at)
         if error is None:
             return
         if s is not None:
@@ -183,7 +184,7 @@ class FileWriter:
         if not wait:
             return self._write_at_once(offset, view)
         with self.lock:
-            self._raise_pending_error(writing=True)
+            self._raise_pending_error(writing=True, at=(offset, len(view)))
             if not view:
                 return 0
             self._node.reserve(len(view), self.ino)
@@ -440,7 +441,7 @@ class FileWriter:
         if not self.lock.acquire(blocking=False):
             raise Declined("the file's writer is busy")
         try:
-            if not self._failures.healthy(self.open_slice) or self._settling:
+            if not self._failures.quiet(self.open_slice) or self._settling:
                 raise Declined("slices are settling")
             s = self.open_slice
             if s is None:
