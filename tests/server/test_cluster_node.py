@@ -631,3 +631,25 @@ def test_a_reader_finds_its_server_again_at_a_new_address(
         assert fs.read_bytes("/r2.bin") == want["/r2.bin"]
     finally:
         fs.close()
+
+
+def test_using_the_file_system_leaves_the_applications_random_sequence_alone(
+        tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
+    """A training script seeds ``random`` for its shuffles: placement drew from
+    the module's generator and changed the sequence it then got."""
+    import random
+
+    start_server(meta_url, tmp_path, "s1", servers)
+    start_server(meta_url, tmp_path, "s2", servers)
+    wait_until(lambda: live_count(meta) == 2, "two servers live")
+    random.seed(1234)
+    expected = [random.random() for _ in range(8)]
+    random.seed(1234)
+    fs = shinglefs.connect(meta_url)
+    try:
+        for i in range(3):
+            fs.write_bytes(f"/seeded-{i}.bin", os.urandom(3 * MiB))
+            fs.read_bytes(f"/seeded-{i}.bin")
+    finally:
+        fs.close()
+    assert [random.random() for _ in range(8)] == expected

@@ -486,8 +486,9 @@ class FileWriter:
         if s.drive_id is not None:
             try:
                 self._node.delete(s.slice_id, s.drive_id)
-            except Exception:
-                log.warning("could not delete failed slice %#x", s.slice_id, exc_info=True)
+            except Exception as exc:  # one line: the janitor collects it later
+                log.warning("could not delete failed slice %#x (%s); it is collected later",
+                            s.slice_id, exc)
 
     def spill(self, *, own: bool) -> None:
         """Submit pending bytes now (a short piece) to free write budget.

@@ -72,6 +72,7 @@ DAMAGED_HINT = ("check that the URL names the file system's meta.db; if it does,
 # This process's id, kept current across fork: every transaction asks whether
 # its connection was made in this process, and ``os.getpid()`` is a system
 # call each time (7 of them per small file written through a mount).
+_rng = random.SystemRandom()  # not the module's: an application's seeded sequence is its own; fork-safe
 _pid = os.getpid()
 
 
@@ -157,7 +158,7 @@ class Backend(Protocol):
 
 def backoff(attempt: int) -> None:
     delay = min(_BACKOFF_MAX, _BACKOFF_FIRST * (2 ** min(attempt, 16)))
-    time.sleep(delay * (0.5 + random.random()))
+    time.sleep(delay * (0.5 + _rng.random()))
 
 
 def gave_up(where: str, exc: BaseException) -> MetaUnavailable:

@@ -126,6 +126,10 @@ from shinglefs.zoned.fileio import Payload
 
 log = logging.getLogger(__name__)
 
+# Our own generator: drawing from the module's would change the sequence an
+# application seeded (random.seed) for its shuffles.
+_rng = random.SystemRandom()
+
 SPREAD = 0.1
 """Drives within this fraction of the freest one's free bytes are equally good."""
 GOAL_ENTRIES = 4096
@@ -813,4 +817,4 @@ def _freest(free: Callable[[int], int], drives: list[int]) -> int:
     seeing the same heartbeats) do not all pick the same drive."""
     top = max(free(d) for d in drives)
     near = [d for d in drives if free(d) >= top - abs(top) * SPREAD]  # top < 0: overdrawn
-    return random.choice(near)
+    return _rng.choice(near)

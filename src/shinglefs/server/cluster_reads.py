@@ -49,6 +49,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -201,6 +202,23 @@ class NetworkReadAhead:
             self._bytes = 0
 
 
+READ_FAILURE_LOG_S = 30.0  # one warning per server this often; the rest at debug
+_read_failures_logged: dict[int, float] = {}
+
+
+def _log_read_failure(server: int, message: str, *args: object) -> None:
+    """Warn of a failed read once per server every ``READ_FAILURE_LOG_S``: a
+    reader while a server is away fails every slice it asks for, and an
+    application's stderr would get one line each (hundreds)."""
+    now = time.monotonic()
+    if now - _read_failures_logged.get(server, -READ_FAILURE_LOG_S) >= READ_FAILURE_LOG_S:
+        _read_failures_logged[server] = now
+        log.warning(message + " (more from this server within %.0f s: debug log)", *args,
+                    READ_FAILURE_LOG_S)
+    else:
+        log.debug(message, *args)
+
+
 def read_replicas(drives: tuple[int, ...], slice_id: int, offset: int, length: int,
                   remote: Callable[[int], RemoteNode],
                   suspect: Callable[[int, BaseException], None],
@@ -218,8 +236,8 @@ def read_replicas(drives: tuple[int, ...], slice_id: int, offset: int, length: i
             data = remote(server).read(slice_id, offset, length, local,
                                        give_up_after=None if last else failover_after)
         except NodeError as exc:  # unreachable, broken, timed out, or no such slice
-            log.warning("reading slice %#x from server %d failed (%s)%s", slice_id,
-                        server, exc, "" if last else "; trying another replica")
+            _log_read_failure(server, "reading slice %#x from server %d failed (%s)%s",
+                              slice_id, server, exc, "" if last else "; trying another replica")
             if isinstance(exc, WireError):
                 suspect(server, exc)
             failure = exc

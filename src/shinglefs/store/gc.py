@@ -193,9 +193,9 @@ class ZoneCollector:
                 self._fruitless = 0
             else:
                 self._fruitless += 1
-                if self._fruitless >= FUTILE_COLLECTIONS:
+                if self._fruitless >= FUTILE_COLLECTIONS and slog.free_zones() < self.threshold:
                     self.gave_up_at_dead = slog.dead_bytes()
-                    log.warning("gc of %s: %d zones free, below its target of %d, and copying "
+                    log.warning("gc of %s: %d zone(s) free where it keeps %d, and copying "
                                 "live data frees no more (the drive is nearly full of live "
                                 "data); GC waits for deletes", slog.name, slog.free_zones(),
                                 self.threshold)

@@ -42,6 +42,7 @@ from shinglefs.meta.errors import FsError, NotFormatted
 from shinglefs.meta.records import CHUNK_SIZE, FormatInfo, InodeAttr, is_inline_slice
 
 log = logging.getLogger(__name__)
+_rng = random.SystemRandom()  # not the module's: an application's seeded sequence is its own; fork-safe
 
 T = TypeVar("T")
 FOLD_EVERY = 4096
@@ -100,7 +101,7 @@ class SqlCore(MetaStore):
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._ids: dict[str, tuple[int, int]] = {}
-        self._writer = random.getrandbits(62)
+        self._writer = _rng.getrandbits(62)
         self._seq = itertools.count()
         self._appended = 0
         self._chunk_size = CHUNK_SIZE
@@ -187,7 +188,7 @@ class SqlCore(MetaStore):
         so both see a new process exactly once."""
         self._ids.clear()
         self._pid = os.getpid()
-        self._writer = random.getrandbits(62)
+        self._writer = _rng.getrandbits(62)
 
     def _counters(self, tx: Tx, used_delta: int, inode_delta: int) -> None:
         """Append a change of the statfs counters (no shared row: module docstring)."""
