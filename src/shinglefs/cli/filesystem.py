@@ -310,13 +310,36 @@ def up_command(
     if not (data_dir / "meta.db").exists():
         format_first = FirstFormat(up_drive_specs(data_dir), data_dir.resolve().name or "shinglefs")
     log_file = data_dir / "mount.log"
+    owner = None if format_first is not None else _drives_holder(data_dir)
     _mount(meta_url_of(data_dir), mountpoint, settings, foreground=foreground,
            log_file=log_file, format_first=format_first)
     if format_first is not None and not foreground:
         typer.echo(f"formatted {data_dir}: "
                    f"{', '.join(s.split(':', 1)[1] for s in format_first.drives)}")
     if not foreground:
-        typer.echo(f"mounted {data_dir} at {mountpoint} (log: {settings.mount.log_file or log_file})")
+        shared = ("" if owner is None else f"; a client of process {owner}, which holds the "
+                  "drives: this mount works while that one runs")
+        typer.echo(f"mounted {data_dir} at {mountpoint} (log: "
+                   f"{settings.mount.log_file or log_file}){shared}")
+
+
+def _drives_holder(data_dir: Path) -> int | None:
+    """The live process holding the drive locks in ``data_dir`` (another `up`
+    of it), or None: a mount then joins it as a client."""
+    for lock in sorted(data_dir.glob("*.img.lock")):
+        try:
+            pid = int(lock.read_text().strip() or 0)
+        except (OSError, ValueError):
+            continue
+        if pid > 0 and pid != os.getpid():
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                continue
+            except PermissionError:
+                pass  # alive, another user's
+            return pid
+    return None
 
 
 def register(app: typer.Typer) -> None:
