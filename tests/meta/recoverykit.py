@@ -22,8 +22,25 @@ from shinglefs.client.vfs import VFS
 from shinglefs.meta.api import ROOT_INO
 from shinglefs.server.node import StorageNode
 
-__all__ = ["FsFactory", "cli", "drive_specs", "listing", "node_of", "pattern", "read_all",
-           "sql", "tree_with_bytes", "write_file"]
+__all__ = ["A", "B", "C", "FsFactory", "cli", "drive_specs", "listing", "node_of", "pattern",
+           "populate", "read_all", "slice_of", "sql", "tree_with_bytes", "write_file"]
+
+MiB = 1024 * 1024
+# The files of ``populate``: /a (a drive slice of 3 MiB), /d/b, /c.
+A = pattern(1, 3 * MiB + 5)
+B = pattern(2, 200_000)
+C = pattern(3, 70_000)
+
+
+def populate(factory: FsFactory, drives: int = 1) -> None:
+    """/a, /d/b and /c (``A``, ``B``, ``C``) written on ``factory``'s file
+    system (formatted with ``drives``), which is then closed."""
+    vfs = factory.vfs(drives=drives)
+    write_file(vfs, b"a", A)
+    d = vfs.mkdir(1, b"d", 0o755).ino
+    write_file(vfs, b"b", B, parent=d)
+    write_file(vfs, b"c", C)
+    vfs.shutdown()
 
 
 def cli(*args: str) -> int:
@@ -88,3 +105,9 @@ def file_bytes(root: Path, drive: int, offset: int, data: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def slice_of(root: Path, name: bytes) -> int:
+    """The slice of the first chunk reference of the file named ``name``."""
+    return int(sql(root, "SELECT r.slice_id FROM chunk_refs r JOIN dentries d ON d.ino = r.ino "
+                         "WHERE d.name = ?", (name,))[0][0])

@@ -8,14 +8,17 @@ from pathlib import Path
 
 import pytest
 from tests.meta.recoverykit import (
+    A,
+    C,
     FsFactory,
     cli,
     listing,
     node_of,
     pattern,
+    populate,
     read_all,
+    slice_of,
     sql,
-    write_file,
 )
 
 from shinglefs.client.filesystem import open_filesystem
@@ -25,28 +28,15 @@ from shinglefs.meta.api import SessionInfo
 from shinglefs.meta.check import check_consistency
 
 MiB = 1024 * 1024
-A = pattern(1, 3 * MiB + 5)
-B = pattern(2, 200_000)
-C = pattern(3, 70_000)
 
 
 @pytest.fixture
 def fs(tmp_path: Path) -> Iterator[FsFactory]:
     """A file system with /a, /d/b and /c, written and unmounted."""
     factory = FsFactory(tmp_path)
-    vfs = factory.vfs()
-    write_file(vfs, b"a", A)
-    d = vfs.mkdir(1, b"d", 0o755).ino
-    write_file(vfs, b"b", B, parent=d)
-    write_file(vfs, b"c", C)
-    vfs.shutdown()
+    populate(factory)
     yield factory
     factory.close_all()
-
-
-def _slice_of(root: Path, name: bytes) -> int:
-    return int(sql(root, "SELECT r.slice_id FROM chunk_refs r JOIN dentries d ON d.ino = r.ino "
-                         "WHERE d.name = ?", (name,))[0][0])
 
 
 def _found(report: object) -> dict[str, list[str]]:
@@ -60,7 +50,7 @@ def test_fsck_of_a_healthy_file_system_is_clean_exit_0(fs: FsFactory) -> None:
 
 def test_slice_deleted_on_the_drive_is_found_and_the_file_truncated(
         fs: FsFactory, capsys: pytest.CaptureFixture[str]) -> None:
-    sid = _slice_of(fs.root, b"b")
+    sid = slice_of(fs.root, b"b")
     with node_of(fs.root) as node:
         node.delete(sid)
         node.flush()
@@ -76,7 +66,7 @@ def test_slice_deleted_on_the_drive_is_found_and_the_file_truncated(
 def test_references_past_the_stored_end_are_cut_to_the_readable_bytes(fs: FsFactory) -> None:
     # The file claims 8 KiB more than its slice holds (a size committed before its bytes).
     sql(fs.root, "UPDATE chunk_refs SET length = length + 8192 WHERE slice_id = ?",
-        (_slice_of(fs.root, b"c"),))
+        (slice_of(fs.root, b"c"),))
     sql(fs.root, "UPDATE inodes SET size = size + 8192 WHERE ino = "
                  "(SELECT ino FROM dentries WHERE name = ?)", (b"c",))
     sql(fs.root, "UPDATE counters SET used_bytes = used_bytes + 8192 WHERE shard = 0")
@@ -97,7 +87,7 @@ def test_a_read_only_snapshots_file_is_repaired_and_stays_read_only(fs: FsFactor
         meta.close()
     # Both names claim 8 KiB more than their shared slice holds.
     sql(fs.root, "UPDATE chunk_refs SET length = length + 8192 WHERE slice_id = ?",
-        (_slice_of(fs.root, b"c"),))
+        (slice_of(fs.root, b"c"),))
     sql(fs.root, "UPDATE inodes SET size = size + 8192 WHERE ino IN "
                  "(SELECT ino FROM dentries WHERE name IN (?, ?))", (b"c", b"c@v1"))
     sql(fs.root, "UPDATE counters SET used_bytes = used_bytes + 16384 WHERE shard = 0")
@@ -125,7 +115,7 @@ def test_a_dropped_entry_makes_the_file_unreachable_and_repair_links_it_into_los
 
 
 def test_an_orphan_inode_is_freed_and_its_slice_deleted_from_the_drive(fs: FsFactory) -> None:
-    sid = _slice_of(fs.root, b"c")
+    sid = slice_of(fs.root, b"c")
     sql(fs.root, "UPDATE inodes SET nlink = 0 WHERE ino = "
                  "(SELECT ino FROM dentries WHERE name = ?)", (b"c",))
     sql(fs.root, "DELETE FROM dentries WHERE name = ?", (b"c",))
@@ -157,7 +147,7 @@ def test_counters_and_nlink_are_recomputed(fs: FsFactory) -> None:
 def test_a_committed_slice_no_file_references_is_kept_in_lost_found(
         fs: FsFactory, capsys: pytest.CaptureFixture[str]) -> None:
     # Its references lost: its bytes can still be read, so repair never deletes them.
-    sid = _slice_of(fs.root, b"c")
+    sid = slice_of(fs.root, b"c")
     sql(fs.root, "DELETE FROM chunk_refs WHERE slice_id = ?", (sid,))
     sql(fs.root, "UPDATE chunks SET nrefs = 0")
     sql(fs.root, "UPDATE inodes SET size = 0 WHERE ino = "

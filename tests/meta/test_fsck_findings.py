@@ -16,13 +16,18 @@ from typing import Any, cast
 
 import pytest
 from tests.meta.recoverykit import (
+    A,
+    B,
+    C,
     FsFactory,
     cli,
     drive_specs,
     listing,
     node_of,
     pattern,
+    populate,
     read_all,
+    slice_of,
     sql,
     write_file,
 )
@@ -32,36 +37,18 @@ from shinglefs.client.recovery import fsck
 from shinglefs.meta.check import CheckContext, _file_nlink, _unreachable, check_consistency
 
 MiB = 1024 * 1024
-A = pattern(1, 3 * MiB + 5)
-B = pattern(2, 200_000)
-C = pattern(3, 70_000)
-
-
-def _populate(factory: FsFactory, drives: int = 1) -> None:
-    """/a, /d/b and /c, written; the file system unmounted."""
-    vfs = factory.vfs(drives=drives)
-    write_file(vfs, b"a", A)
-    d = vfs.mkdir(1, b"d", 0o755).ino
-    write_file(vfs, b"b", B, parent=d)
-    write_file(vfs, b"c", C)
-    vfs.shutdown()
 
 
 @pytest.fixture
 def fs(tmp_path: Path) -> Iterator[FsFactory]:
     factory = FsFactory(tmp_path)
-    _populate(factory)
+    populate(factory)
     yield factory
     factory.close_all()
 
 
 def _ino_of(root: Path, name: bytes) -> int:
     return int(sql(root, "SELECT ino FROM dentries WHERE name = ?", (name,))[0][0])
-
-
-def _slice_of(root: Path, name: bytes) -> int:
-    return int(sql(root, "SELECT r.slice_id FROM chunk_refs r JOIN dentries d ON d.ino = r.ino "
-                         "WHERE d.name = ?", (name,))[0][0])
 
 
 def _rows(root: Path) -> list[Any]:
@@ -75,7 +62,7 @@ def _rows(root: Path) -> list[Any]:
 
 def test_a_file_whose_inode_row_is_lost_comes_back_at_its_path(
         fs: FsFactory, capsys: pytest.CaptureFixture[str]) -> None:
-    ino, sid = _ino_of(fs.root, b"b"), _slice_of(fs.root, b"b")
+    ino, sid = _ino_of(fs.root, b"b"), slice_of(fs.root, b"b")
     sql(fs.root, "DELETE FROM inodes WHERE ino = ?", (ino,))
     assert cli("fsck", fs.meta_url) == 41
     assert f"inode {ino} is missing but 1 chunk reference(s) of it remain" in \
@@ -104,7 +91,7 @@ def test_a_lost_inode_without_entries_comes_back_in_lost_found(fs: FsFactory) ->
 
 def test_slices_of_a_file_whose_references_are_lost_go_to_lost_found(
         fs: FsFactory, capsys: pytest.CaptureFixture[str]) -> None:
-    ino, sid = _ino_of(fs.root, b"c"), _slice_of(fs.root, b"c")
+    ino, sid = _ino_of(fs.root, b"c"), slice_of(fs.root, b"c")
     sql(fs.root, "DELETE FROM chunk_refs WHERE ino = ?", (ino,))
     assert cli("fsck", "--repair", fs.meta_url) == 40
     out = capsys.readouterr().out
@@ -140,7 +127,7 @@ def test_fsck_and_scrub_refuse_a_drive_of_another_file_system(
     mine, other = FsFactory(tmp_path / "mine"), FsFactory(tmp_path / "other")
     (tmp_path / "mine").mkdir()
     (tmp_path / "other").mkdir()
-    _populate(mine)
+    populate(mine)
     vfs = other.vfs()
     write_file(vfs, b"c", b"not this file system's")
     vfs.shutdown()
@@ -161,7 +148,7 @@ def test_fsck_and_scrub_refuse_a_drive_of_another_file_system(
 def test_fsck_refuses_swapped_drives_of_its_own_file_system(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     factory = FsFactory(tmp_path)
-    _populate(factory, drives=2)
+    populate(factory, drives=2)
     for suffix in ("", ".zones"):
         os.replace(tmp_path / f"drive0.img{suffix}", tmp_path / f"swap{suffix}")
         os.replace(tmp_path / f"drive1.img{suffix}", tmp_path / f"drive0.img{suffix}")
@@ -307,7 +294,7 @@ def test_a_missing_root_directory_is_recreated_with_its_entries(
 
 def test_scrub_reports_a_file_whose_slice_is_on_no_drive(
         fs: FsFactory, capsys: pytest.CaptureFixture[str]) -> None:
-    sid = _slice_of(fs.root, b"b")
+    sid = slice_of(fs.root, b"b")
     assert cli("scrub", fs.meta_url) == 0
     with node_of(fs.root) as node:
         node.delete(sid)
