@@ -182,6 +182,27 @@ def recorded_drives(meta: MetaStore) -> list[str]:
     return [str(_opened_spec(r, base)) for r in _records(meta)]
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class IdentifiedDrives:
+    """The recorded drives as they are now, each checked against its header."""
+
+    records: list[DriveRecord]
+    specs: list[DriveSpec]  # absolute paths as they are now (position = drive id)
+    found: list[DriveIdentity | None]  # each drive's header identity, None: none written
+
+
+def identified_drives(meta: MetaStore, info: FormatInfo) -> IdentifiedDrives:
+    """The recorded drives, each drive's identity header checked against the
+    metadata before any drive is opened: ``DriveIdentityError`` (exit 18) for a
+    drive missing, of another file system, or another drive of this one. What
+    every command that opens a file system's drives (a mount, fsck, scrub)
+    does first, so that none reads another file system's slices as its own."""
+    records = _records(meta)
+    base = _drive_base(meta.url_where)
+    specs = [_opened_spec(r, base) for r in records]
+    return IdentifiedDrives(records, specs, _check_identities(info, records, specs))
+
+
 def _records(meta: MetaStore) -> list[DriveRecord]:
     records = meta.drive_records()
     if not records:
@@ -464,10 +485,8 @@ def open_filesystem(
         info = meta.format_info()
         if not meta.drive_records():
             return _open_on_servers(meta, config, mountpoint, groups)
-        records = _records(meta)
-        base = _drive_base(meta.url_where)
-        specs = [_opened_spec(r, base) for r in records]
-        found = _check_identities(info, records, specs)
+        drives = identified_drives(meta, info)
+        records, specs, found = drives.records, drives.specs, drives.found
         try:
             node = StorageNode.open([(i, str(s)) for i, s in enumerate(specs)],
                                     store_config=store_config)

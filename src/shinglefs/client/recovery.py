@@ -134,19 +134,9 @@ def _identified_drives(meta: MetaStore) -> list[str]:
     18: a drive missing, of another file system, or another drive of this
     one), before any drive is opened: fsck and scrub must never read another
     file system's slices as this one's, let alone "repair" by them."""
-    from shinglefs.client.filesystem import (
-        _check_identities,
-        _drive_base,
-        _opened_spec,
-        _records,
-    )
+    from shinglefs.client.filesystem import identified_drives
 
-    info = meta.format_info()
-    records = _records(meta)
-    base = _drive_base(meta.url_where)
-    specs = [_opened_spec(r, base) for r in records]
-    _check_identities(info, records, specs)
-    return [str(spec) for spec in specs]
+    return [str(spec) for spec in identified_drives(meta, meta.format_info()).specs]
 
 
 def _open_drives(specs: list[str], meta_url: str, *, recorded: bool) -> StorageNode:
