@@ -405,6 +405,25 @@ def test_a_bare_xattr_namespace_is_einval(mnt: Path) -> None:
     assert errno_of(os.getxattr, path, "user.") == errno.EINVAL
 
 
+def test_cp_p_keeps_the_mode_bits_no_acl_stands_in_for_them(mnt: Path, tmp_path: Path) -> None:
+    # cp -p sets system.posix_acl_access instead of calling chmod when that
+    # succeeds; stored as a plain xattr it left every copy at cp's 0600.
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"weights" * 1000)
+    src.chmod(0o644)
+    (tmp_path / "tree").mkdir(mode=0o755)
+    (tmp_path / "tree" / "shard").write_bytes(b"s")
+    (tmp_path / "tree" / "shard").chmod(0o640)
+    subprocess.run(["cp", "-p", str(src), str(mnt / "copy.bin")], check=True)
+    subprocess.run(["cp", "-a", str(tmp_path / "tree"), str(mnt / "tree")], check=True)
+    assert stat.S_IMODE((mnt / "copy.bin").stat().st_mode) == 0o644
+    assert stat.S_IMODE((mnt / "tree").stat().st_mode) == 0o755
+    assert stat.S_IMODE((mnt / "tree" / "shard").stat().st_mode) == 0o640
+    assert os.listxattr(mnt / "copy.bin") == []
+    assert errno_of(os.getxattr, mnt / "copy.bin", "system.posix_acl_access") \
+        == errno.EOPNOTSUPP
+
+
 def test_the_mount_says_it_records_no_access_times(mnt: Path) -> None:
     dev = os.stat(mnt).st_dev
     with open("/proc/self/mountinfo") as f:

@@ -3,6 +3,12 @@
 Reading needs read permission on the inode, writing needs write permission;
 listing needs neither (as on Linux for user. names). Setting or removing one
 sets the inode's ctime in the same transaction.
+
+POSIX ACLs are not supported, as on a Linux file system mounted ``noacl``:
+``system.posix_acl_access`` / ``_default`` are EOPNOTSUPP and never listed.
+Stored as plain values they would not change the mode bits, and ``cp -p``
+(which sets the ACL instead of calling chmod when that succeeds) would
+leave its copies at the 0600 it created them with.
 """
 
 from __future__ import annotations
@@ -28,12 +34,13 @@ from shinglefs.meta.records import (
 )
 
 XATTR_NAMESPACES = (b"user.", b"trusted.", b"security.", b"system.")
+ACL_XATTRS = (b"system.posix_acl_access", b"system.posix_acl_default")
 
 
 def check_xattr_name(name: bytes) -> None:
     """EINVAL if not bytes, or a bare namespace prefix (``user.``, as Linux's
     xattr_resolve_name); ERANGE if empty or longer than XATTR_NAME_MAX;
-    EOPNOTSUPP outside the four namespaces."""
+    EOPNOTSUPP outside the four namespaces and for the POSIX ACLs (module docstring)."""
     if not isinstance(name, NAME_TYPES):
         raise FsError(E.EINVAL, "an xattr name must be bytes")
     if not name or len(name) > XATTR_NAME_MAX:
@@ -44,6 +51,8 @@ def check_xattr_name(name: bytes) -> None:
         raise FsError(
             E.EOPNOTSUPP, f"xattr {bytes(name)!r} is outside user./trusted./security./system."
         )
+    if name in ACL_XATTRS:
+        raise FsError(E.EOPNOTSUPP, "POSIX ACLs are not supported: access is the mode bits")
 
 
 def xattr_target(tx: Tx, ino: int, ctx: Ctx, mask: int) -> InodeAttr:
@@ -101,7 +110,8 @@ class XattrOps(SqlCore):
     def listxattr(self, ino: int, ctx: Ctx = ROOT_CTX) -> list[bytes]:
         def txn(tx: Tx) -> list[bytes]:
             xattr_target(tx, ino, ctx, 0)
-            return [bytes(r[0]) for r in tx.all(S.LIST_XATTR, (ino,))]
+            names = (bytes(r[0]) for r in tx.all(S.LIST_XATTR, (ino,)))
+            return [n for n in names if n not in ACL_XATTRS]  # stored before they were refused
 
         return self._run(txn, "read")
 
