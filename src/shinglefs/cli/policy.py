@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from shinglefs.meta.api import MetaStore
     from shinglefs.meta.backend import Tx
 
-drive_app = typer.Typer(name="drive", help="A storage server's drive states (offline drains it).",
+drive_app = typer.Typer(name="drive", help="A storage server's drive states (offline drains "
+                        "it); replace a lost drive of a file system on this host.",
                         no_args_is_help=True)
 
 

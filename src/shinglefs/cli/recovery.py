@@ -233,7 +233,30 @@ def load_command(
     typer.echo(f"loaded {sum(rows.values())} rows into {target}", err=True)
 
 
+def drive_replace_command(
+    meta_url: str = typer.Argument(..., help="metadata URL of a file system with drives "
+                                   "of its own"),
+    drive: int = typer.Argument(..., help="id of the lost drive (`shinglefs status` lists them)"),
+    to: str | None = typer.Option(None, "--to", metavar="KIND:PATH[:SIZE]",
+                                  help="put the new drive here (default: where the lost one "
+                                       "was recorded)"),
+    force: bool = typer.Option(False, "--force", help="go on although sessions look alive"),
+) -> None:
+    """Put an empty drive in place of a lost one; cut the files that had bytes on it."""
+    from shinglefs.client.drivereplace import replace_drive
+
+    meta_url = _existing(meta_url)
+    done = replace_drive(meta_url, drive, to=to, force=force)
+    typer.echo(f"drive {done.drive_id}: " + ("adopted the empty drive at " if done.adopted
+                                             else "formatted an empty drive at ") + done.spec)
+    _print_fsck(done.report)
+    raise typer.Exit(EXIT_DAMAGED if done.report.remaining else 0)
+
+
 def register(app: typer.Typer) -> None:
+    from shinglefs.cli.policy import drive_app
+
+    drive_app.command("replace")(drive_replace_command)
     app.command("fsck")(fsck_command)
     app.command("scrub")(scrub_command)
     app.command("dump")(dump_command)

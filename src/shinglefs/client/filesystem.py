@@ -191,16 +191,19 @@ class IdentifiedDrives:
     found: list[DriveIdentity | None]  # each drive's header identity, None: none written
 
 
-def identified_drives(meta: MetaStore, info: FormatInfo) -> IdentifiedDrives:
+def identified_drives(meta: MetaStore, info: FormatInfo, *,
+                      lost: int | None = None) -> IdentifiedDrives:
     """The recorded drives, each drive's identity header checked against the
     metadata before any drive is opened: ``DriveIdentityError`` (exit 18) for a
     drive missing, of another file system, or another drive of this one. What
     every command that opens a file system's drives (a mount, fsck, scrub)
-    does first, so that none reads another file system's slices as its own."""
+    does first, so that none reads another file system's slices as its own.
+    ``lost``: a drive id not checked (``drive replace`` of that drive); its
+    ``found`` is None."""
     records = _records(meta)
     base = _drive_base(meta.url_where)
     specs = [_opened_spec(r, base) for r in records]
-    return IdentifiedDrives(records, specs, _check_identities(info, records, specs))
+    return IdentifiedDrives(records, specs, _check_identities(info, records, specs, lost))
 
 
 def _records(meta: MetaStore) -> list[DriveRecord]:
@@ -386,17 +389,22 @@ def _identity_of(i: int, spec: DriveSpec, info: FormatInfo) -> DriveIdentity | N
         ) from None
 
 
-def _check_identities(info: FormatInfo, records: list[DriveRecord],
-                      specs: list[DriveSpec]) -> list[DriveIdentity | None]:
-    """Read every drive's header and compare it with the metadata (nothing is opened)."""
+def _check_identities(info: FormatInfo, records: list[DriveRecord], specs: list[DriveSpec],
+                      lost: int | None = None) -> list[DriveIdentity | None]:
+    """Read every drive's header but ``lost``'s and compare it with the metadata
+    (nothing is opened)."""
     found: list[DriveIdentity | None] = []
     for i, (record, spec) in enumerate(zip(records, specs, strict=True)):
+        if i == lost:
+            found.append(None)
+            continue
         if spec.kind != "linux" and not os.path.exists(spec.path):
             raise DriveIdentityError(
                 f"drive {i} of file system {info.name!r} is missing: nothing at {spec.path}",
                 hint="put the drive file back at this path (or the data directory back "
-                "together); `shinglefs status URL --servers` and the other drives are "
-                "untouched: nothing was opened",
+                f"together); if it is lost for good, `shinglefs drive replace META_URL {i}` "
+                "puts an empty drive in its place and cuts the files that had bytes on it "
+                "(docs/cli.md); nothing was opened",
             )
         ident = _identity_of(i, spec, info)
         found.append(ident)
