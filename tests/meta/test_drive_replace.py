@@ -58,8 +58,9 @@ def test_replacing_a_lost_drive_keeps_every_file_of_the_other_and_cuts_the_rest(
     kept = set(files) - lost
     assert lost and kept, "placement put every file on one drive: the test needs both"
     _lose(tmp_path, 1)
-    with pytest.raises(DriveIdentityError, match=r"drive 1 of file system .* is missing"):
+    with pytest.raises(DriveIdentityError, match=r"drive 1 of file system .* is missing") as no:
         open_filesystem(factory.meta_url)
+    assert f"`shinglefs drive replace {factory.meta_url} 1`" in str(no.value.hint)
     capsys.readouterr()
 
     assert cli("drive", "replace", factory.meta_url, "1") == 0

@@ -203,7 +203,8 @@ def identified_drives(meta: MetaStore, info: FormatInfo, *,
     records = _records(meta)
     base = _drive_base(meta.url_where)
     specs = [_opened_spec(r, base) for r in records]
-    return IdentifiedDrives(records, specs, _check_identities(info, records, specs, lost))
+    return IdentifiedDrives(records, specs,
+                           _check_identities(info, records, specs, lost, meta.url_where))
 
 
 def _records(meta: MetaStore) -> list[DriveRecord]:
@@ -390,9 +391,10 @@ def _identity_of(i: int, spec: DriveSpec, info: FormatInfo) -> DriveIdentity | N
 
 
 def _check_identities(info: FormatInfo, records: list[DriveRecord], specs: list[DriveSpec],
-                      lost: int | None = None) -> list[DriveIdentity | None]:
+                      lost: int | None = None, url: str = "META_URL",
+                      ) -> list[DriveIdentity | None]:
     """Read every drive's header but ``lost``'s and compare it with the metadata
-    (nothing is opened)."""
+    (nothing is opened); ``url`` names the metadata in hints."""
     found: list[DriveIdentity | None] = []
     for i, (record, spec) in enumerate(zip(records, specs, strict=True)):
         if i == lost:
@@ -402,7 +404,7 @@ def _check_identities(info: FormatInfo, records: list[DriveRecord], specs: list[
             raise DriveIdentityError(
                 f"drive {i} of file system {info.name!r} is missing: nothing at {spec.path}",
                 hint="put the drive file back at this path (or the data directory back "
-                f"together); if it is lost for good, `shinglefs drive replace META_URL {i}` "
+                f"together); if it is lost for good, `shinglefs drive replace {url} {i}` "
                 "puts an empty drive in its place and cuts the files that had bytes on it "
                 "(docs/cli.md); nothing was opened",
             )
