@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from shinglefs.fuse.harness import MountedFileSystem, drop_caches
+from shinglefs.meta.records import MAX_FILE_SIZE, TIME_NS_MAX, TIME_NS_MIN
 
 pytestmark = pytest.mark.fuse
 
@@ -422,6 +423,42 @@ def test_cp_p_keeps_the_mode_bits_no_acl_stands_in_for_them(mnt: Path, tmp_path:
     assert os.listxattr(mnt / "copy.bin") == []
     assert errno_of(os.getxattr, mnt / "copy.bin", "system.posix_acl_access") \
         == errno.EOPNOTSUPP
+
+
+def test_sizes_past_the_largest_file_are_efbig_and_statfs_keeps_working(mnt: Path) -> None:
+    # Two 4 EiB sparse files overflowed the 64-bit used-bytes sum: statfs
+    # (df, posix_fallocate's fallback) failed with EIO for good, even after
+    # the files were deleted and the file system remounted.
+    path = mnt / "huge"
+    path.write_bytes(b"")
+    assert errno_of(os.truncate, path, 4 << 60) == errno.EFBIG
+    assert errno_of(os.truncate, mnt / "huge", MAX_FILE_SIZE + 1) == errno.EFBIG
+    os.truncate(path, MAX_FILE_SIZE)  # the largest size itself is fine
+    (mnt / "huge2").write_bytes(b"")
+    os.truncate(mnt / "huge2", MAX_FILE_SIZE)
+    assert os.statvfs(mnt).f_blocks > 0
+    fd = os.open(mnt / "edge", os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        assert errno_of(os.pwrite, fd, b"x", MAX_FILE_SIZE) == errno.EFBIG
+        assert os.pwrite(fd, b"abcd", MAX_FILE_SIZE - 2) == 2  # cut at the limit
+    finally:
+        os.close(fd)
+    assert (mnt / "edge").stat().st_size == MAX_FILE_SIZE
+    for name in ("huge", "huge2", "edge"):
+        (mnt / name).unlink()
+    assert os.statvfs(mnt).f_bfree > 0
+
+
+def test_times_outside_64_bit_nanoseconds_are_clamped_not_eio(mnt: Path) -> None:
+    path = mnt / "t"
+    path.write_bytes(b"x")
+    os.utime(path, ns=(2**40 * 10**9, 2**33 * 10**9))  # years ~36,000 and ~2242
+    st = path.stat()
+    assert st.st_atime_ns == TIME_NS_MAX and st.st_mtime_ns == 2**33 * 10**9
+    subprocess.run(["touch", "-d", "2300-01-01", str(path)], check=True)
+    assert path.stat().st_mtime_ns == TIME_NS_MAX
+    os.utime(path, ns=(-(2**62) * 4, 0))
+    assert path.stat().st_atime_ns == TIME_NS_MIN
 
 
 def test_the_mount_says_it_records_no_access_times(mnt: Path) -> None:

@@ -150,6 +150,17 @@ def test_xattr_permissions_follow_mode_bits(meta):
     assert errno_of(meta.removexattr, f.ino, b"user.k", other) == E.EACCES
 
 
+def test_trusted_names_are_listed_to_root_alone_acls_to_nobody(meta):
+    f = meta.create(ROOT_INO, b"f", 0o644)
+    meta.setxattr(f.ino, b"user.k", b"v")
+    meta.setxattr(f.ino, b"trusted.t", b"v")
+    assert meta.listxattr(f.ino) == [b"trusted.t", b"user.k"]
+    assert meta.listxattr(f.ino, Ctx(uid=1000, gid=1000)) == [b"user.k"]
+    for acl in (b"system.posix_acl_access", b"system.posix_acl_default"):
+        assert errno_of(meta.setxattr, f.ino, acl, b"\x02\x00\x00\x00") == E.EOPNOTSUPP
+        assert errno_of(meta.getxattr, f.ino, acl) == E.EOPNOTSUPP
+
+
 def test_xattrs_go_with_the_inode(meta, check):
     f = meta.create(ROOT_INO, b"f", 0o644)
     meta.setxattr(f.ino, b"user.k", b"v")

@@ -33,6 +33,7 @@ writes are serialised; different files proceed in parallel.
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 from collections.abc import Callable
@@ -43,6 +44,8 @@ from shinglefs.client.config import ClientConfig
 from shinglefs.client.settling import SettlingSlices
 from shinglefs.client.writebuffers import OpenSlice, WriteBudget, write_would_wait
 from shinglefs.client.writefailures import WriteFailures
+from shinglefs.meta.errors import FsError
+from shinglefs.meta.records import MAX_FILE_SIZE
 from shinglefs.server.errors import NodeFull
 from shinglefs.server.node import Declined, SliceNode, wait_piece
 from shinglefs.zoned.model import Buffer
@@ -181,6 +184,11 @@ class FileWriter:
         for a drive (barring a race with another writer for the same queue
         room, which costs one short wait)."""
         view = memoryview(data).cast("B")
+        if offset + len(view) > MAX_FILE_SIZE:  # as a file size limit: cut at it, EFBIG there
+            if offset >= MAX_FILE_SIZE:
+                raise FsError(errno.EFBIG, f"write at {offset}: past the largest file size, "
+                              f"{MAX_FILE_SIZE}", ino=self.ino)
+            view = view[:MAX_FILE_SIZE - offset]
         if not wait:
             return self._write_at_once(offset, view)
         with self.lock:

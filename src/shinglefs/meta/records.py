@@ -39,6 +39,15 @@ XATTR_NAME_MAX: Final = 255
 XATTR_SIZE_MAX: Final = 65536
 LINK_MAX: Final = 65000
 """Largest nlink of a file (ext4's bound); ``link`` beyond it raises EMLINK."""
+MAX_FILE_SIZE: Final = 1 << 48
+"""Largest file size (256 TiB): a truncate beyond it is EFBIG, a write is cut
+there (EFBIG at it). The file system's used-bytes counter sums file sizes in
+64 bits; unbounded sparse files (``truncate -s 4E`` twice) overflowed it and
+left ``statfs`` failing for good."""
+TIME_NS_MIN: Final = -(1 << 63)
+TIME_NS_MAX: Final = (1 << 63) - 1
+"""Timestamps are kept as 64-bit nanoseconds (1678 to 2262); a time set
+outside is clamped, as Linux clamps to a file system's time range."""
 
 # setattr time markers, the values Linux uses in timespec.tv_nsec.
 UTIME_NOW: Final = (1 << 30) - 1
@@ -464,6 +473,7 @@ __all__ = [
     "INLINE_SLICE_BIT",
     "LINK_MAX",
     "LOCAL_SERVER",
+    "MAX_FILE_SIZE",
     "NAME_MAX",
     "RENAME_EXCHANGE",
     "RENAME_NOREPLACE",
@@ -475,6 +485,8 @@ __all__ = [
     "SERVER_TIMEOUT_S",
     "SYMLINK_MAX",
     "TIERS",
+    "TIME_NS_MAX",
+    "TIME_NS_MIN",
     "UTIME_NOW",
     "UTIME_OMIT",
     "W_OK",

@@ -28,8 +28,11 @@ from shinglefs.meta.engine.permissions import (
 )
 from shinglefs.meta.errors import FsError
 from shinglefs.meta.records import (
+    MAX_FILE_SIZE,
     ROOT_CTX,
     TIERS,
+    TIME_NS_MAX,
+    TIME_NS_MIN,
     UTIME_NOW,
     UTIME_OMIT,
     W_OK,
@@ -42,6 +45,16 @@ MAX_REPLICAS = 16
 """The largest replication goal a directory may set."""
 GOALS_PAGE = 500
 """Inodes per ``replica_goals`` query (bounded statement size)."""
+
+
+def _settable_time(ns: int | None) -> int | None:
+    """A time setattr was given: None for UTIME_OMIT, UTIME_NOW as it is, any
+    other clamped to what is kept (``TIME_NS_MIN``..``TIME_NS_MAX``)."""
+    if ns is None or ns == UTIME_OMIT:
+        return None
+    if ns == UTIME_NOW:
+        return ns
+    return min(max(ns, TIME_NS_MIN), TIME_NS_MAX)
 
 
 def check_replicas(replicas: int | None) -> None:
@@ -102,12 +115,12 @@ class AttributeOps(ChunkOps):
         open_for_write: bool = False,
         checked: bool = False,
     ) -> InodeAttr:
-        if atime_ns == UTIME_OMIT:
-            atime_ns = None
-        if mtime_ns == UTIME_OMIT:
-            mtime_ns = None
+        atime_ns, mtime_ns = _settable_time(atime_ns), _settable_time(mtime_ns)
         if size is not None and size < 0:
             raise FsError(E.EINVAL, f"negative size {size}", ino=ino)
+        if size is not None and size > MAX_FILE_SIZE:
+            raise FsError(E.EFBIG, f"size {size} is past the largest file size, "
+                          f"{MAX_FILE_SIZE}", ino=ino)
         chown = uid is not None or gid is not None
 
         def txn(tx: Tx) -> InodeAttr:

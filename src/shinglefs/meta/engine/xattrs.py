@@ -1,7 +1,9 @@
 """Extended attributes: one row per ``(ino, name)``, Linux's namespaces and limits.
 
 Reading needs read permission on the inode, writing needs write permission;
-listing needs neither (as on Linux for user. names). Setting or removing one
+listing needs neither (as on Linux for user. names), and lists ``trusted.``
+names to root alone (Linux: to CAP_SYS_ADMIN; the kernel already refuses the
+others reading or writing them). Setting or removing one
 sets the inode's ctime in the same transaction.
 
 POSIX ACLs are not supported, as on a Linux file system mounted ``noacl``:
@@ -111,7 +113,10 @@ class XattrOps(SqlCore):
         def txn(tx: Tx) -> list[bytes]:
             xattr_target(tx, ino, ctx, 0)
             names = (bytes(r[0]) for r in tx.all(S.LIST_XATTR, (ino,)))
-            return [n for n in names if n not in ACL_XATTRS]  # stored before they were refused
+            # trusted. names only for root (Linux: CAP_SYS_ADMIN); ACLs stored
+            # before they were refused, for nobody.
+            return [n for n in names if n not in ACL_XATTRS
+                    and (ctx.is_root or not n.startswith(b"trusted."))]
 
         return self._run(txn, "read")
 
