@@ -206,6 +206,17 @@ def test_a_missing_or_truncated_drive_is_one_line_with_the_way_back(work: Path) 
     assert result.returncode == 3 and "put the whole image back" in result.stderr, result.stderr
 
 
+def test_the_path_of_meta_db_given_for_a_url_gets_its_exact_url(work: Path) -> None:
+    assert small_format(work, "a").returncode == 0
+    url = f"sqlite3://{work}/a/meta.db"
+    for command in (["status", "a/meta.db"], ["fsck", "a/meta.db"],
+                    ["dump", "a/meta.db", "out.jsonl"]):
+        result = run(work, *command)
+        refused(result, 2)
+        assert f"hint: a SQLite file's URL is {url}" in result.stderr, (command, result.stderr)
+    assert not (work / "out.jsonl").exists()
+
+
 @pytest.mark.skipif(not ROOT, reason="mounting a tmpfs needs root")
 def test_umount_leaves_a_mount_of_another_file_system_alone(work: Path) -> None:
     other = work / "tmpfs"

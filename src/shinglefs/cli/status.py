@@ -368,8 +368,11 @@ def status_command(
     else:
         mountpoint = os.path.abspath(target)
         if not os.path.isdir(mountpoint):
+            from shinglefs.meta.backend import url_hint
+
             raise UsageError(f"{target} is neither a directory nor a metadata URL",
-                             hint="pass a mount point or sqlite3:///PATH / postgresql://...")
+                             hint=url_hint(target) if os.path.isfile(target)
+                             else "pass a mount point or sqlite3:///PATH / postgresql://...")
         results = {mountpoint: _status_of_mount(mountpoint)}
     if as_json:
         if target is None:

@@ -479,13 +479,18 @@ PG_SCHEMES = ("postgresql", "postgres")
 """``postgresql://`` is the spelling; ``postgres://`` is accepted as an alias."""
 
 
+def url_hint(text: object) -> str:
+    """The hint for something given where a metadata URL belongs: its exact
+    URL when it is the path of a file (``data/meta.db``), else the forms."""
+    if isinstance(text, str) and os.path.isfile(text):
+        return f"a SQLite file's URL is sqlite3://{os.path.abspath(text)}"
+    return "use sqlite3:///abs/path/meta.db or postgresql://user@host:port/db"
+
+
 def backend_from_url(url: str, **options: Any) -> Backend:
     """Parse a metadata URL and connect. Raises MetaURLError / MetaUnavailable."""
     if not isinstance(url, str) or "://" not in url:
-        raise MetaURLError(
-            f"not a metadata URL: {url!r}",
-            hint="use sqlite3:///abs/path/meta.db or postgresql://user@host:port/db",
-        )
+        raise MetaURLError(f"not a metadata URL: {url!r}", hint=url_hint(url))
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     query = dict(parse_qsl(parts.query))
