@@ -390,6 +390,25 @@ def test_mtime_of_a_file_being_written_holds_still_between_writes(mnt: Path) -> 
         os.close(fd)
 
 
+@pytest.mark.parametrize("size", [100, 3 * MiB])  # an inline file, a file on a drive
+def test_mtime_is_the_last_writes_time_not_the_closes(mnt: Path, size: int) -> None:
+    # It was the time the bytes committed (close), a moment after the last
+    # write for a small file, minutes after it for a writer holding the file open.
+    path = mnt / f"late-close-{size}"
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o644)
+    try:
+        os.write(fd, b"a" * size)
+        written = os.fstat(fd)
+        time.sleep(0.3)
+    finally:
+        os.close(fd)
+    closed = path.stat()
+    assert closed.st_mtime_ns == written.st_mtime_ns
+    assert closed.st_ctime_ns == written.st_ctime_ns
+    drop_caches()
+    assert path.stat().st_mtime_ns == written.st_mtime_ns  # as committed, not cached
+
+
 def test_truncate_to_the_same_size_updates_mtime(mnt: Path) -> None:
     path = mnt / "same-size"
     path.write_bytes(b"ab")
@@ -459,6 +478,32 @@ def test_times_outside_64_bit_nanoseconds_are_clamped_not_eio(mnt: Path) -> None
     assert path.stat().st_mtime_ns == TIME_NS_MAX
     os.utime(path, ns=(-(2**62) * 4, 0))
     assert path.stat().st_atime_ns == TIME_NS_MIN
+
+
+def test_a_removed_directory_still_open_behaves_as_on_linux(mnt: Path) -> None:
+    # Its inode was gone at rmdir: fstat, a listing through the descriptor, and
+    # a listing of a removed working directory were ENOENT.
+    for how in ("rmdir", "rename-over"):
+        d = mnt / f"gone-{how}"
+        d.mkdir()
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            if how == "rmdir":
+                d.rmdir()
+            else:
+                (mnt / "other").mkdir()
+                os.rename(mnt / "other", d)  # replaces the empty directory fd is on
+            assert os.fstat(fd).st_nlink == 0
+            assert stat.S_ISDIR(os.fstat(fd).st_mode)
+            assert os.listdir(fd) == []
+        finally:
+            os.close(fd)
+    cwd = mnt / "cwd"
+    cwd.mkdir()
+    listed = subprocess.run(
+        [sys.executable, "-c", "import os; os.rmdir(os.getcwd()); print(os.listdir('.'))"],
+        cwd=cwd, capture_output=True, text=True)
+    assert (listed.returncode, listed.stdout.strip()) == (0, "[]"), listed.stderr
 
 
 def test_the_mount_says_it_records_no_access_times(mnt: Path) -> None:

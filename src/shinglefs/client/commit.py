@@ -128,6 +128,9 @@ class FinishedSlice:
     durable: bool = False  # True: the store already flushed it (no flush needed here)
     inline: bytes | None = None  # the bytes of an inline slice, committed into meta
     replica_drives: tuple[int, ...] = ()  # every drive holding it (default: ``drive_id``'s)
+    # The time of the writer's last write before the commit: the file's mtime
+    # (and ctime, unless later), as write(2) sets them; None: the commit's time.
+    mtime_ns: int | None = None
 
     @property
     def drives(self) -> tuple[int, ...]:
@@ -138,11 +141,11 @@ class FinishedSlice:
 
     @classmethod
     def inline_slice(cls, ino: int, chunk_index: int, chunk_offset: int, slice_id: int,
-                     data: bytes) -> FinishedSlice:
+                     data: bytes, mtime_ns: int | None = None) -> FinishedSlice:
         """A slice whose bytes go into meta with its reference (``SliceCommit.inline``):
         ``slice_id`` becomes an inline id; nothing to flush, nothing on a drive."""
         return cls(ino, chunk_index, chunk_offset, slice_id | INLINE_SLICE_BIT, len(data),
-                   None, 0, registered=False, durable=True, inline=data)
+                   None, 0, registered=False, durable=True, inline=data, mtime_ns=mtime_ns)
 
     def to_commit(self, file_end: int) -> SliceCommit:
         # Always the drives that hold it now: a replica lost while writing goes.
@@ -157,6 +160,7 @@ class FinishedSlice:
             replicas=replicas,
             inline=self.inline,
             registered=self.registered,
+            mtime_ns=self.mtime_ns,
         )
 
 

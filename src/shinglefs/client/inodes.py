@@ -58,6 +58,8 @@ DIR_NAMES_TTL = 1.0
 # kernel's getattr (fuse.operations.ATTR_TIMEOUT: as long as the kernel itself
 # trusts attributes it was given).
 DIR_ATTRS_TTL = 1.0
+REMOVED_DIRS_KEPT = 1024
+"""Directories this client removed, remembered (``InodeTable.removed_dirs``)."""
 T = TypeVar("T")
 Stamp = tuple[int, int, int]  # (mtime_ns, ctime_ns, size)
 
@@ -308,6 +310,10 @@ class InodeTable:
         self._no_caps: InodeMemo[float] = InodeMemo(capacity)  # ino -> trusted until
         self.maps = MapCache(capacity)
         self.dirs = DirAttrs(capacity=capacity)
+        # Directories this client removed (rmdir, renamed over), nlink 0: a
+        # descriptor or a working directory still on one behaves as on Linux
+        # (fstat works, a listing is empty) instead of ENOENT. Bounded.
+        self.removed_dirs: InodeMemo[InodeAttr] = InodeMemo(REMOVED_DIRS_KEPT)
 
     # ------------------------------------------------------------------ open inodes
     def get(self, ino: int) -> OpenInode | None:

@@ -61,6 +61,7 @@ from shinglefs.client.reader import ExtentCache
 from shinglefs.client.readpath import ReadPath
 from shinglefs.client.writepath import WritePath
 from shinglefs.meta.api import (
+    RENAME_EXCHANGE,
     ROOT_CTX,
     ROOT_INO,
     Ctx,
@@ -242,7 +243,13 @@ class VFS:
                 return attr
         if not wait:
             raise Declined()
-        attr = self.meta.getattr(ino)
+        try:
+            attr = self.meta.getattr(ino)
+        except FsError as exc:
+            removed = self.inodes.removed_dirs.get(ino) if exc.errno == errno.ENOENT else None
+            if removed is None:
+                raise
+            return removed
         self.inodes.dirs.put(attr)
         return self.writes.with_buffered_size(attr)
 
@@ -302,7 +309,11 @@ class VFS:
         self._check_open()
         self.dir_names.clear()
         self.inodes.dirs.clear()
-        self.meta.rmdir(parent, name, ctx)
+        self._removed_dir(self.meta.rmdir(parent, name, ctx).attr)
+
+    def _removed_dir(self, attr: InodeAttr) -> None:
+        """Remember a directory this client removed (``InodeTable.removed_dirs``)."""
+        self.inodes.removed_dirs[attr.ino] = dataclasses.replace(attr, nlink=0)
 
     def symlink(self, parent: int, name: bytes, target: bytes, ctx: Ctx = ROOT_CTX) -> InodeAttr:
         self._check_open()
@@ -318,6 +329,9 @@ class VFS:
         self.dir_names.clear()
         self.inodes.dirs.clear()
         result = self.meta.rename(parent_old, name_old, parent_new, name_new, flags, ctx)
+        if result.replaced is not None and result.replaced.is_dir \
+                and not flags & RENAME_EXCHANGE:
+            self._removed_dir(result.replaced)
         self.inodes.note_parent(result.ino, parent_new)
         self.jobs.retention.note(parent_new)
         if result.released:
@@ -460,6 +474,13 @@ class VFS:
         self.jobs.retention.note(parent)
         return opened
 
+    def written_ns(self, ino: int) -> int | None:
+        """The time of the last write to ``ino`` through this client while it is
+        open here (None: not open, or not written): the mtime its buffered bytes
+        commit with, so a stat before close can show what one after will."""
+        writer = self.inodes.writer(ino)
+        return None if writer is None else writer.written_ns
+
     def flush(self, fh: int, *, wait: bool = True) -> None:
         """close(2) of a descriptor: commit buffered writes (close-to-open).
 
@@ -560,8 +581,9 @@ class VFS:
 
     # ================================================================== directories
     def opendir(self, ino: int, ctx: Ctx = ROOT_CTX) -> int:
+        """A handle on directory ``ino``; on one this client removed, an empty listing."""
         self._check_open()
-        attr = self.meta.getattr(ino)
+        attr = self.getattr(ino)
         if not attr.is_dir:
             raise FsError(errno.ENOTDIR, f"inode {ino} is not a directory", ino=ino)
         if not ctx.is_root:
@@ -574,7 +596,12 @@ class VFS:
         d = self.handles.dir(fh)
         cookie = start_cookie
         while True:
-            batch = self.meta.readdir(d.ino, cookie, 1024, d.ctx)
+            try:
+                batch = self.meta.readdir(d.ino, cookie, 1024, d.ctx)
+            except FsError as exc:
+                if exc.errno == errno.ENOENT and d.ino in self.inodes.removed_dirs:
+                    return  # removed: empty, as Linux lists a removed directory
+                raise
             for entry in batch:
                 self.inodes.note_parent(entry.ino, d.ino)
                 if entry.ino in self.inodes:

@@ -179,15 +179,16 @@ class OpenSlice:
         return sum(n for f, n in inflight if not f.done())
 
     def finished(self, ino: int, chunk_size: int, durable: bool,
-                 replica_drives: tuple[int, ...]) -> FinishedSlice:
+                 replica_drives: tuple[int, ...], mtime_ns: int | None) -> FinishedSlice:
         """This slice, every byte stored, as its commit names it (``drive_id`` and
-        ``group`` set by its first piece)."""
+        ``group`` set by its first piece; ``mtime_ns``: the last write's time)."""
         assert self.drive_id is not None and self.group is not None
         return FinishedSlice(
             ino=ino, chunk_index=self.chunk_index,
             chunk_offset=self.start - self.chunk_index * chunk_size, slice_id=self.slice_id,
             length=self.length, drive_id=self.drive_id, group=self.group,
-            registered=self.registered, durable=durable, replica_drives=replica_drives)
+            registered=self.registered, durable=durable, replica_drives=replica_drives,
+            mtime_ns=mtime_ns)
 
     def fits_inline(self, limit: int, committed_size: int) -> bool:
         """Is this a whole file of at most ``limit`` bytes written at once: it

@@ -36,6 +36,7 @@ from __future__ import annotations
 import errno
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 
@@ -93,6 +94,7 @@ class FileWriter:
         self._committed_size = committed_size
         self._written_end = 0
         self._appended = 0  # bytes taken into pending buffers, ever (reservation bookkeeping)
+        self.written_ns: int | None = None  # the time of the last write (write(2)'s mtime)
         self._failures = WriteFailures()
         self.slices_committed = 0
         self.pieces_submitted = 0
@@ -189,6 +191,8 @@ class FileWriter:
                 raise FsError(errno.EFBIG, f"write at {offset}: past the largest file size, "
                               f"{MAX_FILE_SIZE}", ino=self.ino)
             view = view[:MAX_FILE_SIZE - offset]
+        if view:  # the file's mtime when these bytes commit (FinishedSlice.mtime_ns)
+            self.written_ns = time.time_ns()
         if not wait:
             return self._write_at_once(offset, view)
         with self.lock:
@@ -368,7 +372,7 @@ class FileWriter:
     def _finished(self, s: OpenSlice, durable: bool) -> FinishedSlice:
         assert s.drive_id is not None  # a dead slice is never committed (s.failure)
         return s.finished(self.ino, self._chunk_size, durable,
-                          self._node.replicas_of(s.slice_id, s.drive_id))
+                          self._node.replicas_of(s.slice_id, s.drive_id), self.written_ns)
 
     def _finish_inline(self, s: OpenSlice) -> None:
         """End slice ``s`` in the caller's thread (flush/close/fsync): commit this
@@ -414,7 +418,7 @@ class FileWriter:
         self._release(len(data))
         try:
             self._commit(FinishedSlice.inline_slice(self.ino, s.chunk_index, s.start,
-                                                    s.slice_id, data), s.end)
+                                                    s.slice_id, data, self.written_ns), s.end)
         except BaseException:
             self._drop_open(s)
             raise

@@ -404,8 +404,10 @@ class ShingleOperations(pyfuse3.Operations):
         write and close had asked."""
         written = self._dirty.get(entry.st_ino)
         if written is not None:
-            at = max(written, entry.st_mtime_ns, entry.st_ctime_ns)
-            entry.st_mtime_ns = entry.st_ctime_ns = at
+            # The writer's own time is what the commit will set (FinishedSlice).
+            written = self.vfs.written_ns(entry.st_ino) or written
+            entry.st_mtime_ns = written
+            entry.st_ctime_ns = max(written, entry.st_ctime_ns)
             entry.attr_timeout = 0
         return entry
 

@@ -510,7 +510,7 @@ DEL_XATTR = "DELETE FROM xattrs WHERE ino = ? AND name = ?"
 # regular file (32768: S_IFREG, 61440: S_IFMT), which rolls the commit back.
 GROW_FILE_ATTR = (
     "{refuse_empty_open}UPDATE inodes SET size = {greatest}(size, ?), mtime_ns = ?, "
-    f"ctime_ns = ? WHERE ino = ? AND (mode & 61440) = 32768 {MUTABLE} "
+    f"ctime_ns = {{greatest}}(ctime_ns, ?) WHERE ino = ? AND (mode & 61440) = 32768 {MUTABLE} "
     f"RETURNING {INODE_COLS}{{refuse_empty_close}}"
 )
 # The statfs counters grow by what a file grows by, read from the inode row

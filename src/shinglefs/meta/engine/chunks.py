@@ -276,7 +276,8 @@ class ChunkOps(SqlCore):
             tx.put(S.INS_REPLICA, (p.slice_id, rep.server, rep.drive))
         # Last, so that one round trip carries the whole commit with its COMMIT;
         # no inode, a directory or a special file fails the transaction here.
-        return tx.later(S.GROW_FILE_ATTR, (c.new_size, mtime, now, c.ino),
+        # ctime as write(2) sets it, with mtime; never back past a later change.
+        return tx.later(S.GROW_FILE_ATTR, (c.new_size, mtime, mtime, c.ino),
                         lambda: _Refused("inode", c.ino))
 
     # ---- size changes ------------------------------------------------------------------
