@@ -202,14 +202,21 @@ class OrderedCommits:
         with self._cond:
             return len(self._queue)
 
-    def commit(self, finished: FinishedSlice, file_end: int) -> InodeAttr:
+    def commit(self, finished: FinishedSlice, file_end: int,
+               queued: threading.Event | None = None) -> InodeAttr:
         """Flush ``finished``'s drive (unless already durable), then commit its
         reference and grow the file to at least ``file_end``; returns the new
         attributes. Durable against a process crash when it returns; against a
-        power cut as soon as meta's own commit is (``MetaStore.sync``)."""
+        power cut as soon as meta's own commit is (``MetaStore.sync``).
+        ``queued`` is set once this commit holds its place in the queue: a
+        commit queued after it is committed after it (a later batch, or later
+        in the same batch's transaction), so a file's next slice may queue as
+        soon as this one is queued rather than committed."""
         me = _Waiting(finished, file_end)
         with self._cond:
             self._queue.append(me)
+            if queued is not None:
+                queued.set()
             while self._leading and not me.done:
                 self._cond.wait()
             if not me.done:

@@ -3,8 +3,11 @@
 A :class:`~shinglefs.client.writer.FileWriter` that ends a slice while the
 application goes on writing hands it to a shared pool of commit threads: the
 task waits for the slice's pieces and commits its reference (ordered
-commits). A file's tasks run in the order its slices ended: each waits
-for the one before it. :class:`SettlingSlices` is that queue for one file:
+commits). A file's tasks commit in the order its slices ended: each queues
+its commit only once the one before it has queued its own (or ended), so
+that later slices overlay earlier ones, while the slices of a file written
+in small scattered pieces share group commits (one transaction for several)
+instead of committing one after another. :class:`SettlingSlices` is that queue for one file:
 what is still settling (for reads that must see the bytes, the janitor
 that must spare them, and the bound ``max_settling_slices``), and waiting
 for it (oldest first, raising each task's failure).
@@ -32,6 +35,7 @@ class SettlingSlices:
         self._queue: deque[tuple[int, int, Future[None]]] = deque()  # (start, end, future)
         # Recent slice ids: the janitor must spare a slice until its task is done.
         self._ids: deque[tuple[int, Future[None]]] = deque(maxlen=64)
+        self._last_queued: threading.Event | None = None  # the latest task's
 
     def __len__(self) -> int:
         """Tasks not yet waited for (done or not)."""
@@ -54,14 +58,25 @@ class SettlingSlices:
 
     def submit(
         self, slice_id: int, start: int, end: int,
-        settle: Callable[[Future[None] | None], None],
+        settle: Callable[[threading.Event | None, threading.Event], None],
     ) -> None:
-        """Run ``settle(previous)`` on the pool, ``previous`` being the file's
-        task before it (None when there is none), for the slice ``slice_id``
-        holding file bytes ``[start, end)``."""
+        """Run ``settle(previous, queued)`` on the pool for the slice ``slice_id``
+        holding file bytes ``[start, end)``: ``previous`` is set once the
+        file's task before it has queued its commit or ended (None: there is
+        none); the task sets ``queued`` when its own commit is queued (it is
+        set for it when the task ends, whatever happened)."""
         with self._lock:
-            previous = self._queue[-1][2] if self._queue else None
-            future = self._settler.submit(settle, previous)
+            previous = self._last_queued
+            queued = threading.Event()
+
+            def task() -> None:
+                try:
+                    settle(previous, queued)
+                finally:
+                    queued.set()
+
+            future = self._settler.submit(task)
+            self._last_queued = queued
             self._queue.append((start, end, future))
             self._ids.append((slice_id, future))
 

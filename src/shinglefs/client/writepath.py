@@ -18,6 +18,7 @@ write lands on the wrong side of the new size.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -83,10 +84,11 @@ class WritePath:
             committed_size=committed_size,
         )
 
-    def _commit_slice(self, finished: FinishedSlice, file_end: int) -> None:
-        """A writer's slice is stored: commit it (ordered commits), note the
-        inode's new stamp, report the commit."""
-        attr = self.commits.commit(finished, file_end)
+    def _commit_slice(self, finished: FinishedSlice, file_end: int,
+                      queued: threading.Event | None) -> None:
+        """A writer's slice is stored: commit it (ordered commits; ``queued`` as
+        ``OrderedCommits.commit``), note the inode's new stamp, report the commit."""
+        attr = self.commits.commit(finished, file_end, queued)
         self.inodes.maps.invalidate(finished.ino)
         state = self.inodes.get(finished.ino)
         if state is not None:

@@ -75,7 +75,7 @@ class FileWriter:
         new_slice_id: Callable[[], int],
         choose_group: Callable[[bool], int],
         register: Callable[[int, int, int], None],
-        commit: Callable[[FinishedSlice, int], None],
+        commit: Callable[[FinishedSlice, int, threading.Event | None], None],
         settler: Executor,
         committed_size: int = 0,
     ) -> None:
@@ -95,6 +95,7 @@ class FileWriter:
         self._written_end = 0
         self._appended = 0  # bytes taken into pending buffers, ever (reservation bookkeeping)
         self.written_ns: int | None = None  # the time of the last write (write(2)'s mtime)
+        self._noted = threading.Lock()  # _note_committed
         self._failures = WriteFailures()
         self.slices_committed = 0
         self.pieces_submitted = 0
@@ -343,26 +344,26 @@ class FileWriter:
             raise
         self._settling.submit(
             s.slice_id, s.start, s.end,
-            lambda previous: self._settle(s, previous, durable),
+            lambda previous, queued: self._settle(s, previous, queued, durable),
         )
         # Only now: a lock-free reader (``overlaps``) always sees the slice somewhere.
         self.open_slice = None
         if wait:
             self._settling.wait_all()
 
-    def _settle(self, s: OpenSlice, previous: Future[None] | None, durable: bool) -> None:
-        """Background: wait for the pieces of ``s``, commit it (after ``previous``)."""
-        if previous is not None:
-            try:
-                previous.result()
-            except BaseException:
-                pass  # reported through its own future
+    def _settle(self, s: OpenSlice, previous: threading.Event | None,
+                queued: threading.Event, durable: bool) -> None:
+        """Background: wait for the pieces of ``s``, then queue its commit once
+        the file's slice before it has queued its own (``previous``), so it
+        commits after it (``OrderedCommits.commit``)."""
         try:
             while s.inflight:
                 self._reap_oldest(s)
             if s.failure is not None:
                 raise s.failure
-            self._commit(self._finished(s, durable), s.end)
+            if previous is not None:
+                previous.wait()
+            self._commit(self._finished(s, durable), s.end, queued)
         except BaseException:
             self._abort(s)
             raise
@@ -418,7 +419,8 @@ class FileWriter:
         self._release(len(data))
         try:
             self._commit(FinishedSlice.inline_slice(self.ino, s.chunk_index, s.start,
-                                                    s.slice_id, data, self.written_ns), s.end)
+                                                    s.slice_id, data, self.written_ns), s.end,
+                         None)
         except BaseException:
             self._drop_open(s)
             raise
@@ -426,8 +428,10 @@ class FileWriter:
         self._note_committed(s)
 
     def _note_committed(self, s: OpenSlice) -> None:
-        self._committed_size = max(self._committed_size, s.end)
-        self.slices_committed += 1
+        # Settle tasks of one file may return from one batch at once.
+        with self._noted:
+            self._committed_size = max(self._committed_size, s.end)
+            self.slices_committed += 1
 
     def _drop_open(self, s: OpenSlice) -> None:
         """The open slice ``s`` failed: forget it and delete what it stored."""
@@ -440,7 +444,7 @@ class FileWriter:
         ``s`` stays the open slice until committed, so a lock-free ``overlaps``
         never misses its bytes; a failed commit deletes it."""
         try:
-            self._commit(self._finished(s, durable), s.end)
+            self._commit(self._finished(s, durable), s.end, None)
         except BaseException:
             self._drop_open(s)
             raise
