@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from tests.meta.recoverykit import FsFactory, cli, listing, pattern, sql, write_file
 
-from shinglefs.client.drivereplace import replace_drive
+from shinglefs.client.drivereplace import replace_drives
 from shinglefs.client.filesystem import format_filesystem, open_filesystem
 from shinglefs.meta.engine import SqlMetaStore
 from shinglefs.zoned.drivespec import DriveIdentityError
@@ -21,11 +21,11 @@ from shinglefs.zoned.drivespec import DriveIdentityError
 FILES = 16
 
 
-def _two_drives(root: Path) -> tuple[FsFactory, dict[str, bytes]]:
-    """A file system on drive0/drive1 holding FILES files of drive slices in four
-    directories (four lifetime groups: placed on both drives), closed."""
+def _two_drives(root: Path, drives: int = 2) -> tuple[FsFactory, dict[str, bytes]]:
+    """A file system on drive0/drive1 (...) holding FILES files of drive slices in
+    four directories (four lifetime groups: placed on several drives), closed."""
     factory = FsFactory(root)
-    vfs = factory.vfs(drives=2)
+    vfs = factory.vfs(drives=drives)
     files = {}
     for d in range(4):
         parent = vfs.mkdir(1, f"d{d}".encode(), 0o755).ino
@@ -46,9 +46,18 @@ def _on_drive(root: Path, drive: int) -> set[str]:
         (str(drive),))}
 
 
-def _lose(root: Path, drive: int) -> None:
-    for suffix in ("", ".zones"):
+def _lose(root: Path, drive: int, suffixes: tuple[str, ...] = ("", ".zones")) -> None:
+    for suffix in suffixes:
         os.unlink(root / f"drive{drive}.img{suffix}")
+
+
+def _check_after(factory: FsFactory, files: dict[str, bytes], lost: set[str]) -> None:
+    """Every file off the lost drives bit-exact, every one on them cut, fsck clean."""
+    tree = listing(factory.meta_url)
+    for path in set(files) - lost:
+        assert tree[path] == files[path], path
+    assert _lost_paths(tree, files) == lost
+    assert cli("fsck", factory.meta_url) == 0
 
 
 def test_replacing_a_lost_drive_keeps_every_file_of_the_other_and_cuts_the_rest(
@@ -147,11 +156,11 @@ def test_an_interrupted_replace_is_finished_by_running_it_again(
 
     monkeypatch.setattr(SqlMetaStore, "set_drives", interrupted)
     with pytest.raises(Interrupted):
-        replace_drive(factory.meta_url, 1)
+        replace_drives(factory.meta_url, [1])
     monkeypatch.undo()
     assert (tmp_path / "drive1.img").exists()
-    done = replace_drive(factory.meta_url, 1)
-    assert done.adopted
+    done = replace_drives(factory.meta_url, [1])
+    assert [d.how for d in done.drives] == ["adopted"]
     tree = listing(factory.meta_url)
     for path in set(files) - lost:
         assert tree[path] == files[path]
@@ -165,3 +174,55 @@ def test_replace_on_a_file_system_on_servers_says_it_has_no_drives(
     capsys.readouterr()
     assert cli("drive", "replace", url, "0") == 2
     assert "storage servers" in capsys.readouterr().err
+
+
+def test_two_lost_drives_are_replaced_in_one_command(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    factory, files = _two_drives(tmp_path, drives=3)
+    lost = _on_drive(tmp_path, 1) | _on_drive(tmp_path, 2)
+    _lose(tmp_path, 1)
+    _lose(tmp_path, 2)
+    capsys.readouterr()
+    assert cli("drive", "replace", factory.meta_url, "1") == 18  # drive 2 is missing too
+    assert f"`shinglefs drive replace {factory.meta_url} 1 2`" in capsys.readouterr().err
+    assert cli("drive", "replace", factory.meta_url, "1", "2") == 0
+    _check_after(factory, files, lost)
+
+
+def test_an_image_deleted_alone_leaves_its_zone_table_moved_aside_not_in_the_way(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    factory, files = _two_drives(tmp_path)
+    lost = _on_drive(tmp_path, 1)
+    table = (tmp_path / "drive1.img.zones").read_bytes()
+    _lose(tmp_path, 1, suffixes=("",))  # rm drive1.img: its .zones stays
+    capsys.readouterr()
+    assert cli("drive", "replace", factory.meta_url, "1") == 0
+    assert f"moved the lost drive's zone table aside to {tmp_path}/drive1.img.zones.lost" \
+        in capsys.readouterr().out
+    assert (tmp_path / "drive1.img.zones.lost").read_bytes() == table  # kept, not deleted
+    _check_after(factory, files, lost)
+
+
+@pytest.mark.parametrize("step", ["identity", "repair"])
+def test_a_replace_killed_before_its_identity_or_its_repair_is_finished_by_a_rerun(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str) -> None:
+    import shinglefs.client.drivereplace as replace
+
+    factory, files = _two_drives(tmp_path)
+    lost = _on_drive(tmp_path, 1)
+    _lose(tmp_path, 1)
+
+    class Killed(Exception):
+        pass
+
+    def killed(*_: object, **__: object) -> None:
+        raise Killed
+
+    monkeypatch.setattr(replace, "write_identity" if step == "identity" else "fsck", killed)
+    with pytest.raises(Killed):
+        replace_drives(factory.meta_url, [1])
+    monkeypatch.undo()
+    done = replace_drives(factory.meta_url, [1])
+    assert [d.how for d in done.drives] == \
+        ["adopted" if step == "identity" else "already replaced"]
+    _check_after(factory, files, lost)

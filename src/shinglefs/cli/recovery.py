@@ -236,19 +236,26 @@ def load_command(
 def drive_replace_command(
     meta_url: str = typer.Argument(..., help="metadata URL of a file system with drives "
                                    "of its own"),
-    drive: int = typer.Argument(..., help="id of the lost drive (`shinglefs status` lists them)"),
+    drives: list[int] = typer.Argument(..., help="ids of the lost drives (`shinglefs status` "
+                                       "lists them)"),
     to: str | None = typer.Option(None, "--to", metavar="KIND:PATH[:SIZE]",
-                                  help="put the new drive here (default: where the lost one "
-                                       "was recorded)"),
+                                  help="put the new drive here (one drive; default: where "
+                                       "the lost one was recorded)"),
     force: bool = typer.Option(False, "--force", help="go on although sessions look alive"),
 ) -> None:
-    """Put an empty drive in place of a lost one; cut the files that had bytes on it."""
-    from shinglefs.client.drivereplace import replace_drive
+    """Put an empty drive in place of each lost one; cut the files that had bytes on them."""
+    from shinglefs.client.drivereplace import replace_drives
 
     meta_url = _existing(meta_url)
-    done = replace_drive(meta_url, drive, to=to, force=force)
-    typer.echo(f"drive {done.drive_id}: " + ("adopted the empty drive at " if done.adopted
-                                             else "formatted an empty drive at ") + done.spec)
+    done = replace_drives(meta_url, drives, to=to, force=force)
+    for d in done.drives:
+        if d.moved_aside:
+            typer.echo(f"drive {d.drive_id}: moved the lost drive's zone table aside to "
+                       f"{d.moved_aside}")
+        typer.echo(f"drive {d.drive_id}: " + {
+            "formatted": "formatted an empty drive at ",
+            "adopted": "adopted the empty drive an interrupted replace left at ",
+            "already replaced": "already replaced by the empty drive at "}[d.how] + d.spec)
     _print_fsck(done.report)
     raise typer.Exit(EXIT_DAMAGED if done.report.remaining else 0)
 

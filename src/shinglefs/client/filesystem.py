@@ -34,6 +34,7 @@ import secrets
 import stat
 import time
 import uuid as _uuid
+from collections.abc import Collection
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -192,13 +193,13 @@ class IdentifiedDrives:
 
 
 def identified_drives(meta: MetaStore, info: FormatInfo, *,
-                      lost: int | None = None) -> IdentifiedDrives:
+                      lost: Collection[int] = ()) -> IdentifiedDrives:
     """The recorded drives, each drive's identity header checked against the
     metadata before any drive is opened: ``DriveIdentityError`` (exit 18) for a
     drive missing, of another file system, or another drive of this one. What
     every command that opens a file system's drives (a mount, fsck, scrub)
     does first, so that none reads another file system's slices as its own.
-    ``lost``: a drive id not checked (``drive replace`` of that drive); its
+    ``lost``: drive ids not checked (``drive replace`` of those drives); their
     ``found`` is None."""
     records = _records(meta)
     base = _drive_base(meta.url_where)
@@ -391,22 +392,25 @@ def _identity_of(i: int, spec: DriveSpec, info: FormatInfo) -> DriveIdentity | N
 
 
 def _check_identities(info: FormatInfo, records: list[DriveRecord], specs: list[DriveSpec],
-                      lost: int | None = None, url: str = "META_URL",
+                      lost: Collection[int] = (), url: str = "META_URL",
                       ) -> list[DriveIdentity | None]:
     """Read every drive's header but ``lost``'s and compare it with the metadata
     (nothing is opened); ``url`` names the metadata in hints."""
     found: list[DriveIdentity | None] = []
     for i, (record, spec) in enumerate(zip(records, specs, strict=True)):
-        if i == lost:
+        if i in lost:
             found.append(None)
             continue
         if spec.kind != "linux" and not os.path.exists(spec.path):
+            gone = sorted(set(lost) | {k for k, other in enumerate(specs) if k not in lost
+                                       and other.kind != "linux"
+                                       and not os.path.exists(other.path)})
             raise DriveIdentityError(
                 f"drive {i} of file system {info.name!r} is missing: nothing at {spec.path}",
                 hint="put the drive file back at this path (or the data directory back "
-                f"together); if it is lost for good, `shinglefs drive replace {url} {i}` "
-                "puts an empty drive in its place and cuts the files that had bytes on it "
-                "(docs/cli.md); nothing was opened",
+                "together); if it is lost for good, `shinglefs drive replace "
+                f"{url} {' '.join(map(str, gone))}` puts an empty drive in its place and "
+                "cuts the files that had bytes on it (docs/cli.md); nothing was opened",
             )
         ident = _identity_of(i, spec, info)
         found.append(ident)

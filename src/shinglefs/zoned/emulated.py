@@ -209,7 +209,9 @@ class EmulatedZonedDrive(EmulatedIO):
                 f"data file holds {size} bytes; the zone table says {table.geometry.capacity}",
                 drive=name,
                 hint="the image was truncated or replaced: put the whole image back (a copy "
-                "of a drive image must keep its size; `cp --sparse=always` does)",
+                "of a drive image must keep its size; `cp --sparse=always` does); if it is "
+                "lost for good, move it aside and run `shinglefs drive replace META_URL "
+                "DRIVE` (docs/cli.md)",
             )
         return cls(path, fd, table, wps, failed, name)
 
