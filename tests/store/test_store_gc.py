@@ -10,6 +10,7 @@ import pytest
 from storekit import MiB, payload, reopen
 
 from shinglefs.store import SliceNotFound, SliceStore, StoreFull
+from shinglefs.store.errors import StoreError
 from shinglefs.store.gc import choose_victim, cost_benefit
 
 
@@ -237,5 +238,40 @@ def test_gc_gives_up_on_a_drive_full_of_live_data_and_resumes_after_deletes(driv
         assert store.stats().gc_bytes_copied > copied  # deletes made it worth copying again
         for s, data in written.items():
             assert store.read(s, 0, len(data)) == data
+    finally:
+        store.close()
+
+
+def test_gc_with_no_room_for_its_copies_gives_up_instead_of_warning_on_every_pass(
+        drive_factory, caplog: pytest.LogCaptureFixture) -> None:
+    # A dying drive: its empty zones fail, so the copies of a collection have
+    # nowhere to go. GC retried (and warned) on every pass: 17 lines a second.
+    from shinglefs.store.gc import FUTILE_COLLECTIONS
+    from shinglefs.zoned.model import ZoneCondition
+
+    drive = drive_factory(zone_count=16)
+    store = SliceStore.format(drive, gc_background=False, gc_free_zones=8)
+    try:
+        for sid in range(1, 25):
+            store.write(sid, 0, payload(sid, 300_000), group=sid % 3)
+        for sid in range(1, 25, 2):
+            store.delete(sid)  # dead bytes in every written zone: worth collecting
+        store.flush()
+        assert store.stats().free_zones < 8  # below GC's target: it wants to collect
+        for info in drive.report_zones():
+            if info.condition == ZoneCondition.EMPTY:
+                drive.fail_zone(info.index, ZoneCondition.OFFLINE)
+        caplog.set_level("WARNING", logger="shinglefs.store.gc")
+        failed = 0
+        for _ in range(10):
+            try:
+                store.collect_garbage()
+            except StoreError:  # the copies' write failed (the background thread logs it)
+                failed += 1
+        no_room = [r for r in caplog.records if "no room for copies" in r.getMessage()]
+        assert 0 < failed + len(no_room) <= FUTILE_COLLECTIONS
+        assert store.collector.gave_up_at_dead is not None
+        for sid in range(2, 25, 2):  # what was written reads back
+            assert store.read(sid, 0, 300_000) == payload(sid, 300_000)
     finally:
         store.close()

@@ -27,7 +27,8 @@ chunks, so acknowledged writes and reads are never blocked for long.
 GC gives up rather than copy in circles: when ``FUTILE_COLLECTIONS``
 collections in a row each gained less than 1/16 of a zone of writable room
 (a drive nearly full of live data, where every copy only moves bytes and
-leaves a new tail), it stops collecting -- in the background and for writers
+leaves a new tail) or found no room even for the copies (zones failing
+writes: a dying drive had GC warn 17 times a second), it stops collecting -- in the background and for writers
 short of zones, who then get ``StoreFull`` -- until deletes have killed at
 least 1/16 of a zone more than there was dead when it stopped. (Before, a
 drive filled past the free-zone target rewrote its zones without end: 2.3 GB
@@ -187,19 +188,25 @@ class ZoneCollector:
         gives up after ``FUTILE_COLLECTIONS`` of them in a row."""
         slog = self.log
         before = slog.writable_room()
-        collected = self.collect(victim, pause=pause)
-        if collected:
-            if slog.writable_room() - before >= slog.zs // 16:
-                self._fruitless = 0
-            else:
-                self._fruitless += 1
-                if self._fruitless >= FUTILE_COLLECTIONS and slog.free_zones() < self.threshold:
-                    self.gave_up_at_dead = slog.dead_bytes()
-                    log.warning("gc of %s: %d zone(s) free where it keeps %d, and copying "
-                                "live data frees no more (the drive is nearly full of live "
-                                "data); GC waits for deletes", slog.name, slog.free_zones(),
-                                self.threshold)
+        collected = False
+        try:
+            collected = self.collect(victim, pause=pause)
+        finally:  # a failed write of the copies counts too (and is raised)
+            self._count(collected and slog.writable_room() - before >= slog.zs // 16)
         return collected
+
+    def _count(self, fruitful: bool) -> None:
+        slog = self.log
+        if fruitful:
+            self._fruitless = 0
+        else:  # too little gained, no room even for the copies, or their write failed
+            self._fruitless += 1
+            if self._fruitless >= FUTILE_COLLECTIONS and slog.free_zones() < self.threshold:
+                self.gave_up_at_dead = slog.dead_bytes()
+                log.warning("gc of %s: %d zone(s) free where it keeps %d, and copying "
+                            "live data frees no more (the drive is nearly full of live "
+                            "data, or its zones fail); GC waits for deletes", slog.name,
+                            slog.free_zones(), self.threshold)
 
     def collect(self, zone: int, *, pause: float = 0.0) -> bool:
         """Copy the live extents of ``zone`` to the GC stream and reset it; True if reset."""
