@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 
 import pytest
 from storekit import MiB, payload, reopen
@@ -111,3 +112,17 @@ def test_durable_write_is_flushed_before_its_future_completes(store: SliceStore)
     trace = drive.stop_trace()
     ops = [t.op for t in trace]
     assert "write" in ops and "flush" in ops[ops.index("write") :]
+
+
+@pytest.mark.parametrize(("cause", "told"), [
+    (errno.EPERM, errno.EIO),  # an image made immutable: not the application's rights
+    (errno.EIO, errno.EIO),
+    (errno.EROFS, errno.EIO),
+    (errno.ENOSPC, errno.ENOSPC),  # the host file system under the image is full
+    (errno.EDQUOT, errno.ENOSPC),
+])
+def test_a_drive_failure_reaches_the_application_as_eio_or_enospc(cause: int, told: int) -> None:
+    from shinglefs.store.errors import StoreIOError
+
+    error = StoreIOError("write failed", drive="d", cause=OSError(cause, os.strerror(cause)))
+    assert error.errno == told

@@ -97,8 +97,14 @@ class StoreIOError(StoreError):
         self.zone = zone
         self.offset = offset
         self.cause = cause
-        if cause is not None and getattr(cause, "errno", None):
-            self.errno = cause.errno  # type: ignore[attr-defined]
+        # What the application is told: a drive full on the host (its image's
+        # file system) is ENOSPC; any other failure of the drive is EIO (EPERM
+        # of an image made immutable, say, named the application's own rights).
+        code = getattr(cause, "errno", None)
+        if code in (_errno.ENOSPC, _errno.EDQUOT):
+            self.errno = _errno.ENOSPC
+        elif code:
+            self.errno = _errno.EIO
 
 
 class StoreFormatError(StoreError):
