@@ -76,3 +76,35 @@ def test_parallel_writers_and_readers_under_a_small_budget(fs_factory: FsFactory
         t.join()
     assert errors == [None] * 4
     fs.close()
+
+
+def test_writes_fail_once_the_drive_image_is_deleted_under_the_client(
+        fs_factory: FsFactory, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # The image's file lived on unlinked: writes kept succeeding into it and
+    # every acknowledged byte vanished when the drive closed.
+    import contextlib
+    import os
+
+    from fsfixtures import create, read_all, write_file
+
+    from shinglefs.errors import ShingleError
+    from shinglefs.zoned.emulated_zones import EmulatedZones
+
+    monkeypatch.setattr(EmulatedZones, "IMAGE_CHECK_S", 0.0)
+    vfs = fs_factory.vfs()
+    kept = pattern(7, 3 * MiB)
+    ino = write_file(vfs, b"kept", kept)
+    os.unlink(fs_factory.root / "drive0.img")
+    fh, _ = create(vfs, b"after")
+    with pytest.raises(ShingleError) as failed:  # not acknowledged
+        vfs.write(fh, 0, pattern(8, 3 * MiB))
+        vfs.flush(fh)
+    assert failed.value.errno == errno.EIO
+    assert any("was deleted while in use" in r.getMessage() for r in caplog.records)
+    assert read_all(vfs, ino) == kept  # what it holds stays readable: copy it off now
+    with contextlib.suppress(ShingleError):
+        vfs.release(fh)
+    with contextlib.suppress(ShingleError):  # its last checkpoint cannot be written
+        vfs.shutdown()
+    assert vfs.closed

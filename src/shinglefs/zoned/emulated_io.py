@@ -74,6 +74,7 @@ class EmulatedIO(EmulatedZones):
             )
         with self._lock:
             self._check_open()
+            self._check_image()
             self._check_usable(zone, offset)
             if self._is_conventional(zone):
                 if offset + length > end:

@@ -15,6 +15,8 @@ saves so a flush's snapshot can never overwrite a later reset.
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 import time
 from array import array
@@ -26,6 +28,7 @@ from shinglefs.zoned.errors import (
     DriveClosedError,
     OutOfRangeError,
     TooManyOpenZones,
+    ZoneError,
     ZoneFullError,
     ZoneOfflineError,
     ZoneReadOnlyError,
@@ -40,6 +43,8 @@ from shinglefs.zoned.model import (
     ZoneType,
 )
 from shinglefs.zoned.zonetable import ZoneTable
+
+log = logging.getLogger(__name__)
 
 
 class EmulatedZones(ZonedDrive):
@@ -70,6 +75,8 @@ class EmulatedZones(ZonedDrive):
         self.max_open_zones = g.max_open_zones
         self.block_size = g.block_size
         self._fd = fd
+        self._image_checked = time.monotonic()  # _check_image
+        self._image_gone = False
         # Writes go around the page cache (O_DIRECT through an aligned bounce
         # buffer) where the file system allows it, as on a real zoned device:
         # no double caching, and no dirty-page throttling of the writer.
@@ -172,6 +179,27 @@ class EmulatedZones(ZonedDrive):
             raise OutOfRangeError(
                 f"zone {zone} not in 0..{self.zone_count - 1}", drive=self.name, zone=zone
             )
+
+    IMAGE_CHECK_S = 1.0
+    """How often a write checks that the image file still has a name (``_check_image``)."""
+
+    def _check_image(self) -> None:
+        """Refuse writes once the image file was deleted under us: they would
+        succeed into a file that vanishes when the drive closes, taking every
+        acknowledged byte with it. Checked at most every ``IMAGE_CHECK_S``."""
+        now = time.monotonic()
+        if not self._image_gone and now - self._image_checked >= self.IMAGE_CHECK_S:
+            self._image_checked = now
+            if os.fstat(self._fd).st_nlink == 0:
+                self._image_gone = True
+                log.error("drive image %s was deleted while in use: its writes now fail; "
+                          "what it holds is readable until the file system unmounts, then "
+                          "gone (copy files off now; then `shinglefs drive replace`)",
+                          self.path)
+        if self._image_gone:
+            raise ZoneError("the drive's image file was deleted while in use",
+                            drive=self.name, hint="copy the files you need off the mount "
+                            "now, unmount, then run `shinglefs drive replace`")
 
     def _check_usable(self, zone: int, offset: int | None) -> None:
         cond = self._cond[zone]
