@@ -156,3 +156,68 @@ def test_one_failing_commit_does_not_fail_the_rest_of_its_batch(fs_factory: FsFa
     assert isinstance(outcome["gone"], FsError)
     assert read_all(vfs, good.ino) == b"g" * 10
     assert commits.batches == 3  # the pair's transaction failed; each was retried alone
+
+
+def test_a_batch_whose_commit_is_in_doubt_is_not_retried_one_at_a_time(
+    fs_factory: FsFactory,
+) -> None:
+    # The metadata answered "unavailable" after the batch had committed (a
+    # PostgreSQL connection lost with COMMIT in flight). Retried one at a
+    # time, the older of two slices of one file committed again on top of
+    # the newer one, and the newer one's failed retry deleted its bytes.
+    from shinglefs.meta.errors import MetaUnavailable
+
+    vfs = fs_factory.vfs()
+    held, release = threading.Event(), threading.Event()
+    real_commit = vfs.meta.commit_slices
+
+    class LostAfterCommit:
+        """The real metadata, whose batch of two answers as a lost connection does."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(vfs.meta, name)
+
+        def commit_slices(self, commits: list) -> list:
+            attrs = real_commit(commits)
+            if len(commits) > 1:
+                raise MetaUnavailable("connection lost with COMMIT in flight")
+            return attrs
+
+    def first_flush_waits(drive_ids: Iterable[int]) -> None:
+        if not held.is_set():
+            held.set()
+            release.wait(30)
+        vfs.node.flush(list(drive_ids))
+
+    commits = OrderedCommits(LostAfterCommit(), first_flush_waits)  # type: ignore[arg-type]
+    blocker = stored_slice(vfs, b"blocker", b"b" * 10)
+    _fh, ino = create(vfs, b"f")
+    older, newer = [], []
+    for data, into in ((b"o" * 4096, older), (b"n" * 4096, newer)):
+        sid = vfs.meta.next_slice_id()
+        vfs.node.write(sid, 0, data, ino, drive_id=0)
+        into.append(FinishedSlice(ino, 0, 0, sid, 4096, 0, ino, registered=False))
+    outcome: dict[str, BaseException | None] = {}
+
+    def commit(name: str, f: FinishedSlice) -> None:
+        try:
+            commits.commit(f, 4096)
+            outcome[name] = None
+        except BaseException as exc:
+            outcome[name] = exc
+
+    leader = threading.Thread(target=commit, args=("blocker", blocker))
+    leader.start()
+    assert held.wait(30)
+    first = threading.Thread(target=commit, args=("older", older[0]))
+    first.start()
+    wait_until(lambda: commits.waiting >= 1, "the older slice queues first")
+    second = threading.Thread(target=commit, args=("newer", newer[0]))
+    second.start()
+    wait_until(lambda: commits.waiting >= 2, "then the newer one")
+    release.set()
+    for t in (leader, first, second):
+        t.join(60)
+    assert isinstance(outcome["older"], MetaUnavailable)
+    assert isinstance(outcome["newer"], MetaUnavailable)
+    assert read_all(vfs, ino) == b"n" * 4096  # the batch did commit, in order: newer on top

@@ -24,7 +24,10 @@ batch. No timer: a batch is whatever queued while the previous one ran.
 Errors: a failed drive flush fails every commit of its batch that needed it
 (the slice's bytes may not be durable: it is never referenced). A failed
 batch transaction is retried one commit at a time so each caller gets its own
-outcome (one file unlinked meanwhile does not fail the others). A slice
+outcome (one file unlinked meanwhile does not fail the others), except when
+the metadata was unreachable (``MetaUnavailable``): the batch may have
+committed, so each commit fails with it and its writer keeps the slice's
+bytes (``FileWriter``: a reference may name them; fsck finds them otherwise). A slice
 registered while it was written (``FinishedSlice.registered``) is committed
 only while its record exists: if a janitor discarded it while its writer was
 silent past ``abandoned_slice_age`` (its bytes deleted, or about to be), the
@@ -54,6 +57,7 @@ from shinglefs.meta.api import (
     SliceRef,
     SliceState,
 )
+from shinglefs.meta.errors import MetaUnavailable
 from shinglefs.server.errors import PartialFlush
 
 # Naming replicas. A drive of the client's own process has a small id (its
@@ -273,8 +277,12 @@ class OrderedCommits:
         try:
             attrs = self._meta.commit_slices([w.finished.to_commit(w.file_end) for w in batch])
         except BaseException as exc:
-            if len(batch) == 1:
-                batch[0].settle(None, exc)
+            # Unreachable metadata may have committed the batch (a connection lost
+            # with COMMIT in flight): retried one at a time, an earlier slice of a
+            # file could land again on top of a later one. Each fails instead.
+            if len(batch) == 1 or isinstance(exc, MetaUnavailable):
+                for w in batch:
+                    w.settle(None, exc)
                 return
             for w in batch:  # learn each one's own outcome
                 try:

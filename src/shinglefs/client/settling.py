@@ -29,12 +29,13 @@ __all__ = ["SettlingSlices"]
 class SettlingSlices:
     """The ended, not yet committed slices of one file, in the order they ended."""
 
-    def __init__(self, settler: Executor) -> None:
+    def __init__(self, settler: Executor, bound: int = 32) -> None:
         self._settler = settler
         self._lock = threading.Lock()
         self._queue: deque[tuple[int, int, Future[None]]] = deque()  # (start, end, future)
-        # Recent slice ids: the janitor must spare a slice until its task is done.
-        self._ids: deque[tuple[int, Future[None]]] = deque(maxlen=64)
+        # Recent slice ids: the janitor must spare a slice until its task is done
+        # (more than the ``bound`` of tasks settling at once: none drops off early).
+        self._ids: deque[tuple[int, Future[None]]] = deque(maxlen=2 * bound + 16)
         self._last_queued: threading.Event | None = None  # the latest task's
 
     def __len__(self) -> int:

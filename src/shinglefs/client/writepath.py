@@ -60,6 +60,7 @@ class WritePath:
         self.commits = OrderedCommits(meta, node.flush)
         # FIFO: a settle task waits only on its file's earlier task, started before it.
         self._settler = ThreadPoolExecutor(config.commit_threads, thread_name_prefix="shinglefs-commit")
+        self._stamping = threading.Lock()  # _commit_slice
 
     def new_writer(self, ino: int, committed_size: int) -> FileWriter:
         """The writer of ``ino`` when this client opens it (size ``committed_size`` in meta)."""
@@ -92,7 +93,10 @@ class WritePath:
         self.inodes.maps.invalidate(finished.ino)
         state = self.inodes.get(finished.ino)
         if state is not None:
-            state.stamp = (attr.mtime_ns, attr.ctime_ns, attr.size)
+            with self._stamping:  # commits of one batch return at once, in any order:
+                # keep the latest (ctime never goes back from one commit to the next)
+                if state.stamp is None or attr.ctime_ns >= state.stamp[1]:
+                    state.stamp = (attr.mtime_ns, attr.ctime_ns, attr.size)
             self._on_commit(state, finished.chunk_index)
 
     def writer_of(self, h: FileHandle) -> FileWriter:

@@ -45,7 +45,7 @@ from shinglefs.client.config import ClientConfig
 from shinglefs.client.settling import SettlingSlices
 from shinglefs.client.writebuffers import OpenSlice, WriteBudget, write_would_wait
 from shinglefs.client.writefailures import WriteFailures
-from shinglefs.meta.errors import FsError
+from shinglefs.meta.errors import FsError, MetaUnavailable
 from shinglefs.meta.records import MAX_FILE_SIZE
 from shinglefs.server.errors import NodeFull
 from shinglefs.server.node import Declined, SliceNode, wait_piece
@@ -99,7 +99,7 @@ class FileWriter:
         self._failures = WriteFailures()
         self.slices_committed = 0
         self.pieces_submitted = 0
-        self._settling = SettlingSlices(settler)
+        self._settling = SettlingSlices(settler, config.max_settling_slices)
         budget.register(self)
 
     # ------------------------------------------------------------------ state
@@ -364,8 +364,8 @@ class FileWriter:
             if previous is not None:
                 previous.wait()
             self._commit(self._finished(s, durable), s.end, queued)
-        except BaseException:
-            self._abort(s)
+        except BaseException as exc:
+            self._abort(s, in_doubt=isinstance(exc, MetaUnavailable))
             raise
         self._note_committed(s)
         self._node.forget(s.slice_id)
@@ -433,11 +433,12 @@ class FileWriter:
             self._committed_size = max(self._committed_size, s.end)
             self.slices_committed += 1
 
-    def _drop_open(self, s: OpenSlice) -> None:
-        """The open slice ``s`` failed: forget it and delete what it stored."""
+    def _drop_open(self, s: OpenSlice, *, in_doubt: bool = False) -> None:
+        """The open slice ``s`` failed: forget it and delete what it stored
+        (``in_doubt``: keep it, see ``_abort``)."""
         self.open_slice = None
         self._failures.error = None  # reported now, by the caller's raise
-        self._abort(s)
+        self._abort(s, in_doubt=in_doubt)
 
     def _commit_open(self, s: OpenSlice, durable: bool) -> None:
         """Commit the open slice ``s``, every byte of it stored (writer lock held).
@@ -445,8 +446,8 @@ class FileWriter:
         never misses its bytes; a failed commit deletes it."""
         try:
             self._commit(self._finished(s, durable), s.end, None)
-        except BaseException:
-            self._drop_open(s)
+        except BaseException as exc:
+            self._drop_open(s, in_doubt=isinstance(exc, MetaUnavailable))
             raise
         self.open_slice = None
         self._note_committed(s)
@@ -488,17 +489,24 @@ class FileWriter:
         finally:
             self.lock.release()
 
-    def _abort(self, s: OpenSlice) -> None:
+    def _abort(self, s: OpenSlice, *, in_doubt: bool = False) -> None:
         """Drop a failed slice's bytes from its drive (best effort; once). In-flight
         pieces are left to complete (their futures belong to the store: never
         cancel them); the delete removes whatever they wrote, and their failures
-        are not reported (``WriteFailures.piece_failed``)."""
+        are not reported (``WriteFailures.piece_failed``). ``in_doubt``: its
+        commit failed with the metadata unreachable and may have happened:
+        the bytes stay (a reference may name them; if none does, fsck
+        re-attaches them under /lost+found)."""
         if s.aborted:
             return
         s.aborted = True
         if s.pending:
             self._release(len(s.pending))
             s.pending.take()
+        if in_doubt:
+            log.warning("commit of slice %#x failed with the metadata unreachable and may "
+                        "have happened: its bytes are kept", s.slice_id)
+            return
         if s.drive_id is not None:
             try:
                 self._node.delete(s.slice_id, s.drive_id)

@@ -77,12 +77,14 @@ class Compactor:
         the chunk once it has collected ``compact_threshold`` of them."""
         if not self.config.compaction:
             return
-        n = state.commits_per_chunk.get(chunk_index, 0) + 1
-        state.commits_per_chunk[chunk_index] = n
-        if n >= self.config.compact_threshold:
-            state.commits_per_chunk[chunk_index] = 0
-            with self._lock:
+        with self._lock:  # a file's settle threads return from one commit batch at once
+            n = state.commits_per_chunk.get(chunk_index, 0) + 1
+            state.commits_per_chunk[chunk_index] = n
+            due = n >= self.config.compact_threshold
+            if due:
+                state.commits_per_chunk[chunk_index] = 0
                 self._queue.append((state.ino, chunk_index))
+        if due:
             self._wake()
 
     def run_queued(self) -> None:
