@@ -312,7 +312,11 @@ def test_api_open_of_a_name_replaced_meanwhile_opens_what_is_there(fs_url: str) 
     """``open`` resolves the path, then opens the inode: a rename over the
     name in between (a checkpoint's ``latest`` replaced) frees that inode.
     The API resolves again and opens once more, as the kernel does on ESTALE:
-    the reader always gets one whole version, never an error."""
+    the reader always gets one whole version, never an error.
+
+    The reader goes on until the writer has replaced the name 20 times (a
+    loaded machine can run 400 reads before the writer's first replace); a
+    writer that cannot replace it in a minute beside a reader fails the test."""
     fs = connect(fs_url)
     stop = threading.Event()
     versions = {b"v%d" % i * 512 for i in range(8)}
@@ -326,13 +330,19 @@ def test_api_open_of_a_name_replaced_meanwhile_opens_what_is_there(fs_url: str) 
                 i = (i + 1) % 8
                 fs.write_bytes("/d/tmp", b"v%d" % i * 512)
                 fs.replace("/d/tmp", "/d/latest")
+                replaced.append(i)
 
+        replaced: list[int] = []
         writer = threading.Thread(target=replace_forever, daemon=True)
         writer.start()
         seen = set()
-        for _ in range(400):
+        reads = 0
+        deadline = time.monotonic() + 60
+        while reads < 400 or len(replaced) < 20:
+            assert time.monotonic() < deadline, f"{len(replaced)} replaces beside {reads} reads in 60 s"
             with fs.open("/d/latest", "rb") as f:
                 seen.add(f.read())
+            reads += 1
         stop.set()
         writer.join(timeout=30)
         assert seen <= versions and len(seen) > 1, sorted(v[:2] for v in seen)
