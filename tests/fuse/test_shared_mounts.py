@@ -61,6 +61,22 @@ def test_a_mount_a_connect_in_another_process_and_a_second_mount_share_one_file_
             os.unlink(first / "x")
             (first / "x").write_bytes(b"second %d" % step)
             assert (second / "x").read_bytes() == b"second %d" % step
+        # Close-to-open for the size: the second mount's kernel holds the file's
+        # attributes from a stat (for ATTR_TIMEOUT); the first mount grows the
+        # file; an open on the second must read all of it, not stop at the
+        # size it had cached (it read the old 100 bytes of a 4 KiB file).
+        for step in range(5):
+            (first / "grown").write_bytes(b"a" * (100 + step))
+            assert os.stat(second / "grown").st_size == 100 + step
+            (first / "grown").write_bytes(b"b" * (4096 * (step + 1)))
+            with open(second / "grown", "rb") as f:
+                assert f.read() == b"b" * (4096 * (step + 1)), step
+                assert os.fstat(f.fileno()).st_size == 4096 * (step + 1)
+            # ... and appended to on the second, read on the first.
+            with open(second / "grown", "ab") as f:
+                f.write(b"c" * 1000)
+            with open(first / "grown", "rb") as f:
+                assert f.read() == b"b" * (4096 * (step + 1)) + b"c" * 1000, step
     finally:
         other.stop()
         subprocess.run([*shinglefs_command(), "umount", str(first)], capture_output=True,

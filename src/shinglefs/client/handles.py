@@ -27,6 +27,7 @@ class FileHandle:
     ino: int
     flags: int
     keep_cache: bool
+    stamp: tuple[int, int, int] | None = None  # (mtime_ns, ctime_ns, size) in meta at open
     read_state: ReadState = field(default_factory=ReadState)
 
     @property
@@ -70,11 +71,13 @@ class HandleTable:
         return fh
 
     # ------------------------------------------------------------------ files
-    def add_file(self, ino: int, flags: int, keep_cache: bool) -> int:
-        """A new file handle on ``ino``; returns its number."""
+    def add_file(self, ino: int, flags: int, keep_cache: bool,
+                 stamp: tuple[int, int, int] | None = None) -> int:
+        """A new file handle on ``ino`` (``stamp``: meta's version of it at open);
+        returns its number."""
         with self._lock:
             fh = self._new_fh()
-            self._files[fh] = FileHandle(fh, ino, flags, keep_cache)
+            self._files[fh] = FileHandle(fh, ino, flags, keep_cache, stamp)
         return fh
 
     def file(self, fh: int) -> FileHandle:

@@ -173,7 +173,7 @@ class OpenFiles:
         """Create a handle for an inode already opened in meta for our session."""
         stamp = (attr.mtime_ns, attr.ctime_ns, attr.size)
         keep = self.inodes.attach(ino, stamp, lambda: self.writes.new_writer(ino, attr.size))
-        return self.handles.add_file(ino, flags, keep)
+        return self.handles.add_file(ino, flags, keep, stamp)
 
     def _detach(self, ino: int) -> None:
         if not self.inodes.detach(ino):

@@ -461,6 +461,11 @@ class VFS:
         (the file did not change since this client last cached it)."""
         return self.handles.file(fh).keep_cache
 
+    def opened_stamp(self, fh: int) -> tuple[int, int, int] | None:
+        """Meta's ``(mtime_ns, ctime_ns, size)`` of the handle's file when it was
+        opened (None: not known)."""
+        return self.handles.file(fh).stamp
+
     def changed_since_open(self, ino: int) -> bool:
         """Has ``ino`` changed (mtime, ctime or size in meta) since this client last cached it?"""
         return self.files.changed_since_open(ino)

@@ -38,6 +38,7 @@ from typing import Any, Protocol, TypeVar
 import pyfuse3
 import trio
 
+from shinglefs.client.inodes import INODE_MEMO_ENTRIES, InodeMemo, Stamp
 from shinglefs.client.vfs import VFS, Declined, SetAttrChanges
 from shinglefs.errors import ShingleError
 from shinglefs.fuse.requests import (
@@ -47,7 +48,7 @@ from shinglefs.fuse.requests import (
     parse_entry_name,
     parse_snapshot_request,
 )
-from shinglefs.meta.api import Ctx
+from shinglefs.meta.api import Ctx, InodeAttr
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +237,10 @@ class ShingleOperations(pyfuse3.Operations):
         self._in_threads = 0  # requests running in worker threads now
         self._queue: select.poll | None = None  # the kernel's request queue (watch_queue)
         self._moves: dict[int, bytes] = {}  # inode -> its last tier move's figures (JSON)
+        # Regular file -> the (mtime, ctime, size) of the attributes last given
+        # to the kernel by lookup, getattr, readdir, create or setattr: an open
+        # that finds meta at another version drops the kernel's (``open``).
+        self._told: InodeMemo[Stamp] = InodeMemo(INODE_MEMO_ENTRIES)
 
     def watch_queue(self, fuse_fd: int) -> None:
         """Let networked metadata run inline while the mount is otherwise idle:
@@ -367,6 +372,28 @@ class ShingleOperations(pyfuse3.Operations):
         keep_cache = self.vfs.open_file_info(fh)
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep_cache)
 
+    def _forget_cached_attributes(self, ino: int) -> None:
+        """Close-to-open for the size: the kernel may hold ``ino``'s attributes
+        from a reply up to ``ATTR_TIMEOUT`` old, and its cached reads stop at
+        that size (a file another client grew read short, with no error).
+        ``keep_cache=False`` drops only the pages: this drops the attributes
+        too, so the first read past them asks (getattr). Called when meta's
+        version at open is not the one last told (``_told``); the usual cold
+        open, right after its lookup, costs nothing. Attributes only: the
+        kernel takes no page or inode lock for that, so it is safe inside a
+        request handler."""
+        self._told.pop(ino, None)
+        try:
+            pyfuse3.invalidate_inode(ino, attr_only=True)
+        except OSError:  # ENOENT: the kernel holds no attributes of it
+            pass
+
+    def _tell(self, attr: InodeAttr) -> InodeAttr:
+        """Note the version of a regular file's attributes a reply gives the kernel."""
+        if stat.S_ISREG(attr.mode):
+            self._told[attr.ino] = (attr.mtime_ns, attr.ctime_ns, attr.size)
+        return attr
+
     # -- namespace ------------------------------------------------------------------
 
     async def lookup(
@@ -374,7 +401,7 @@ class ShingleOperations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         attr = await self._meta("lookup", self.vfs.lookup, parent_inode, name, self._ctx(ctx),
                                 ino=parent_inode)
-        return self._written_since_flush(self.entry(attr))
+        return self._written_since_flush(self.entry(self._tell(attr)))
 
     async def forget(self, inode_list: Any) -> None:
         # Must not raise: log and carry on with the rest of the list.
@@ -392,7 +419,7 @@ class ShingleOperations(pyfuse3.Operations):
             attr = await self._inline_or_thread("getattr", getattr_, inode)
         else:
             attr = await self._meta("getattr", getattr_, inode, ino=inode)
-        return self._written_since_flush(self.entry(attr))
+        return self._written_since_flush(self.entry(self._tell(attr)))
 
     def _written_since_flush(self, entry: pyfuse3.EntryAttributes) -> pyfuse3.EntryAttributes:
         """``entry`` of a file written through this mount since its last flush:
@@ -450,7 +477,7 @@ class ShingleOperations(pyfuse3.Operations):
         )
         if commits:
             self._dirty.pop(inode, None)  # nothing written since: meta's times hold
-        return self.entry(new)
+        return self.entry(self._tell(new))
 
     def _setgid_to_drop(self, inode: int, ctx: Ctx) -> SetAttrChanges:
         """The change behind an empty SETATTR from a non-root caller.
@@ -545,7 +572,11 @@ class ShingleOperations(pyfuse3.Operations):
             vctx = Ctx(uid=0, gid=vctx.gid, pid=vctx.pid, groups=vctx.groups, umask=vctx.umask)
         fh = await self._meta("open", self.vfs.open, inode, wanted, vctx, ino=inode)
         self._attach(fh, inode)
-        return self._file_info(fh)
+        info = self._file_info(fh)
+        opened = self.vfs.opened_stamp(fh)
+        if opened is None or self._told.get(inode) != opened:
+            self._forget_cached_attributes(inode)
+        return info
 
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
@@ -554,7 +585,7 @@ class ShingleOperations(pyfuse3.Operations):
                                     self._writeback_flags(flags), self._ctx(ctx),
                                     ino=parent_inode)
         self._attach(fh, attr.ino)
-        return self._file_info(fh), self.entry(attr)
+        return self._file_info(fh), self.entry(self._tell(attr))
 
     async def read(  # type: ignore[override]  # pyfuse3 takes any contiguous buffer
         self, fh: int, off: int, size: int
@@ -625,6 +656,7 @@ class ShingleOperations(pyfuse3.Operations):
             # so nothing is recorded here.
             if not pyfuse3.readdir_reply(token, entry.name, self.entry(entry.attr), entry.cookie):
                 break
+            self._tell(entry.attr)
 
     def _readdir_batch(self, fh: int, start_id: int) -> list[Any]:
         batch = []
