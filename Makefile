@@ -18,7 +18,7 @@ test-all: setup
 	@bash scripts/test.sh
 
 # Every multi-host test (test hosts as network namespaces, tests/cluster);
-# `make test` runs a representative one. Needs CAP_NET_ADMIN + CAP_SYS_ADMIN (root).
+# `make test` runs a representative one (the others are marked slow). Needs CAP_NET_ADMIN + CAP_SYS_ADMIN (root).
 test-cluster: setup
 	$(BIN)/python -m pytest tests/cluster
 

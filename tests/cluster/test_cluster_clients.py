@@ -112,6 +112,7 @@ def test_a_file_closed_on_one_client_host_reads_bit_exact_on_another(
     assert through_mount == written and through_api == written
 
 
+@pytest.mark.slow  # `make test-cluster` (CI) runs it; `make test` runs one cluster test
 def test_eight_writers_on_two_client_hosts_spread_over_the_servers(
         cluster: Cluster, on_servers: Callable[..., OnServers], tmp_path: Path) -> None:
     url = on_servers().url
@@ -144,6 +145,7 @@ def test_eight_writers_on_two_client_hosts_spread_over_the_servers(
         meta.close()
 
 
+@pytest.mark.slow  # `make test-cluster` (CI) runs it; `make test` runs one cluster test
 def test_a_server_killed_during_a_two_rank_dcp_save(
         cluster: Cluster, on_servers: Callable[..., OnServers], tmp_path: Path) -> None:
     """kill -9 of a storage server while two ranks save a torch.distributed.checkpoint

@@ -35,6 +35,7 @@ def _shinglefs() -> list[str]:
         sys.executable, "-c", "from shinglefs.cli.main import main; main()"]
 
 
+@pytest.mark.slow  # `make test-cluster` (CI) runs it; `make test` runs one cluster test
 def test_servers_on_three_hosts_register_serve_and_go_stale_in_meta(
         cluster: Cluster, pg: PgCluster, tmp_path: Path) -> None:
     url = pg.new_database()

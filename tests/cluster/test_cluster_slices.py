@@ -48,6 +48,7 @@ def assert_all_read_back(result: dict[str, object], expected_slices: int) -> Non
     assert bad == [], f"slices not read back bit-exact (server, slice, ok, offset): {bad}"
 
 
+@pytest.mark.slow  # `make test-cluster` (CI) runs it; `make test` runs one cluster test
 def test_slices_written_on_one_host_read_bit_exact_on_another(
         cluster: Cluster, start_servers: StartServers, secret_file: Path) -> None:
     start_servers(*SERVERS)

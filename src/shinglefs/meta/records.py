@@ -348,10 +348,10 @@ class Session:
 SERVER_HEARTBEAT_S = 3.0
 """How often a storage server heartbeats in meta (``shinglefs server --heartbeat``)."""
 SERVER_TIMEOUT_S = 15.0
+"""A server whose last heartbeat is older than this is not live (five missed beats)."""
 REPAIR_AFTER_S = 300.0
 """How long a storage server may be gone before its replicas count as lost and
 are copied elsewhere (server/repair.py)."""
-"""A server whose last heartbeat is older than this is not live (five missed beats)."""
 TIERS = ("hot", "cold")
 """Tiers of drives: hot (flash or conventional drives) and cold (SMR)."""
 
