@@ -23,7 +23,8 @@ keeps that state:
   the first lost byte ends it, and so does writing the lost bytes again:
   a write that begins at or before the first byte still lost is taken and
   moves that byte past its end; once the lost range is written over, the
-  file is whole again. (Before, only ENOSPC was: a `connect()`
+  file is whole again. A slice whose commit failed, or is in doubt (the
+  metadata unreachable), counts as lost alike (``commit_failed``). (Before, only ENOSPC was: a `connect()`
   writer whose `up` was restarted got one EIO, wrote on, and closed a file
   whose first 9 MB read zeros.)
 
@@ -75,6 +76,17 @@ class WriteFailures:
         self.lost_to = max(self.lost_to, s.end)
         if self.error is None:
             self.error = exc
+
+    def commit_failed(self, s: OpenSlice, exc: BaseException) -> None:
+        """Every piece of ``s`` was stored but its commit failed (its bytes are
+        deleted), or may have failed (the metadata unreachable: kept, in
+        doubt): bytes ``write`` accepted are lost as with a failed piece, and
+        sticky alike; the caller raises ``exc`` itself (reported once). Before,
+        an fsync said EIO once and every later write, fsync and close
+        succeeded over a 16 MiB hole of zeros."""
+        if self.full is None or s.start < self.lost_from:
+            self.full, self.lost_from = exc, s.start
+        self.lost_to = max(self.lost_to, s.end)
 
     def piece_done(self, s: OpenSlice, f: futures.Future[None]) -> None:
         """``f``, a piece of ``s``, completed (its done callback): note its failure."""

@@ -337,9 +337,10 @@ class FileWriter:
             self._submit_pending(s, durable=durable, ending=True)
             while len(self._settling) >= self._config.max_settling_slices:
                 self._settling.wait_oldest()
-        except BaseException:
+        except BaseException as exc:
             self.open_slice = None
             self._failures.error = None  # reported now, by this raise
+            self._failures.commit_failed(s, exc)  # its accepted bytes are dropped
             self._abort(s)
             raise
         self._settling.submit(
@@ -365,6 +366,7 @@ class FileWriter:
                 previous.wait()
             self._commit(self._finished(s, durable), s.end, queued)
         except BaseException as exc:
+            self._failures.commit_failed(s, exc)
             self._abort(s, in_doubt=isinstance(exc, MetaUnavailable))
             raise
         self._note_committed(s)
@@ -400,8 +402,8 @@ class FileWriter:
                     s.inflight[-1][0].expedite()
                 while s.inflight:
                     self._reap_oldest(s)
-            except BaseException:
-                self._drop_open(s)
+            except BaseException as exc:
+                self._drop_open(s, exc)
                 raise
             self._commit_open(s, durable)
         if first is not None:
@@ -421,8 +423,8 @@ class FileWriter:
             self._commit(FinishedSlice.inline_slice(self.ino, s.chunk_index, s.start,
                                                     s.slice_id, data, self.written_ns), s.end,
                          None)
-        except BaseException:
-            self._drop_open(s)
+        except BaseException as exc:
+            self._drop_open(s, exc)
             raise
         self.open_slice = None
         self._note_committed(s)
@@ -433,11 +435,13 @@ class FileWriter:
             self._committed_size = max(self._committed_size, s.end)
             self.slices_committed += 1
 
-    def _drop_open(self, s: OpenSlice, *, in_doubt: bool = False) -> None:
-        """The open slice ``s`` failed: forget it and delete what it stored
-        (``in_doubt``: keep it, see ``_abort``)."""
+    def _drop_open(self, s: OpenSlice, exc: BaseException, *, in_doubt: bool = False) -> None:
+        """The open slice ``s`` failed with ``exc``: forget it and delete what it
+        stored (``in_doubt``: keep it, see ``_abort``); its bytes count as lost
+        for later writes (``WriteFailures.commit_failed``)."""
         self.open_slice = None
         self._failures.error = None  # reported now, by the caller's raise
+        self._failures.commit_failed(s, exc)
         self._abort(s, in_doubt=in_doubt)
 
     def _commit_open(self, s: OpenSlice, durable: bool) -> None:
@@ -447,7 +451,7 @@ class FileWriter:
         try:
             self._commit(self._finished(s, durable), s.end, None)
         except BaseException as exc:
-            self._drop_open(s, in_doubt=isinstance(exc, MetaUnavailable))
+            self._drop_open(s, exc, in_doubt=isinstance(exc, MetaUnavailable))
             raise
         self.open_slice = None
         self._note_committed(s)
@@ -482,8 +486,8 @@ class FileWriter:
             self.pieces_submitted += 1
             try:
                 wait_piece(future, s.slice_id, s.drive_id)
-            except BaseException:
-                self._drop_open(s)
+            except BaseException as exc:
+                self._drop_open(s, exc)
                 raise
             self._commit_open(s, True)
         finally:
