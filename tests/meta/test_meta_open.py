@@ -238,6 +238,36 @@ def test_postgres_operations_survive_killed_server_connections(pg_cluster):
     pg_cluster.drop_database(url)
 
 
+@pytest.mark.postgres
+def test_postgres_operations_survive_a_restart_with_a_full_pool(pg_cluster):
+    """After a server restart every idle pooled connection is dead: a full pool
+    (8) handed them out one by one, and the fourth attempt failed the
+    application's operation with EIO a few milliseconds after the restart."""
+    import contextlib
+
+    import psycopg
+
+    url = pg_cluster.new_database()
+    store = open_meta(url)
+    store.format("x", str(uuid.uuid4()))
+    pool = store._b.pool
+    with contextlib.ExitStack() as held:  # grow the pool to its maximum
+        for _ in range(pool.max_size):
+            held.enter_context(pool.connection())
+    assert pool.get_stats()["pool_size"] == pool.max_size
+    db = url.rsplit("/", 1)[1]
+    with psycopg.connect(pg_cluster.url(), autocommit=True) as admin:
+        killed = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (db,)
+        ).fetchall()
+    assert len(killed) == pool.max_size
+    assert len(store.readdir(ROOT_INO)) == 0  # retried past the dead connections
+    store.create(ROOT_INO, b"after", 0o644)  # and the pool holds live ones again
+    assert store.lookup(ROOT_INO, b"after").is_file
+    store.close()
+    pg_cluster.drop_database(url)
+
+
 def test_format_filesystem_refuses_a_bad_chunk_size_before_creating_a_drive(tmp_path):
     from shinglefs.client.filesystem import format_filesystem
 

@@ -4,6 +4,7 @@ contract both backends keep: modes, retries, what a lost connection means)."""
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import weakref
 from collections.abc import Callable
@@ -23,6 +24,8 @@ from shinglefs.meta.backend import (
 )
 from shinglefs.meta.errors import FsError, MetaUnavailable, MetaURLError, NotFormatted, TxConflict
 from shinglefs.meta.pgerrors import connection_lost, pg_unavailable
+
+log = logging.getLogger(__name__)
 
 PG_PREPARED_MAX = 512
 """Prepared statements kept per connection (psycopg's default, 100, is about
@@ -173,7 +176,10 @@ class PostgresBackend:
             except psycopg.errors.IntegrityError as exc:
                 raise FsError(17, f"constraint violated in {self.where}: {exc}") from None
             except psycopg.OperationalError as exc:
-                if committing or lost >= LOST_CONNECTION_RETRIES or not connection_lost(exc):
+                if not connection_lost(exc):
+                    raise pg_unavailable(self.url, exc) from exc
+                self._drop_dead_connections()
+                if committing or lost >= LOST_CONNECTION_RETRIES:
                     raise pg_unavailable(self.url, exc) from exc
                 lost += 1
                 backoff(attempt)
@@ -181,6 +187,19 @@ class PostgresBackend:
             except psycopg.Error as exc:
                 raise MetaUnavailable(f"{self.where}: {exc}") from exc
         raise gave_up(self.where, RuntimeError("serialization failures"))
+
+    def _drop_dead_connections(self) -> None:
+        """One pooled connection was found dead: so are, after a server restart,
+        all the idle ones. Test them now (a round trip each) and replace the
+        dead, so the retry -- or the next transaction, when this one is not
+        retried (its commit in doubt) -- gets a live one. Before, each retry
+        drew the next dead connection, and the fourth attempt raised EIO to
+        the application within milliseconds of a fast restart (4 trials in 5,
+        pool full)."""
+        try:
+            self.pool.check()
+        except Exception as exc:  # the retry reports what matters
+            log.debug("checking the pool's connections failed: %s", exc)
 
     def sync(self) -> None:
         """Make every transaction committed before this call durable on the
