@@ -221,6 +221,11 @@ def test_status_of_every_mount_is_not_stopped_by_one_that_does_not_answer(
         as_json = json.loads(cli("status", "--json").stdout)
         assert "error" in as_json[str(dead.mountpoint)]
         assert "drives" in json.dumps(as_json[str(live.mountpoint)])
+        # Asked by its path: it does not answer (was: "is neither a directory
+        # nor a metadata URL", exit 2, for a mount point that is one).
+        one = cli("status", str(dead.mountpoint))
+        assert one.returncode != 0 and "does not answer" in one.stderr, one.stderr
+        assert "neither a directory" not in one.stderr
     finally:
         force_unmount(dead.mountpoint)
         live.stop()

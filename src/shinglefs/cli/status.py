@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
@@ -342,6 +343,19 @@ def _is_url(target: str) -> bool:
     return "://" in target or target.split(":", 1)[0].lower() in SQLITE_SCHEMES + PG_SCHEMES
 
 
+def _directory_or_failing_mount(path: str) -> bool:
+    """Is ``path`` a directory, or a mount point that fails to answer (a dead
+    daemon: ENOTCONN; its metadata unreachable: EIO)? ``_status_of_mount``
+    then says which. (``os.path.isdir`` is False for both: the user was told
+    the mount point "is neither a directory nor a metadata URL".)"""
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return True
+
+
 def status_command(
     target: str | None = typer.Argument(None, help="a mount point or a metadata URL "
                                         "(default: every ShingleFS mount)"),
@@ -367,7 +381,7 @@ def status_command(
         results = {target: _status_of_url(target, server_timeout)}
     else:
         mountpoint = os.path.abspath(target)
-        if not os.path.isdir(mountpoint):
+        if not _directory_or_failing_mount(mountpoint):
             from shinglefs.meta.backend import url_hint
 
             raise UsageError(f"{target} is neither a directory nor a metadata URL",
