@@ -231,6 +231,31 @@ def test_status_of_every_mount_is_not_stopped_by_one_that_does_not_answer(
         live.stop()
 
 
+def test_status_is_not_held_by_a_mount_whose_daemon_does_not_answer(workdir: Path) -> None:
+    """A daemon that is alive but does not answer (stopped; or waiting on a
+    metadata database that is down, 30 s a request) held `status` -- every
+    mount's status with it -- for as long: with this one stopped, forever."""
+    live = MountedFileSystem(workdir / "live", workdir / "mnt-live")
+    stuck = MountedFileSystem(workdir / "stuck", workdir / "mnt-stuck")
+    for fs in (live, stuck):
+        fs.format()
+        fs.start()
+    assert stuck.process is not None
+    os.kill(stuck.process.pid, signal.SIGSTOP)
+    try:
+        every = cli("status", "--mount-timeout", "2", timeout=60)
+        assert every.returncode == 0, every.stderr
+        assert str(live.mountpoint) in every.stdout
+        assert f"the mount at {stuck.mountpoint} does not answer within 2 s" in every.stderr
+        one = cli("status", str(stuck.mountpoint), "--mount-timeout", "2", timeout=60)
+        assert one.returncode != 0 and "does not answer within 2 s" in one.stderr, one.stderr
+        assert "Traceback" not in one.stderr
+    finally:
+        os.kill(stuck.process.pid, signal.SIGCONT)
+        stuck.stop()
+        live.stop()
+
+
 def test_up_again_after_its_daemon_was_killed_mounts_over_the_dead_mount(workdir: Path) -> None:
     """A SIGKILLed ``up`` leaves its mount point dead (every request ENOTCONN);
     running ``up`` again, as a user does after a crash, detaches it and

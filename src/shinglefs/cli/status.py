@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import threading
 import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
@@ -189,18 +190,57 @@ def _status_of_mount(mountpoint: str) -> dict[str, Any]:
     return dict(json.loads(raw))
 
 
-def _status_of_every_mount() -> tuple[dict[str, Any], dict[str, MountFailedError]]:
-    """Every ShingleFS mount's status, and the mounts that did not give one
-    (another user's, out of reach, or a dead one): one such mount does not
-    hide the others. NotMountedError when there is no mount; the first
-    failure when no mount answered."""
-    results: dict[str, Any] = {}
-    failed: dict[str, MountFailedError] = {}
-    for mp in mounts_of_type(FSTYPE):
+MOUNT_ANSWER_S = 10.0
+"""How long ``status`` waits for a mount's answer (``--mount-timeout``)."""
+
+
+def _statuses_within(mountpoints: list[str], timeout_s: float
+                     ) -> tuple[dict[str, Any], dict[str, Exception]]:
+    """The status of each mount, asked of all at once, and the mounts that did
+    not give one within ``timeout_s``: a daemon stopped (SIGSTOP, a debugger)
+    or waiting for its metadata (PostgreSQL down: 30 s a request) held
+    ``status`` for as long, every other mount's status with it. A mount that
+    does not answer in time is left to its thread (a daemon thread, gone
+    when the command exits)."""
+    answers: dict[str, Any] = {}
+    failed: dict[str, Exception] = {}
+
+    def ask(mp: str) -> None:
         try:
-            results[mp] = _status_of_mount(mp)
-        except MountFailedError as exc:
+            answers[mp] = _status_of_mount(mp)
+        except Exception as exc:  # the caller raises or reports it
             failed[mp] = exc
+
+    threads = {mp: threading.Thread(target=ask, args=(mp,), daemon=True,
+                                    name=f"status {mp}") for mp in mountpoints}
+    deadline = time.monotonic() + timeout_s
+    for t in threads.values():
+        t.start()
+    late: dict[str, Exception] = {}
+    for mp, t in threads.items():
+        t.join(max(0.0, deadline - time.monotonic()))
+        if t.is_alive():  # what it writes later is never read
+            late[mp] = MountFailedError(
+                f"the mount at {mp} does not answer within {timeout_s:g} s",
+                hint=f"its daemon may be stopped or waiting for its metadata database; "
+                     f"if it died, `shinglefs umount --force {mp}`")
+    results = {mp: answers[mp] for mp in mountpoints if mp not in late and mp in answers}
+    errors = {mp: late.get(mp) or failed[mp] for mp in mountpoints
+              if mp in late or (mp in failed and mp not in answers)}
+    return results, errors
+
+
+def _status_of_every_mount(timeout_s: float = MOUNT_ANSWER_S
+                           ) -> tuple[dict[str, Any], dict[str, MountFailedError]]:
+    """Every ShingleFS mount's status, and the mounts that did not give one
+    (another user's, out of reach, a dead one, or one that does not answer
+    within ``timeout_s``): one such mount does not hide the others.
+    NotMountedError when there is no mount; the first failure when no mount
+    answered."""
+    results, errors = _statuses_within(mounts_of_type(FSTYPE), timeout_s)
+    failed = {mp: exc if isinstance(exc, MountFailedError)
+              else MountFailedError(f"the mount at {mp} gave no status: {exc}")
+              for mp, exc in errors.items()}
     if not results and not failed:
         raise NotMountedError("(no ShingleFS mount)")
     if not results:
@@ -366,6 +406,9 @@ def status_command(
     servers_only: bool = typer.Option(
         False, "--servers", help="only the storage servers of a metadata URL (opens no "
         "drive: works from any host, and while the file system is mounted)"),
+    mount_timeout: float = typer.Option(
+        MOUNT_ANSWER_S, "--mount-timeout", metavar="SECONDS", min=0.1,
+        help="a mount that does not answer within this long is reported as such"),
 ) -> None:
     """Capacity, drives, zones by condition, write amplification, storage servers."""
     if servers_only:
@@ -376,18 +419,24 @@ def status_command(
         return
     failed: dict[str, MountFailedError] = {}
     if target is None:
-        results, failed = _status_of_every_mount()
+        results, failed = _status_of_every_mount(mount_timeout)
     elif _is_url(target):
         results = {target: _status_of_url(target, server_timeout)}
     else:
         mountpoint = os.path.abspath(target)
-        if not _directory_or_failing_mount(mountpoint):
+        # A mount's own root is not looked at here: a daemon that does not
+        # answer would hold this thread (its status is asked with a deadline).
+        if mountpoint not in mounts_of_type(FSTYPE) and not _directory_or_failing_mount(
+                mountpoint):
             from shinglefs.meta.backend import url_hint
 
             raise UsageError(f"{target} is neither a directory nor a metadata URL",
                              hint=url_hint(target) if os.path.isfile(target)
                              else "pass a mount point or sqlite3:///PATH / postgresql://...")
-        results = {mountpoint: _status_of_mount(mountpoint)}
+        answered, refused = _statuses_within([mountpoint], mount_timeout)
+        if refused:
+            raise refused[mountpoint]
+        results = answered
     if as_json:
         if target is None:
             results.update({mp: {"error": str(exc)} for mp, exc in failed.items()})
