@@ -103,6 +103,24 @@ def test_postgres_missing_database_says_how_to_create_it(pg_cluster):
     one_line(info.value)
 
 
+@pytest.mark.postgres
+def test_postgres_unknown_user_and_bad_url_parameter_are_named_at_once(pg_cluster):
+    """An unknown user was "cannot reach PostgreSQL ... start the server"; a
+    malformed parameter (``connect_timeout=abc``) was overridden by the probe,
+    then retried by the pool for 30 s with a dozen warnings."""
+    url = pg_cluster.url("postgres")
+    nobody = url.replace("postgresql://postgres@", "postgresql://no_such_user@")
+    assert nobody != url
+    with pytest.raises(MetaUnavailable) as info:
+        open_meta(nobody)
+    assert "no user no_such_user" in str(info.value) and "CREATE ROLE" in info.value.hint
+    one_line(info.value)
+    with pytest.raises(MetaUnavailable) as info:
+        open_meta(url + "?connect_timeout=abc")
+    assert "bad parameter" in str(info.value) and "connect_timeout" in str(info.value)
+    one_line(info.value)
+
+
 def test_format_record_round_trips(meta_url):
     store = open_meta(meta_url)
     with pytest.raises(NotFormatted):

@@ -99,7 +99,13 @@ class PostgresBackend:
         )
         self._psycopg = psycopg
         try:
-            probe = psycopg.connect(url, connect_timeout=int(connect_timeout), autocommit=True)
+            # The URL's own connect_timeout wins (and a malformed one fails
+            # here, at once: given as an argument it was overridden, and the
+            # pool then retried the bad URL for 30 s, warning each time).
+            given = psycopg.conninfo.conninfo_to_dict(url)
+            timeout: dict[str, Any] = (
+                {} if "connect_timeout" in given else {"connect_timeout": int(connect_timeout)})
+            probe = psycopg.connect(url, autocommit=True, **timeout)
             probe.close()
         except psycopg.Error as exc:
             raise pg_unavailable(url, exc) from None

@@ -37,6 +37,18 @@ def pg_unavailable(url: str, exc: BaseException) -> MetaUnavailable:
             f'PostgreSQL database "{db}" does not exist on {host}:{port}',
             hint=f'create it: psql -h {host} -p {port} -c "CREATE DATABASE {db}"',
         )
+    if "role" in text and "does not exist" in text:
+        user = parts.username or "(your login name)"
+        return MetaUnavailable(
+            f"PostgreSQL at {host}:{port} has no user {user}: {text}",
+            hint="fix the user in the URL (postgresql://user@host:port/db), or create it: "
+                 f'psql -h {host} -p {port} -c "CREATE ROLE {user} LOGIN"',
+        )
+    if "bad value" in text or ("invalid" in text and ("option" in text or "parameter" in text)):
+        return MetaUnavailable(
+            f"the PostgreSQL URL has a bad parameter: {text}",
+            hint="fix the ?key=value part of the URL (postgresql://user@host:port/db?...)",
+        )
     if "password" in text or "authentication" in text:
         return MetaUnavailable(
             f"PostgreSQL at {host}:{port} refused the credentials: {text}",
