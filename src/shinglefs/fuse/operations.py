@@ -372,17 +372,16 @@ class ShingleOperations(pyfuse3.Operations):
         keep_cache = self.vfs.open_file_info(fh)
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep_cache)
 
-    def _forget_cached_attributes(self, ino: int) -> None:
+    @staticmethod
+    def _forget_cached_attributes(ino: int) -> None:
         """Close-to-open for the size: the kernel may hold ``ino``'s attributes
         from a reply up to ``ATTR_TIMEOUT`` old, and its cached reads stop at
         that size (a file another client grew read short, with no error).
         ``keep_cache=False`` drops only the pages: this drops the attributes
-        too, so the first read past them asks (getattr). Called when meta's
-        version at open is not the one last told (``_told``); the usual cold
-        open, right after its lookup, costs nothing. Attributes only: the
-        kernel takes no page or inode lock for that, so it is safe inside a
-        request handler."""
-        self._told.pop(ino, None)
+        too, so the first read past them asks (getattr). Called (in a worker
+        thread) when meta's version at open is not the one last told
+        (``_told``); the usual cold open, right after its lookup, costs
+        nothing. Attributes only: no page is written back or dropped."""
         try:
             pyfuse3.invalidate_inode(ino, attr_only=True)
         except OSError:  # ENOENT: the kernel holds no attributes of it
@@ -575,7 +574,12 @@ class ShingleOperations(pyfuse3.Operations):
         info = self._file_info(fh)
         opened = self.vfs.opened_stamp(fh)
         if opened is None or self._told.get(inode) != opened:
-            self._forget_cached_attributes(inode)
+            self._told.pop(inode, None)
+            # In a worker thread, the loop free meanwhile: a notification sent
+            # from inside a request handler can wait on the kernel (its inode
+            # table, an unmount in progress) for something only this loop
+            # would answer.
+            await trio.to_thread.run_sync(self._forget_cached_attributes, inode)
         return info
 
     async def create(
