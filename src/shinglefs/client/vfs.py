@@ -179,6 +179,7 @@ class VFS:
         self.writes = WritePath(
             meta, node, self.config, chunk_size=self.chunk_size, inodes=self.inodes,
             groups=self.groups, on_commit=self.jobs.compactor.note_commit,
+            in_doubt=self.jobs.in_doubt.note,
         )
         self.files = OpenFiles(
             meta, handles=self.handles, inodes=self.inodes, writes=self.writes,

@@ -48,6 +48,7 @@ class WritePath:
         inodes: InodeTable,
         groups: GroupPolicy,
         on_commit: Callable[[OpenInode, int], None],
+        in_doubt: Callable[[int, int | None], None] | None = None,
     ) -> None:
         self.meta = meta
         self.node = node
@@ -56,6 +57,7 @@ class WritePath:
         self.inodes = inodes
         self.groups = groups
         self._on_commit = on_commit
+        self._in_doubt = in_doubt
         self.budget = WriteBudget(config.total_buffer_bytes)
         self.commits = OrderedCommits(meta, node.flush)
         # FIFO: a settle task waits only on its file's earlier task, started before it.
@@ -83,6 +85,7 @@ class WritePath:
             commit=self._commit_slice,
             settler=self._settler,
             committed_size=committed_size,
+            in_doubt=self._in_doubt,
         )
 
     def _commit_slice(self, finished: FinishedSlice, file_end: int,

@@ -61,7 +61,9 @@ class FileWriter:
     lifetime group once per writer (``small``: the file's first slice ended
     below ``small_file_bytes``); ``register(slice_id, drive_id, group)`` is
     called when a slice gets its first piece (meta records the replica);
-    ``commit(FinishedSlice, file_end)`` puts a finished slice into the chunk map.
+    ``commit(FinishedSlice, file_end)`` puts a finished slice into the chunk map;
+    ``in_doubt(slice_id, drive_id)`` is told of a slice whose commit is in
+    doubt (its bytes kept: ``background/indoubt.py`` settles it later).
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class FileWriter:
         commit: Callable[[FinishedSlice, int, threading.Event | None], None],
         settler: Executor,
         committed_size: int = 0,
+        in_doubt: Callable[[int, int | None], None] | None = None,
     ) -> None:
         self.ino = ino
         self._node = node
@@ -88,6 +91,7 @@ class FileWriter:
         self._choose_group = choose_group
         self._register = register
         self._commit = commit
+        self._in_doubt = in_doubt
         self.lock = threading.RLock()
         self.open_slice: OpenSlice | None = None
         self.group: int | None = None
@@ -509,7 +513,10 @@ class FileWriter:
             s.pending.take()
         if in_doubt:
             log.warning("commit of slice %#x failed with the metadata unreachable and may "
-                        "have happened: its bytes are kept", s.slice_id)
+                        "have happened: its bytes are kept until the metadata says",
+                        s.slice_id)
+            if self._in_doubt is not None:
+                self._in_doubt(s.slice_id, s.drive_id)
             return
         if s.drive_id is not None:
             try:

@@ -3,6 +3,7 @@
 A pass runs, in this order: the deferred closes, keep-last-N retention of
 the directories this client added entries to, the deletion consumer
 (``deletion_consumer``), the compactions this client's commits queued, the
+slices whose commit was in doubt (``indoubt``: settled once meta answers), the
 scan for fragmented chunks (every ``compaction_scan_interval`` with
 ``compaction``), the janitor (every ``janitor_interval``), the session
 heartbeat, which vouches for this client's slices in progress, and expiry
@@ -20,6 +21,7 @@ from __future__ import annotations
 from shinglefs.client.background.closes import CloseQueue
 from shinglefs.client.background.compaction import Compactor
 from shinglefs.client.background.deletions import DeletionConsumer
+from shinglefs.client.background.indoubt import InDoubtSlices
 from shinglefs.client.background.janitor import Janitor, slices_in_progress
 from shinglefs.client.background.retention import Retention
 from shinglefs.client.background.scheduler import BackgroundScheduler
@@ -78,11 +80,13 @@ class ClientJobs:
             meta, abandoned_age=config.abandoned_slice_age, writers=inodes.writers, wake=bg.wake
         )
         self.backup = MetadataBackup(meta, node)  # to the drives, every interval
+        self.in_doubt = InDoubtSlices(meta, node, wake=bg.wake)
         bg.add("closes", self.closes.drain)
         bg.add("retention", self.retention.run)  # before deletions: its unlinks free slices
         if config.deletion_consumer:
             bg.add("deletions", self.deletions.run)
         bg.add("queued compactions", self.compactor.run_queued)
+        bg.add("in-doubt commits", self.in_doubt.resolve)
         if config.compaction and config.compaction_scan_interval:
             # Chunks fragmented by any client (or by this one before a restart).
             bg.add("compaction scan", self.compactor.compact_fragmented,
