@@ -108,3 +108,34 @@ def test_writes_fail_once_the_drive_image_is_deleted_under_the_client(
     with contextlib.suppress(ShingleError):  # its last checkpoint cannot be written
         vfs.shutdown()
     assert vfs.closed
+
+
+def test_a_shutdown_with_the_metadata_unreachable_asks_it_once_and_frees_the_drives(
+        fs_factory: FsFactory) -> None:
+    """With the metadata down every step of a shutdown that needs it waited for
+    it in turn (30 s each on PostgreSQL: an unmount took minutes). Once it is
+    found unreachable, the rest of those steps is skipped; the drives are
+    still closed, and what was committed before is intact."""
+    from fsfixtures import create, read_all, write_file
+
+    from shinglefs.meta.errors import MetaUnavailable
+
+    vfs = fs_factory.vfs()
+    kept = write_file(vfs, b"kept", b"k" * 10_000)
+    for i in range(3):  # open, written, not committed
+        fh, _ino = create(vfs, b"open%d" % i)
+        vfs.write(fh, 0, b"x" * 5000)
+    asked: list[str] = []
+    backend = vfs.meta._b  # type: ignore[attr-defined]
+
+    def down(fn: object, mode: str) -> object:
+        if threading.current_thread().name != "shinglefs-maintenance":
+            asked.append(mode)
+        raise MetaUnavailable("the database is down")
+
+    backend.run = down
+    with pytest.raises(MetaUnavailable):
+        vfs.shutdown()
+    assert len(asked) == 1, asked
+    again = fs_factory.vfs()  # the drives were released
+    assert read_all(again, kept) == b"k" * 10_000

@@ -33,8 +33,10 @@ settle slices ended while writing. Lock order (outer first): a file's
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
+import functools
 import logging
 import os
 import socket
@@ -47,6 +49,7 @@ import shinglefs
 from shinglefs.client.background import ClientJobs
 from shinglefs.client.config import ClientConfig
 from shinglefs.client.errors import (
+    BadHandle,
     ClientClosed,
     ForkedClient,
     NotOpenForReading,
@@ -71,7 +74,7 @@ from shinglefs.meta.api import (
     SessionInfo,
     StatFs,
 )
-from shinglefs.meta.errors import FsError
+from shinglefs.meta.errors import FsError, MetaUnavailable
 from shinglefs.server.errors import NodeFull
 from shinglefs.server.node import Declined, SliceNode
 
@@ -728,31 +731,46 @@ class VFS:
             return
         errors: list[BaseException] = []
         self._run_before_close(errors)
-        for fh in self.handles.file_numbers():
-            try:
-                self.release(fh)
-            except BaseException as exc:
-                errors.append(exc)
-        self.handles.clear_dirs()
-        self._stop_background()
-        self._closed = True
-        for step in (
-            self.jobs.closes.drain,
-            # A short-lived process (connect(), write a checkpoint, exit) ends
-            # with its arrivals' retention enforced, not left for a pass that
-            # never comes (docs/client.md, "Retention").
-            self.jobs.retention.run,
-            self.jobs.session.end,
-            self.jobs.deletions.run if self.config.deletion_consumer else (lambda: 0),
-            self.jobs.backup.write_at_shutdown,  # the drives keep the metadata as left
-            self.node.close,
-            self.meta.close,
-        ):
+        # Once the metadata is found unreachable, the steps that need it are
+        # skipped: each waited for it in turn (30 s on PostgreSQL), and an
+        # unmount while the database was down took minutes. What they would
+        # have done is another client's to finish (this session expires, its
+        # closes with it) or fsck's.
+        unreachable: list[MetaUnavailable] = []
+
+        def attempt(step: Callable[[], object], needs_meta: bool = True) -> None:
+            if needs_meta and unreachable:
+                return
             try:
                 step()
+            except MetaUnavailable as exc:
+                log.error("shutdown: the metadata is unreachable (%s): what is left of "
+                          "this client's closes, session and deletions is skipped", exc)
+                unreachable.append(exc)
+                errors.append(exc)
             except BaseException as exc:
                 log.exception("shutdown step failed")
                 errors.append(exc)
+
+        for fh in self.handles.file_numbers():
+            attempt(functools.partial(self.release, fh))
+            if unreachable:  # buffered bytes cannot be committed: dropped with the handle
+                with contextlib.suppress(BadHandle):  # (a failed release popped it)
+                    self.handles.pop_file(fh)
+        self.handles.clear_dirs()
+        self._stop_background()
+        self._closed = True
+        attempt(self.jobs.closes.drain)
+        # A short-lived process (connect(), write a checkpoint, exit) ends
+        # with its arrivals' retention enforced, not left for a pass that
+        # never comes (docs/client.md, "Retention").
+        attempt(self.jobs.retention.run)
+        attempt(self.jobs.session.end)
+        if self.config.deletion_consumer:
+            attempt(self.jobs.deletions.run)
+        attempt(self.jobs.backup.write_at_shutdown)  # the drives keep the metadata as left
+        attempt(self.node.close, needs_meta=False)
+        attempt(self.meta.close, needs_meta=False)
         if errors:
             raise errors[0]
 
