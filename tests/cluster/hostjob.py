@@ -20,6 +20,13 @@ Jobs:
   recorded good handshake replayed on a new connection, a frame with a bad
   magic after a good handshake, then a good client (``{"hostile": ...}``).
 - ``meta URL``: opens the metadata with ``open_meta`` and prints its format.
+- ``meta-partition URL``: opens the metadata, prints ``{"ready": true}``, then
+  asks it something every 0.2 s; a call that fails ends the watch (the test
+  cut the host off meanwhile): ``{"partition": {"error": TYPE, "blocked_s":
+  how long that call took}}``, or ``{"partition": {"error": null, ...}}`` when
+  nothing failed within ``--max-seconds`` (a call still blocked then is
+  abandoned). It then waits for a call to succeed again (the test restores
+  the link) and prints ``{"recovered_s": ...}`` or ``{"recovered_s": null}``.
 """
 
 from __future__ import annotations
@@ -225,9 +232,56 @@ def job_meta(url: str) -> None:
     say(meta={"name": info.name, "uuid": info.uuid, "chunk_size": info.chunk_size})
 
 
+def job_meta_partition(url: str, max_seconds: float) -> None:
+    import threading
+
+    from shinglefs.meta import open_meta
+    from shinglefs.meta.api import ROOT_INO
+
+    meta = open_meta(url)
+    meta.getattr(ROOT_INO)
+    say(ready=True)
+
+    def call() -> tuple[str | None, float]:
+        """One question, in a thread: (error type or None, seconds), bounded."""
+        box: list[str | None] = []
+
+        def ask() -> None:
+            try:
+                meta.getattr(ROOT_INO)
+                box.append(None)
+            except Exception as exc:  # reported to the test as is
+                box.append(type(exc).__name__)
+
+        started = time.monotonic()
+        t = threading.Thread(target=ask, daemon=True)
+        t.start()
+        t.join(max(0.0, deadline - started))
+        return (box[0] if box else "still blocked"), time.monotonic() - started
+
+    deadline = time.monotonic() + max_seconds
+    error, took = None, 0.0
+    while time.monotonic() < deadline and error is None:
+        error, took = call()
+        time.sleep(0.2)
+    say(partition={"error": error, "blocked_s": round(took, 1)})
+    if error is None or error == "still blocked":
+        return
+    cut_off = time.monotonic()
+    deadline = cut_off + max_seconds
+    while time.monotonic() < deadline:
+        again, _ = call()
+        if again is None:
+            say(recovered_s=round(time.monotonic() - cut_off, 1))
+            return
+        time.sleep(0.5)
+    say(recovered_s=None)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="one client host's job")
-    parser.add_argument("job", choices=["write", "read", "stream", "hostile", "meta"])
+    parser.add_argument("job", choices=["write", "read", "stream", "hostile", "meta",
+                                        "meta-partition"])
     parser.add_argument("url", nargs="?", help="meta: the metadata URL")
     parser.add_argument("--secret-file")
     parser.add_argument("--wrong-secret-file")
@@ -244,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.job == "meta":
         job_meta(args.url)
+        return 0
+    if args.job == "meta-partition":
+        job_meta_partition(args.url, args.max_seconds)
         return 0
     with open(args.secret_file, "rb") as f:
         secret = f.read()

@@ -136,3 +136,39 @@ def test_host_opens_the_metadata_on_postgresql_through_the_bridge(
     code, local = cluster.run("a", hostjob("meta", url), timeout=60, label="a-meta-loopback")
     assert code != 0
     assert "MetaUnavailable" in local.errors(), local.describe()
+
+
+@pytest.mark.slow
+def test_a_host_cut_off_from_the_metadata_gets_an_error_and_recovers(
+        cluster: Cluster, pg: PgCluster) -> None:
+    """The link of a client host goes down while it holds a connection to the
+    metadata (a network partition): its next request fails (EIO to an
+    application) instead of hanging for the kernel's ~15 minutes of
+    retransmissions, and it works again once the link is back
+    (``pgbackend.TCP_LIVENESS``)."""
+    import subprocess
+
+    url = pg.new_database()
+    meta = open_meta(url)
+    try:
+        meta.format("partition-test", str(uuid.uuid4()), secret="s3cret")
+    finally:
+        meta.close()
+    database = url.rsplit("/", 1)[1]
+    proc = cluster.spawn("a", hostjob("meta-partition", pg.url(database, host=cluster.bridge_address),
+                                      "--max-seconds", "150"), label="a-partition", lifetime=400)
+    proc.wait_line('{"ready"', limit=60)
+    veth = cluster.host("a").veth
+    subprocess.run(["ip", "link", "set", veth, "down"], check=True, timeout=30)
+    try:
+        proc.wait_for(lambda p: any("partition" in line for line in p.json_lines()),
+                      "the host's request ends", limit=180)
+    finally:
+        subprocess.run(["ip", "link", "set", veth, "up"], check=True, timeout=30)
+    assert proc.wait(limit=200) == 0, proc.describe()
+    seen: dict[str, object] = {}
+    for line in proc.json_lines():
+        seen.update(line)
+    partition = seen["partition"]
+    assert isinstance(partition, dict) and partition["error"] == "MetaUnavailable", seen
+    assert seen.get("recovered_s") is not None, seen

@@ -121,6 +121,23 @@ def test_postgres_unknown_user_and_bad_url_parameter_are_named_at_once(pg_cluste
     one_line(info.value)
 
 
+@pytest.mark.postgres
+def test_postgres_connections_notice_a_vanished_server_host(pg_cluster):
+    """Every pooled connection has TCP keepalives and a user timeout (a
+    partitioned database host failed requests only after the kernel's ~15
+    minutes of retransmissions; the mount hung that long); the URL's own
+    values win."""
+    url = pg_cluster.new_database()
+    for suffix, idle in (("", "10"), ("?keepalives_idle=7", "7")):
+        store = open_meta(url + suffix)
+        with store._b.pool.connection() as conn:
+            params = conn.info.get_parameters()
+        store.close()
+        assert (params.get("keepalives"), params.get("keepalives_idle")) == ("1", idle), params
+        assert params.get("tcp_user_timeout") == "30000" and params.get("connect_timeout") == "5"
+    pg_cluster.drop_database(url)
+
+
 def test_format_record_round_trips(meta_url):
     store = open_meta(meta_url)
     with pytest.raises(NotFormatted):

@@ -27,6 +27,15 @@ from shinglefs.meta.pgerrors import connection_lost, pg_unavailable
 
 log = logging.getLogger(__name__)
 
+TCP_LIVENESS = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+                "keepalives_count": 3, "tcp_user_timeout": 30_000}
+"""libpq settings for every connection unless the URL sets them: a server
+whose host went away (a network partition, a dead host) is found in about
+25 s when idle (keepalives) and 30 s with a request unanswered
+(``tcp_user_timeout``, ms), and the connection fails (EIO, then a new one),
+instead of waiting for the kernel's retransmissions (~15 minutes). A server
+that is up but does not answer (stopped) is not detected by either."""
+
 PG_PREPARED_MAX = 512
 """Prepared statements kept per connection (psycopg's default, 100, is about
 the number of the engine's statements: a long-running mount would evict and
@@ -99,13 +108,13 @@ class PostgresBackend:
         )
         self._psycopg = psycopg
         try:
-            # The URL's own connect_timeout wins (and a malformed one fails
-            # here, at once: given as an argument it was overridden, and the
-            # pool then retried the bad URL for 30 s, warning each time).
+            # The URL's own parameters win (and a malformed one fails here, at
+            # once: given as an argument it was overridden, and the pool then
+            # retried the bad URL for 30 s, warning each time).
             given = psycopg.conninfo.conninfo_to_dict(url)
-            timeout: dict[str, Any] = (
-                {} if "connect_timeout" in given else {"connect_timeout": int(connect_timeout)})
-            probe = psycopg.connect(url, autocommit=True, **timeout)
+            defaults = {"connect_timeout": int(connect_timeout), **TCP_LIVENESS}
+            extra: dict[str, Any] = {k: v for k, v in defaults.items() if k not in given}
+            probe = psycopg.connect(url, autocommit=True, **extra)
             probe.close()
         except psycopg.Error as exc:
             raise pg_unavailable(url, exc) from None
@@ -114,7 +123,7 @@ class PostgresBackend:
             url,
             min_size=1,
             max_size=pool_max,
-            kwargs={"autocommit": True},
+            kwargs={"autocommit": True, **extra},
             configure=functools.partial(_configure_pg, synchronous=synchronous),
             open=True,
             timeout=30.0,
