@@ -44,6 +44,7 @@ from shinglefs.meta.records import permits
 log = logging.getLogger(__name__)
 
 MAX_SYMLINK_DEPTH = 40
+OPEN_STALE_RETRIES = 16  # opens of a name replaced meanwhile (``ShingleFS.open_raw``)
 WRITE_BUFFER = 4 * 1024 * 1024
 READ_BUFFER = 1024 * 1024
 
@@ -383,13 +384,16 @@ class ShingleFS:
         """Open with ``os.open``-style flags; returns the unbuffered raw file.
         The inode a name led to may be gone by the time it is opened (another
         client unlinked it or renamed a file over it: ESTALE): the path is
-        resolved again and opened once more, as the kernel does."""
-        try:
-            return self._open_raw_once(path, flags, perm)
-        except OSError as exc:
-            if exc.errno != errno.ESTALE:
-                raise
-        return self._open_raw_once(path, flags, perm)
+        resolved again and opened once more, up to ``OPEN_STALE_RETRIES``
+        times. (The kernel retries once; so did this, and a name replaced
+        back to back by another writer gave the reader ESTALE.)"""
+        for attempt in range(OPEN_STALE_RETRIES):
+            try:
+                return self._open_raw_once(path, flags, perm)
+            except OSError as exc:
+                if exc.errno != errno.ESTALE or attempt == OPEN_STALE_RETRIES - 1:
+                    raise
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     def _open_raw_once(self, path: str, flags: int, perm: int) -> ShingleRawFile:
         if flags & os.O_CREAT and not flags & os.O_EXCL:
