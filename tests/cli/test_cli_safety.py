@@ -461,3 +461,18 @@ def test_the_metadata_and_the_drive_images_are_their_owners_alone(work: Path) ->
     assert any(p.name == "meta.db" for p in made) and any(p.suffix == ".img" for p in made)
     for path in made:
         assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, (path, oct(path.stat().st_mode))
+
+
+def test_main_called_again_in_one_process_registers_its_commands_once() -> None:
+    """Every in-process ``main()`` added every command again; each call then
+    built all the copies (in-process CLI tests late in a session ran 10-20
+    times slower than alone, and a notebook calling it degraded the same)."""
+    import contextlib
+
+    from shinglefs.cli.main import app, main
+
+    for _ in range(3):
+        with contextlib.suppress(SystemExit):
+            main(["--version"])
+    names = [c.name or (c.callback.__name__ if c.callback else "") for c in app.registered_commands]
+    assert len(names) == len(set(names)), sorted(names)

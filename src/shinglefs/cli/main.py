@@ -33,7 +33,17 @@ COMMAND_MODULES = ["bench", "demo", "filesystem", "status", "recovery", "server"
                    "snapshot", "sim"]
 
 
+_registered: list[bool] = []
+
+
 def _register_all() -> None:
+    """Add every command module's commands to ``app``, once per process: each
+    ``main()`` call added them all again, and every call then built every
+    copy (a test session of in-process calls ran its later CLI tests 10-20
+    times slower than alone)."""
+    if _registered:
+        return
+    _registered.append(True)
     for name in COMMAND_MODULES:
         try:
             module = importlib.import_module(f"shinglefs.cli.{name}")
