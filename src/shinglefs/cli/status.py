@@ -224,9 +224,8 @@ def _statuses_within(mountpoints: list[str], timeout_s: float
                 f"the mount at {mp} does not answer within {timeout_s:g} s",
                 hint=f"its daemon may be stopped or waiting for its metadata database; "
                      f"if it died, `shinglefs umount --force {mp}`")
-    results = {mp: answers[mp] for mp in mountpoints if mp not in late and mp in answers}
-    errors = {mp: late.get(mp) or failed[mp] for mp in mountpoints
-              if mp in late or (mp in failed and mp not in answers)}
+    results = {mp: answers[mp] for mp in mountpoints if mp in answers and mp not in late}
+    errors = {mp: late.get(mp) or failed[mp] for mp in mountpoints if mp in late or mp in failed}
     return results, errors
 
 

@@ -387,13 +387,13 @@ class ShingleFS:
         resolved again and opened once more, up to ``OPEN_STALE_RETRIES``
         times. (The kernel retries once; so did this, and a name replaced
         back to back by another writer gave the reader ESTALE.)"""
-        for attempt in range(OPEN_STALE_RETRIES):
+        for _ in range(OPEN_STALE_RETRIES - 1):
             try:
                 return self._open_raw_once(path, flags, perm)
             except OSError as exc:
-                if exc.errno != errno.ESTALE or attempt == OPEN_STALE_RETRIES - 1:
+                if exc.errno != errno.ESTALE:
                     raise
-        raise AssertionError("unreachable")  # the loop returns or raises
+        return self._open_raw_once(path, flags, perm)
 
     def _open_raw_once(self, path: str, flags: int, perm: int) -> ShingleRawFile:
         if flags & os.O_CREAT and not flags & os.O_EXCL:
