@@ -242,11 +242,11 @@ class ZoneCollector:
         finally:
             slog.gc_busy.discard(zone)
 
-    def _read_chunk(self, zone: int, chunk: list[Extent]) -> list[bytearray | None] | None:
+    def _read_chunk(self, zone: int, chunk: list[Extent]) -> list[memoryview | None] | None:
         """The verified payloads of ``chunk`` (None for a slice deleted meanwhile); None when
         a live extent cannot be read: the zone is marked failed and never collected again."""
         slog = self.log
-        payloads: list[bytearray | None] = []
+        payloads: list[memoryview | None] = []
         for e in chunk:
             try:
                 payloads.append(slog.read_extent(e.slice_id, e.offset, e.length, e.dev))
@@ -260,7 +260,7 @@ class ZoneCollector:
         return payloads
 
     def _copy_chunk(self, zone: int, chunk: list[Extent],
-                    payloads: list[bytearray | None]) -> bool:
+                    payloads: list[memoryview | None]) -> bool:
         """Append the copies to the GC stream, flush, then switch the index to them
         (each switch only if the extent is still where it was read from). False when
         the log closed or no room is left for the copies."""

@@ -260,10 +260,16 @@ class LogReads(LogZones):
                 self.drive.prefetch(end, n)
         self._tls.seq_end = end
 
-    def read_extent(self, sid: int, e_off: int, e_len: int, dev: int) -> bytearray:
-        """A whole extent's payload, verified (for GC copies)."""
-        buf = bytearray(e_len)
-        self._read_extent(sid, e_off, e_len, dev, 0, e_len, memoryview(buf))
+    def read_extent(self, sid: int, e_off: int, e_len: int, dev: int) -> memoryview:
+        """A whole extent's payload, verified (for GC copies).
+
+        The buffer is page-aligned, so a drive that reads around the page
+        cache (an emulated one, docs/drives.md) does so here too: a GC pass
+        over cold zones leaves the page cache, and the hot data in it, as
+        it found it (a ``bytearray`` was read buffered: every victim's live
+        bytes went through the cache on their way to being dead)."""
+        buf = memoryview(mmap.mmap(-1, max(e_len, 1)))[:e_len]
+        self._read_extent(sid, e_off, e_len, dev, 0, e_len, buf)
         return buf
 
     def live_extents(self, z: int) -> list[Extent]:
