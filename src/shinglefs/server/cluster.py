@@ -73,6 +73,9 @@ ENOSPC, when they do not fit), each byte as often as its file's goal asks,
 on distinct servers: with unequal servers less than the free bytes over the
 goal fits (server/space.py, ``replicated_room``). ``stats`` (statfs, df)
 reports capacity and free bytes the same way, at the default goal.
+Placement weighs each drive's reported free bytes less everything sent to it
+since, the reserved pieces still in flight included (``SentBytes.headed_for``):
+the holds say how much is coming, not to which drive.
 
 Errors: a server's typed errors (``server.errors``: ``NodeFull``,
 ``SliceMissing``, ``ServerUnreachable``, ``ConnectionLost``,
@@ -265,8 +268,19 @@ class ClusterNode:
 
     # ------------------------------------------------------------------ space and placement
     def _free(self, drive_id: int) -> int:
+        """What admission counts ``drive_id`` able to take: its figure less what was
+        sent since that no hold counts (``reserve`` counts the holds itself)."""
         free = self._live.get(drive_id, (0, 0))[1]
         return free - self._sent.since(drive_id)
+
+    def _unclaimed(self, drive_id: int) -> int:
+        """What placement counts ``drive_id`` able to take: its figure less
+        everything sent to it since, reserved pieces in flight included. (With
+        ``_free``, pieces in flight under a hold were on no drive for placement:
+        a fill of small servers at goal 2 put slice after slice on the one that
+        looked freest until it refused copies the admission had counted.)"""
+        free = self._live.get(drive_id, (0, 0))[1]
+        return free - self._sent.headed_for(drive_id)
 
     def reserve(self, nbytes: int, ino: int | None = None) -> None:
         """Take room for ``nbytes`` of accepted writes, or raise ``NodeFull`` (ENOSPC)
@@ -302,8 +316,8 @@ class ClusterNode:
     def has_room(self, drive_id: int | None, nbytes: int) -> bool:
         with self._lock:
             if drive_id is not None:
-                return self._free(drive_id) >= nbytes
-            return any(self._free(d) >= nbytes for d in self._live)
+                return self._unclaimed(drive_id) >= nbytes
+            return any(self._unclaimed(d) >= nbytes for d in self._live)
 
     def goal_of(self, group: int, lookup: bool = True) -> int | None:
         """The replication goal of lifetime group ``group`` (an inode: a file, or the
@@ -351,9 +365,9 @@ class ClusterNode:
                 roomy = [d for d in self._live if self._room_for(d, size_hint)]
                 pool = ([d for d in roomy if self._tiers.get(d) == tier]
                         or [d for d in roomy if self._tiers.get(d) != tier])
-                chosen = _freest(self._free, pool) if pool else None
+                chosen = _freest(self._unclaimed, pool) if pool else None
             if chosen is None:
-                chosen = _freest(self._free, list(self._live))
+                chosen = _freest(self._unclaimed, list(self._live))
             self._affinity[group] = chosen
             drives = [chosen]
             servers = {split_drive_id(d)[0] for d in self._live}
@@ -407,7 +421,8 @@ class ClusterNode:
 
     def _room_for(self, drive: int, size_hint: int) -> bool:
         """``drive`` keeps ``min_free_fraction`` free after ``size_hint`` more bytes."""
-        return self._free(drive) - size_hint >= self._min_free_fraction * self._live[drive][0]
+        return (self._unclaimed(drive) - size_hint
+                >= self._min_free_fraction * self._live[drive][0])
 
     def _next_replica(self, drives: list[int], tier: str | None = None,
                       size_hint: int = 0) -> int | None:
@@ -423,9 +438,9 @@ class ClusterNode:
                 tiered = [d for d in pool
                           if self._tiers.get(d) == tier and self._room_for(d, size_hint)]
                 if tiered:
-                    return _freest(self._free, tiered)
+                    return _freest(self._unclaimed, tiered)
             if pool:
-                return _freest(self._free, pool)
+                return _freest(self._unclaimed, pool)
         return None
 
     def _rack(self, server_id: int) -> str | None:
