@@ -41,8 +41,10 @@ def paused_writer_loses_its_slice(fs: ShingleFS) -> int:
 
 
 def config() -> ClientConfig:
-    # No background janitor or compaction: the test plays the other client.
-    return ClientConfig(piece_size=PIECE, janitor_interval=0, compaction_scan_interval=0)
+    # No background janitor, compaction or deletion consumer: the test plays the
+    # other client (a background consumer could take the deletion it runs).
+    return ClientConfig(piece_size=PIECE, janitor_interval=0, compaction_scan_interval=0,
+                        deletion_consumer=False)
 
 
 @pytest.mark.parametrize("ending", ["close", "fsync"])

@@ -243,10 +243,11 @@ def test_status_is_not_held_by_a_mount_whose_daemon_does_not_answer(workdir: Pat
     assert stuck.process is not None
     os.kill(stuck.process.pid, signal.SIGSTOP)
     try:
-        every = cli("status", "--mount-timeout", "2", timeout=60)
+        # 5 s: the live mounts answer within it on a loaded machine too.
+        every = cli("status", "--mount-timeout", "5", timeout=60)
         assert every.returncode == 0, every.stderr
         assert str(live.mountpoint) in every.stdout
-        assert f"the mount at {stuck.mountpoint} does not answer within 2 s" in every.stderr
+        assert f"the mount at {stuck.mountpoint} does not answer within 5 s" in every.stderr
         one = cli("status", str(stuck.mountpoint), "--mount-timeout", "2", timeout=60)
         assert one.returncode != 0 and "does not answer within 2 s" in one.stderr, one.stderr
         assert "Traceback" not in one.stderr

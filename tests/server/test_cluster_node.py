@@ -359,7 +359,9 @@ def test_lost_replicas_are_copied_again_and_the_data_outlives_a_second_server(
         return all(len(r) == 2 and victim_id not in r for r in now)
 
     wait_until(restored, "every slice back to two replicas without the dead server", limit=60)
-    health = replication_health(meta, 1.5)
+    # A long window: no slice has a copy on the victim any more, and a survivor
+    # whose heartbeat is late on a loaded machine still counts.
+    health = replication_health(meta, 15.0)
     assert (health.goal, health.under_replicated, health.lost) == (2, 0, 0)
     # Every slice is now on both survivors: either can go too.
     process_of[min(set(process_of) - {victim_id})].kill()

@@ -132,13 +132,13 @@ def test_readinto_times_out_like_the_other_calls_and_leaves_the_buffer_alone(
             t0 = time.monotonic()
             reader = threading.Thread(target=read)
             reader.start()
-            reader.join(5)
+            reader.join(15)
             waited = time.monotonic() - t0
             hung = reader.is_alive()
         reader.join(30)  # today's code: the answer after SIGCONT ends the wait
         assert not hung, "readinto waited past the client's timeout"
         assert len(outcome) == 1 and isinstance(outcome[0], RequestTimeout), outcome
-        assert waited < 3
+        assert waited < 10
         assert stays_untouched(buffer)
         # the connection dropped with the timeout is opened anew by the next request
         assert remote.readinto(8, 0, buffer, drive) == len(data) and buffer == data

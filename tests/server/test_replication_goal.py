@@ -29,7 +29,12 @@ from shinglefs.server.repair import replication_health
 from shinglefs.zoned.model import ZoneCondition
 
 MiB = 1024 * 1024
-FAST_REPAIR = ("--repair-after", "1.5", "--repair-interval", "0.3")
+# Repair passes every 0.3 s, and a server counted missing only after 600 s: no
+# test here kills a server while they run, and a heartbeat late on a loaded
+# machine must not send copies of its slices elsewhere.
+REPAIR_PASSES = ("--repair-after", "600", "--repair-interval", "0.3")
+# The window a health check counts a server present in (no server is gone).
+PRESENT_S = 15.0
 NO_REPAIR = ("--repair-interval", "0")
 
 
@@ -88,7 +93,7 @@ def test_health_counts_each_slice_against_its_own_goal(
         set_goal(meta, fs, "/lowered", 1)
     finally:
         fs.close()
-    health = replication_health(meta, TIMEOUT_S)
+    health = replication_health(meta, PRESENT_S)
     assert (health.goal, health.slices, health.under_replicated, health.lost) == (2, 4, 2, 0)
     assert cli("status", meta_url, "--servers", "--json", "--server-timeout", "5") == 0
     assert json.loads(capsys.readouterr().out)["replication"]["under_replicated"] == 2
@@ -96,7 +101,7 @@ def test_health_counts_each_slice_against_its_own_goal(
 
 def test_the_servers_bring_existing_slices_up_to_a_raised_goal(
         tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
-    three_servers(meta_url, meta, tmp_path, servers, *FAST_REPAIR)
+    three_servers(meta_url, meta, tmp_path, servers, *REPAIR_PASSES)
     data = os.urandom(40 * MiB + 3)
     fs = shinglefs.connect(meta_url)
     try:
@@ -110,7 +115,7 @@ def test_the_servers_bring_existing_slices_up_to_a_raised_goal(
     wait_until(lambda: set(copies(meta, meta_url, "/precious/f.bin")) == {3},
                "every slice of /precious on three servers", limit=60)
     assert set(copies(meta, meta_url, "/plain/f.bin")) == {2}  # its goal stays the default
-    health = replication_health(meta, 1.5)
+    health = replication_health(meta, PRESENT_S)
     assert (health.slices, health.under_replicated, health.lost) == (6, 0, 0)
     fs = shinglefs.connect(meta_url)
     try:
@@ -131,7 +136,7 @@ def test_copies_that_bring_a_slice_to_its_goal_go_to_its_tier(
     for name in ("s1", "s2", "s3"):
         drives = [f"emulated:{tmp_path / name}.img:{1024 * MiB}",
                   f"conventional:{tmp_path / name}c.img:{512 * MiB}"]
-        servers.append(server := Server(meta_url, drives, free_port(), *FAST_REPAIR))
+        servers.append(server := Server(meta_url, drives, free_port(), *REPAIR_PASSES))
         server.ready()
     wait_until(lambda: live_count(meta) == 3, "three servers live")
     tier_of = {(s.id, d.drive_id): d.tier for s in meta.list_servers() for d in s.drives}
@@ -180,10 +185,10 @@ def test_an_offline_drive_gets_no_new_slice_and_is_drained_onto_other_drives(
         capsys: pytest.CaptureFixture[str]) -> None:
     two_drives = Server(meta_url, [f"emulated:{tmp_path / 'a0.img'}:{1024 * MiB}",
                                    f"emulated:{tmp_path / 'a1.img'}:{1024 * MiB}"],
-                        free_port(), *FAST_REPAIR)
+                        free_port(), *REPAIR_PASSES)
     two_drives.ready()
     servers.append(two_drives)
-    start_server(meta_url, tmp_path, "b", servers, None, *FAST_REPAIR)
+    start_server(meta_url, tmp_path, "b", servers, None, *REPAIR_PASSES)
     wait_until(lambda: live_count(meta) == 2, "two servers live")
     a = next(s for s in meta.list_servers(TIMEOUT_S) if len(s.drives) == 2)
     data = os.urandom(40 * MiB + 7)
@@ -209,7 +214,7 @@ def test_an_offline_drive_gets_no_new_slice_and_is_drained_onto_other_drives(
     wait_until(drained, "no slice left on the offline drive, two copies each", limit=60)
     after = replicas_of(meta, meta_url, "/ckpt.bin")
     assert all(Replica(str(a.id), str(1 - drive)) in rs for _, rs in after)  # a's other drive
-    health = replication_health(meta, 1.5)
+    health = replication_health(meta, PRESENT_S)
     assert (health.under_replicated, health.lost, health.draining) == (0, 0, 0)
     with RemoteNode(a.address, cluster_key(meta), timeout=30) as remote:
         # Deleted right after the record drops them: the drive ends up empty.
@@ -235,7 +240,7 @@ def test_a_client_that_read_a_slice_before_it_moved_finds_it_on_its_new_drive(
         tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
     one = Server(meta_url, [f"emulated:{tmp_path / 'a0.img'}:{1024 * MiB}",
                             f"emulated:{tmp_path / 'a1.img'}:{1024 * MiB}"],
-                 free_port(), *FAST_REPAIR)
+                 free_port(), *REPAIR_PASSES)
     one.ready()
     servers.append(one)
     wait_until(lambda: live_count(meta) == 1, "the server live")
@@ -331,7 +336,7 @@ def test_a_slice_short_of_its_goal_after_a_server_died_mid_write_is_copied_to_a_
 
 def test_a_lowered_goal_drops_the_copies_above_it(
         tmp_path: Path, meta_url: str, meta: MetaStore, servers: list[Server]) -> None:
-    three_servers(meta_url, meta, tmp_path, servers, *FAST_REPAIR)
+    three_servers(meta_url, meta, tmp_path, servers, *REPAIR_PASSES)
     data = os.urandom(40 * MiB + 1)
     fs = shinglefs.connect(meta_url)
     try:
@@ -353,7 +358,7 @@ def test_a_lowered_goal_drops_the_copies_above_it(
             with RemoteNode(by_id[replica.server].address, key, timeout=30) as remote:
                 wait_until(lambda r=remote, s=slice_id, d=int(replica.drive): gone(r, s, d),
                            "the dropped copy deleted from its drive")
-    assert replication_health(meta, 1.5).under_replicated == 0
+    assert replication_health(meta, PRESENT_S).under_replicated == 0
     fs = shinglefs.connect(meta_url)
     try:
         assert fs.read_bytes("/scratch/f.bin") == data

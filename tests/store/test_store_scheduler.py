@@ -148,7 +148,7 @@ def test_flush_returns_while_other_writers_keep_submitting(drive_factory):
             store.write(k, 0, b"a" * 5000, group=1)
             t = time.monotonic()
             store.flush()
-            assert time.monotonic() - t < 2.0
+            assert time.monotonic() - t < 10.0  # starved for ever: the bug
     finally:
         stop.set()
         thread.join()
@@ -157,11 +157,11 @@ def test_flush_returns_while_other_writers_keep_submitting(drive_factory):
 
 def test_a_cancelled_piece_future_neither_kills_the_writer_nor_loses_the_slice(drive_factory):
     drive = drive_factory(zone_size=4 * MiB, zone_count=16)
-    store = SliceStore.format(drive, linger_s=0.2, gc_background=False)
+    store = SliceStore.format(drive, linger_s=2.0, gc_background=False)
     first = store.submit(7, 0, b"a" * 4096, group=1)
     assert first.cancel()  # still queued (lingering): the caller gives up waiting
     second = store.submit(7, 4096, b"b" * 4096, group=1)
-    second.result(timeout=5)  # the writer thread survived the cancelled future
+    second.result(timeout=30)  # the writer thread survived the cancelled future
     store.flush()  # and flushes still complete
     assert first.cancelled()
     assert store.read(7, 0, 8192) == b"a" * 4096 + b"b" * 4096
@@ -176,8 +176,8 @@ def test_expedite_writes_a_lingering_piece_at_once(drive_factory):
     future = store.submit(9, 0, b"x" * 4096, group=3)
     t = time.monotonic()
     future.expedite()
-    future.result(timeout=2)
-    assert time.monotonic() - t < 1.0
+    future.result(timeout=4.5)  # below the 5 s linger, with room for a loaded machine
+    assert time.monotonic() - t < 4.5
     assert store.read(9, 0, 4096) == b"x" * 4096
     store.close()
 
