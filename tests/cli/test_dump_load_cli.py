@@ -166,9 +166,27 @@ def test_load_from_drives_takes_a_relative_sqlite_url(tmp_path: Path) -> None:
          f"sqlite3://{tmp_path}/data/meta.db"], capture_output=True, text=True, check=False)
     assert backup.returncode == 0, backup.stderr
     (tmp_path / "again").mkdir()
+    # While the drives' own database lies beside them, a second one is refused.
+    line = refused(run(tmp_path, "load", "--from-drives", "smr:data/smr0.img",
+                       "sqlite3:again/meta.db"), 2)
+    assert f"has its metadata database at {tmp_path}/data/meta.db" in line
+    assert not (tmp_path / "again" / "meta.db").exists()
+    (tmp_path / "data" / "meta.db").rename(tmp_path / "lost.db")  # lost: out of data/
     loaded = run(tmp_path, "load", "--from-drives", "smr:data/smr0.img", "sqlite3:again/meta.db")
     assert loaded.returncode == 0, loaded.stderr
     assert (tmp_path / "again" / "meta.db").exists()
+
+
+def test_a_misspelt_database_name_names_the_database_beside_it(work: Path) -> None:
+    """A typo in the file name (``meta.bd``) beside the real database is named as
+    such: the hint to rebuild a lost database from the drives would have given
+    them a second one, and files deleted through it lost their bytes under the
+    first."""
+    result = run(work, "status", "sqlite3:data/meta.bd")
+    line = refused(result, 3)
+    assert f"sqlite3://{work}/data/meta.db beside it holds a file system" in line
+    assert "did you mean" in result.stderr and "load" not in result.stderr
+    assert not (work / "data" / "meta.bd").exists()
 
 
 def test_a_damaged_dump_is_one_line_and_exit_3(work: Path) -> None:

@@ -28,7 +28,7 @@ from tests.support.pgcluster import PgCluster
 
 from shinglefs.client.filesystem import open_filesystem
 from shinglefs.client.recovery import NoMetadataBackup, load_from_drives
-from shinglefs.errors import PathError
+from shinglefs.errors import PathError, UsageError
 from shinglefs.meta import open_meta
 from shinglefs.meta.backend import backend_from_url
 from shinglefs.meta.dump import (
@@ -169,6 +169,27 @@ def test_lost_meta_db_is_rebuilt_from_the_backup_on_the_drives(tmp_path: Path) -
     assert cli("fsck", factory.meta_url) == 0
 
 
+def lose_database(data: Path) -> None:
+    """Move ``data``'s meta.db (and its WAL files) out of the drives' directory, as
+    a lost database: ``load --from-drives`` refuses drives whose database lies
+    beside them."""
+    (data / "lost").mkdir()
+    for f in data.glob("meta.db*"):
+        f.rename(data / "lost" / f.name)
+
+
+def test_a_load_beside_the_drives_own_database_is_refused(tmp_path: Path) -> None:
+    """The drives' database is beside them: a second one loaded from their backup
+    would diverge from it (files deleted through one lose their bytes under the
+    other), so the load is refused before anything is written."""
+    factory = FsFactory(tmp_path)
+    _populate(factory)
+    target = tmp_path / "restored.db"
+    with pytest.raises(UsageError, match="has its metadata database at"):
+        load_from_drives(drive_specs(tmp_path), f"sqlite3://{target}")
+    assert not target.exists()
+
+
 def test_the_newest_valid_backup_wins_and_a_damaged_one_is_skipped(tmp_path: Path) -> None:
     factory = FsFactory(tmp_path)
     _populate(factory)
@@ -183,6 +204,7 @@ def test_the_newest_valid_backup_wins_and_a_damaged_one_is_skipped(tmp_path: Pat
     with node_of(tmp_path) as node:
         area = node.store(0).slice_log.area  # type: ignore[attr-defined]
         area.write_backup(second.slot, 4096, [pattern(5, 4096)])
+    lose_database(tmp_path)
     target = f"sqlite3://{tmp_path / 'restored.db'}"  # beside the drives
     loaded = load_from_drives(drive_specs(tmp_path), target)
     assert loaded.backup.number == first.number
@@ -192,6 +214,7 @@ def test_the_newest_valid_backup_wins_and_a_damaged_one_is_skipped(tmp_path: Pat
 def test_no_backup_on_the_drives_is_one_line_and_exit_3(tmp_path: Path) -> None:
     factory = FsFactory(tmp_path)
     factory.format()
+    lose_database(tmp_path)
     with pytest.raises(NoMetadataBackup):
         load_from_drives(drive_specs(tmp_path), f"sqlite3://{tmp_path / 'x.db'}")
     assert cli("load", "--from-drives", *drive_specs(tmp_path),

@@ -103,11 +103,58 @@ def _drive_base(where: str) -> Path | None:
     return None if path is None else Path(os.path.realpath(path)).parent
 
 
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def metadata_files_in(directory: Path, *, but: Path | None = None) -> dict[Path, str]:
+    """The SQLite files in ``directory`` (not ``but``) that hold a ShingleFS file
+    system: path -> its uuid. Read only: each is opened read-only and asked for
+    its format record; a file that is not one, or cannot be read, is left out."""
+    import sqlite3
+
+    from shinglefs.meta.schema import SEL_FORMAT
+
+    found: dict[Path, str] = {}
+    try:
+        entries = sorted(directory.iterdir())
+    except OSError:
+        return found
+    for entry in entries:
+        if entry == but:
+            continue
+        try:
+            with open(entry, "rb") as f:
+                if f.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
+                    continue
+            conn = sqlite3.connect(f"{entry.resolve().as_uri()}?mode=ro", uri=True, timeout=1)
+            try:
+                row = conn.execute(SEL_FORMAT).fetchone()
+            finally:
+                conn.close()
+        except (OSError, sqlite3.Error):
+            continue
+        if row is not None:
+            found[entry] = str(row[1])
+    return found
+
+
 def require_metadata_file(meta_url: str) -> None:
     """Raise NotFormatted when ``meta_url`` names a SQLite file that does not exist
-    (opening it would create an empty database)."""
+    (opening it would create an empty database). When a metadata database of a
+    file system lies beside it, the message names that one (a typo in the name,
+    not a lost database: rebuilding from the drives would give them a second,
+    diverging database)."""
     path = sqlite_file(meta_url)
     if path is not None and path.is_absolute() and not path.exists():
+        beside = metadata_files_in(path.parent) if path.parent.is_dir() else {}
+        if beside:
+            named = " or ".join(f"sqlite3://{p}" for p in beside)
+            raise NotFormatted(
+                f"no metadata database at {path}: the file does not exist, and {named} "
+                "beside it holds a file system",
+                hint=f"did you mean {named}? (a second database for the same drives "
+                "would lose files)",
+            )
         drives = sorted(p.name for p in path.parent.glob("*.zones")) if path.parent.is_dir() \
             else []
         if drives:  # a data directory whose meta.db is gone: the drives keep a backup

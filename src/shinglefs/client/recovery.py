@@ -34,6 +34,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from shinglefs.client.config import ClientConfig
 from shinglefs.errors import ShingleError, UsageError
@@ -597,6 +598,7 @@ def load_from_drives(drive_specs: list[str], meta_url: str) -> LoadedBackup:
     """
     identities = _drive_file_systems(drive_specs)
     _refuse_mixed(identities)
+    _refuse_owned(drive_specs, meta_url, identities)
     node = _open_drives(drive_specs, meta_url, recorded=False)
     try:
         stores = [node.store(d) for d in node.drive_ids]
@@ -653,6 +655,31 @@ def _drive_file_systems(drive_specs: list[str]) -> dict[str, set[str]]:
             ident = None
         found[path] = {ident.filesystem} if ident is not None else set()
     return found
+
+
+def _refuse_owned(drive_specs: list[str], meta_url: str,
+                  identities: dict[str, set[str]]) -> None:
+    """``UsageError`` when a metadata database beside the drives holds their file
+    system: the drives have their database, and a second one loaded from their
+    backup would diverge from it (files deleted through one lose their bytes
+    under the other). Checked before anything is opened or written."""
+    from shinglefs.client.filesystem import metadata_files_in, sqlite_file
+
+    theirs = set().union(*identities.values())
+    if not theirs:
+        return
+    target = sqlite_file(meta_url)
+    target = target.resolve() if target is not None else None
+    dirs = {Path(parse_drive_spec(s).path).resolve().parent for s in drive_specs}
+    for directory in sorted(dirs):
+        for path, fs_uuid in metadata_files_in(directory).items():
+            if fs_uuid in theirs and path.resolve() != target:
+                raise UsageError(
+                    f"the drives' file system {fs_uuid} has its metadata database at {path}; "
+                    "nothing was loaded",
+                    hint=f"use sqlite3://{path} (`shinglefs status sqlite3://{path}`); load "
+                         "from the drives only when that database is lost or damaged "
+                         "(then move it out of the drives' directory first)")
 
 
 def _refuse_mixed(identities: dict[str, set[str]]) -> None:
