@@ -31,7 +31,10 @@ def one_line(exc: MetaError) -> None:
 
 @pytest.mark.parametrize(
     "url",
-    ["mysql://u@h/db", "meta.db", "sqlite3://relative/meta.db", "postgresql://u@127.0.0.1:5432/"],
+    ["mysql://u@h/db", "meta.db", "sqlite3://relative/meta.db", "postgresql://u@127.0.0.1:5432/",
+     # urllib's own ValueErrors (a traceback, exit 1, before): a port out of range
+     # or not a number, a bracketed host left open
+     "postgresql://u@127.0.0.1:99999/x", "postgresql://u@127.0.0.1:abc/x", "postgresql://u@[::1/x"],
 )
 def test_bad_urls_raise_metaurlerror_with_a_hint(url):
     with pytest.raises(MetaURLError) as info:

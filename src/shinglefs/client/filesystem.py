@@ -36,7 +36,6 @@ import time
 import uuid as _uuid
 from collections.abc import Collection
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from shinglefs.client.config import CLUSTER_FILE_BUFFER, LOCAL_FILE_BUFFER, ClientConfig
 from shinglefs.client.errors import NotAFileSystem
@@ -45,7 +44,7 @@ from shinglefs.client.vfs import VFS
 from shinglefs.errors import PathError, ShingleError, UsageError
 from shinglefs.meta import check_chunk_size, open_meta
 from shinglefs.meta.api import BLOCK_SIZE, CHUNK_SIZE, DriveRecord, FormatInfo, MetaStore
-from shinglefs.meta.backend import SQLITE_SCHEMES
+from shinglefs.meta.backend import SQLITE_SCHEMES, split_meta_url
 from shinglefs.meta.errors import AlreadyFormatted, NotFormatted
 from shinglefs.server.errors import DriveInUse
 from shinglefs.server.node import StorageNode
@@ -73,8 +72,9 @@ log = logging.getLogger(__name__)
 
 
 def sqlite_file(meta_url: str) -> Path | None:
-    """The database file of a ``sqlite3:///PATH`` URL; None for any other backend."""
-    parts = urlsplit(meta_url)
+    """The database file of a ``sqlite3:///PATH`` URL; None for any other backend.
+    ``MetaURLError`` for a URL that does not parse (``split_meta_url``)."""
+    parts = split_meta_url(meta_url)
     if parts.scheme.lower() not in SQLITE_SCHEMES or not parts.path:
         return None
     return Path(parts.path)
@@ -83,8 +83,9 @@ def sqlite_file(meta_url: str) -> Path | None:
 def absolute_meta_url(meta_url: str) -> str:
     """``meta_url`` with a relative SQLite path made absolute against the working
     directory: ``sqlite:data/meta.db`` and ``sqlite://data/meta.db`` become
-    ``sqlite:///<cwd>/data/meta.db`` (query kept). Other URLs come back unchanged."""
-    parts = urlsplit(meta_url)
+    ``sqlite:///<cwd>/data/meta.db`` (query kept). Other URLs come back unchanged;
+    ``MetaURLError`` for one that does not parse (``split_meta_url``)."""
+    parts = split_meta_url(meta_url)
     if parts.scheme.lower() not in SQLITE_SCHEMES:
         return meta_url
     if parts.netloc:

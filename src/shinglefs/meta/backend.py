@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from shinglefs.meta import schema
 from shinglefs.meta.errors import FsError, MetaUnavailable, MetaURLError, NotFormatted, TxConflict
@@ -487,11 +487,25 @@ def url_hint(text: object) -> str:
     return "use sqlite3:///abs/path/meta.db or postgresql://user@host:port/db"
 
 
+def split_meta_url(url: str) -> SplitResult:
+    """``urlsplit(url)`` with its port parsed; ``MetaURLError`` (exit 2) for a port
+    out of range or not a number, or a bracketed host left open (urllib's bare
+    ``ValueError`` reached users as a traceback)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- parsed here, where a bad one can be named
+    except ValueError as exc:
+        raise MetaURLError(f"bad metadata URL {url!r}: {exc}",
+                           hint="e.g. postgresql://user@host:5432/dbname or "
+                                "sqlite3:///abs/path/meta.db") from None
+    return parts
+
+
 def backend_from_url(url: str, **options: Any) -> Backend:
     """Parse a metadata URL and connect. Raises MetaURLError / MetaUnavailable."""
     if not isinstance(url, str) or "://" not in url:
         raise MetaURLError(f"not a metadata URL: {url!r}", hint=url_hint(url))
-    parts = urlsplit(url)
+    parts = split_meta_url(url)
     scheme = parts.scheme.lower()
     query = dict(parse_qsl(parts.query))
     if scheme in SQLITE_SCHEMES:
