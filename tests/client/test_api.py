@@ -72,6 +72,20 @@ def test_namespace_calls_and_oserror_subclasses(pyfs: ShingleFS) -> None:
     assert not pyfs.exists("/a/b/x")
 
 
+def test_xattrs_through_the_python_api(pyfs: ShingleFS) -> None:
+    pyfs.write_bytes("/x", b"1")
+    pyfs.setxattr("/x", "user.k", b"v")
+    assert pyfs.listxattr("/x") == ["user.k"] and pyfs.getxattr("/x", "user.k") == b"v"
+    with pytest.raises(OSError) as bad:  # stored, it broke listxattr through the mount
+        pyfs.setxattr("/x", "user.\x00", b"1")
+    assert bad.value.errno == errno.EINVAL
+    pyfs.removexattr("/x", "user.k")
+    assert pyfs.listxattr("/x") == []
+    with pytest.raises(OSError) as gone:
+        pyfs.removexattr("/x", "user.k")
+    assert gone.value.errno == errno.ENODATA
+
+
 def test_snapshot_through_the_python_api(pyfs: ShingleFS) -> None:
     """A copy of a checkpoint directory, taken while this process still has a
     file open: it holds what the process would read then (the open file's

@@ -609,6 +609,12 @@ class ShingleFS:
         with _as_oserror(path):
             return [n.decode() for n in self.vfs.listxattr(attr.ino, self.ctx)]
 
+    def removexattr(self, path: str, name: str) -> None:
+        """Like ``os.removexattr``: ENODATA when ``path`` has no such attribute."""
+        attr = self._resolve(path)
+        with _as_oserror(path):
+            self.vfs.removexattr(attr.ino, name.encode(), self.ctx)
+
     def walk(self, top: str = "/", topdown: bool = True) -> Iterator[tuple[str, list[str], list[str]]]:
         """Like ``os.walk`` (symlinks to directories are not followed)."""
         try:

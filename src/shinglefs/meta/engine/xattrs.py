@@ -40,13 +40,15 @@ ACL_XATTRS = (b"system.posix_acl_access", b"system.posix_acl_default")
 
 
 def check_xattr_name(name: bytes) -> None:
-    """EINVAL if not bytes, or a bare namespace prefix (``user.``, as Linux's
+    """EINVAL if not bytes, holding a NUL, or a bare namespace prefix (``user.``, as Linux's
     xattr_resolve_name); ERANGE if empty or longer than XATTR_NAME_MAX;
     EOPNOTSUPP outside the four namespaces and for the POSIX ACLs (module docstring)."""
     if not isinstance(name, NAME_TYPES):
         raise FsError(E.EINVAL, "an xattr name must be bytes")
     if not name or len(name) > XATTR_NAME_MAX:
         raise FsError(E.ERANGE, f"xattr name of {len(name)} bytes (1..{XATTR_NAME_MAX})")
+    if b"\0" in name:  # the kernel's names are C strings: listxattr could not list it
+        raise FsError(E.EINVAL, f"xattr name {bytes(name)!r} holds a NUL byte")
     if name in XATTR_NAMESPACES:
         raise FsError(E.EINVAL, f"xattr {bytes(name)!r} names a namespace, not an attribute")
     if not name.startswith(XATTR_NAMESPACES):
