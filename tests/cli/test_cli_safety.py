@@ -267,6 +267,28 @@ def test_format_names_a_missing_drive_directory_and_creates_nothing(tmp_path: Pa
     assert os.listdir(tmp_path) == []  # not d0.img, not meta.db
 
 
+@pytest.mark.parametrize("size", ["500T", "999999P"])  # EFBIG on ext4; past a C long
+def test_a_drive_its_host_cannot_hold_is_one_line_and_format_leaves_nothing(
+        tmp_path: Path, size: str) -> None:
+    """A format that fails part-way (the first drive made, the second too large)
+    undoes what it made: a traceback left a formatted d0.img, a 0-byte d1.img,
+    lock files and meta.db, and the same command then said "already exists"
+    for a file system that never was."""
+    line = refused(run(tmp_path, "format", "sqlite3:meta.db", "--drive", "smr:d0.img:2G",
+                       "--drive", f"smr:d1.img:{size}"), 2)
+    assert "cannot create" in line and "d1.img" in line
+    assert os.listdir(tmp_path) == []
+    assert run(tmp_path, "format", "sqlite3:meta.db", "--drive", "smr:d0.img:2G",
+               "--drive", "smr:d1.img:2G").returncode == 0
+
+
+def test_a_drive_whose_lock_file_cannot_be_made_is_one_line(tmp_path: Path) -> None:
+    line = refused(run(tmp_path, "format", "sqlite3:meta.db", "--drive", "smr:/proc/d.img:2G"),
+                   20)
+    assert "cannot create the lock file /proc/d.img.lock" in line
+    assert os.listdir(tmp_path) == []
+
+
 def test_format_never_overwrites_a_drive(tmp_path: Path) -> None:
     assert small_format(tmp_path, "a").returncode == 0
     before = (tmp_path / "a" / "smr0.img.zones").read_bytes()

@@ -376,6 +376,48 @@ def format_filesystem(
     specs = [_absolute(d) for d in drives]
     check_chunk_size(chunk_size, BLOCK_SIZE)  # before any drive file is created
     _check_new_drives(specs, zone_size or DEFAULT_ZONE_SIZE)
+    made = _FormatUndo(meta_url, specs)
+    try:
+        _format_drives_and_meta(meta_url, specs, name, chunk_size, zone_size, store_config,
+                                secret)
+    except BaseException:
+        made.undo()
+        raise
+
+
+class _FormatUndo:
+    """What a ``format`` about to run would leave behind if it failed part-way (a
+    drive too large for its host file system, a lock file that cannot be made):
+    the files it creates, noted by what does not exist yet. ``undo`` removes
+    those, so that running the same command again after fixing its input does
+    not meet "already exists" for a file system that never was."""
+
+    def __init__(self, meta_url: str, specs: list[DriveSpec]) -> None:
+        from shinglefs.server.node import DriveLock
+
+        candidates = []
+        for spec in specs:
+            data = _data_file(spec)
+            if not data.startswith("/dev/"):
+                candidates += [data, data + ".zones", DriveLock.lock_path_for(spec.path)]
+        db = sqlite_file(meta_url)
+        if db is not None and db.is_absolute():
+            candidates += [str(db), f"{db}-wal", f"{db}-shm", f"{db}-journal"]
+        self.new = [c for c in candidates if not os.path.lexists(c)]
+
+    def undo(self) -> None:
+        for path in self.new:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+def _format_drives_and_meta(meta_url: str, specs: list[DriveSpec], name: str, chunk_size: int,
+                            zone_size: int | None, store_config: StoreConfig | None,
+                            secret: str | None) -> None:
+    """``format_filesystem``'s work once its checks passed: the drives, then the
+    metadata that records them."""
     meta = open_meta(meta_url)
     try:
         _refuse_formatted(meta, meta_url)

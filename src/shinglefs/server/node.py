@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from shinglefs.errors import PathError
 from shinglefs.meta.api import LOCAL_SERVER, Replica
 from shinglefs.server.errors import (
     DriveInUse,
@@ -140,6 +141,11 @@ class DriveLock:
             except OSError:
                 owner = None
             raise DriveNotPermitted(self.spec, self.path, owner) from None
+        except OSError as exc:  # a directory that takes no new file (/proc, read-only)
+            raise PathError(f"cannot create the lock file {self.path} of drive {self.spec}: "
+                            f"{exc.strerror}",
+                            hint="put the drive in a directory this user can create files in"
+                            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

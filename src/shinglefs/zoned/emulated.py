@@ -166,8 +166,16 @@ class EmulatedZonedDrive(EmulatedIO):
                 ) from None
             except OSError as exc:
                 raise UsageError(f"cannot create {path}: {exc.strerror}") from None
-            os.ftruncate(fd, geometry.capacity)
-            fileio.sync_file(fd)
+            try:
+                os.ftruncate(fd, geometry.capacity)
+                fileio.sync_file(fd)
+            except (OSError, OverflowError) as exc:  # EFBIG, ENOSPC; past the C long
+                os.close(fd)
+                os.unlink(path)
+                why = exc.strerror if isinstance(exc, OSError) else "too large"
+                raise UsageError(
+                    f"cannot create {path} of {geometry.capacity} bytes: {why}",
+                    hint="give a size the file system under it can hold") from None
         try:
             table = ZoneTable.create(table_path, geometry, name)
             if is_device:
