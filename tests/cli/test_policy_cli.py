@@ -103,3 +103,25 @@ def test_drive_offline_and_online_record_the_state(
     assert "SERVER:DRIVE" in capsys.readouterr().err
     assert cli("drive", "online", meta_url, f"{sid}:0") == 0
     assert meta.drive_states() == {}
+
+
+def test_an_embedded_file_system_not_mounted_has_lost_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its drives are files on this host: ``status --servers`` counted every
+    slice lost (and the default goal 0) whenever nothing had it mounted."""
+    import os
+
+    import shinglefs
+    from shinglefs.fuse.harness import default_drives
+
+    url = f"sqlite3://{tmp_path / 'meta.db'}"
+    format_filesystem(url, default_drives(tmp_path, smr_drives=1))
+    fs = shinglefs.connect(url)
+    try:
+        fs.write_bytes("/a.bin", os.urandom(5 << 20))
+    finally:
+        fs.close()
+    assert cli("status", url, "--servers", "--json") == 0
+    health = shown(capsys)["replication"]
+    assert (health["goal"], health["slices"], health["under_replicated"], health["lost"]) \
+        == (1, 1, 0, 0)

@@ -63,6 +63,7 @@ from dataclasses import dataclass
 
 from shinglefs.errors import ShingleError
 from shinglefs.meta.api import (
+    LOCAL_SERVER,
     REPAIR_AFTER_S,
     MetaStore,
     Replica,
@@ -156,10 +157,22 @@ def _standings(meta: MetaStore, page: Sequence[SliceInfo], present: Collection[s
 
 def replication_health(meta: MetaStore, repair_after_s: float = REPAIR_AFTER_S
                        ) -> ReplicationHealth:
-    """Count stored slices against their goals (reads every slice record: a full scan)."""
+    """Count stored slices against their goals (reads every slice record: a full scan).
+
+    An embedded file system's drives (``LOCAL_SERVER`` in a replica, and its
+    own registration, ``share.EMBEDDED_LABEL``) count as present whether or
+    not a mount has them now: they are files on this host, not a server that
+    went away (every slice of an embedded file system was counted lost).
+    """
+    from shinglefs.server.share import EMBEDDED_LABEL
+
     present = {str(s.id) for s in _present(meta, repair_after_s)}
-    offline = _offline(meta)
     default = replica_goal(len(present))
+    if meta.drives():  # embedded: slices name its drives as LOCAL_SERVER's
+        own = {str(s.id) for s in meta.list_servers() if EMBEDDED_LABEL in s.labels}
+        default = replica_goal(max(1, len(present - own)))  # its drives: one host
+        present |= own | {LOCAL_SERVER}
+    offline = _offline(meta)
     slices = under = lost = draining = 0
     for page in _pages(meta):
         for _, standing in _standings(meta, page, present, offline, default):
