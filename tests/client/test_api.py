@@ -86,6 +86,22 @@ def test_xattrs_through_the_python_api(pyfs: ShingleFS) -> None:
     assert gone.value.errno == errno.ENODATA
 
 
+def test_a_mode_no_c_int_holds_is_refused_as_os_chmod_refuses_it(pyfs: ShingleFS) -> None:
+    pyfs.write_bytes("/m", b"1")
+    with pytest.raises(OverflowError):  # its low bits were set: mode 0000
+        pyfs.chmod("/m", 1 << 40)
+    assert pyfs.stat("/m").st_mode & 0o7777 == 0o644
+
+
+def test_a_call_after_close_says_the_client_is_shut_down(fs_factory: FsFactory) -> None:
+    fs_factory.format()
+    fs = connect(fs_factory.meta_url)
+    fs.close()
+    with pytest.raises(OSError) as closed:  # "Cannot send after transport endpoint shutdown"
+        fs.listdir("/")
+    assert closed.value.errno == errno.ESHUTDOWN and "shut down" in str(closed.value)
+
+
 def test_snapshot_through_the_python_api(pyfs: ShingleFS) -> None:
     """A copy of a checkpoint directory, taken while this process still has a
     file open: it holds what the process would read then (the open file's

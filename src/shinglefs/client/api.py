@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from shinglefs.client.config import ClientConfig
-from shinglefs.client.errors import TooManySymlinks
+from shinglefs.client.errors import ClientClosed, ForkedClient, TooManySymlinks
 from shinglefs.client.filesystem import open_filesystem
 from shinglefs.client.vfs import VFS, SetAttrChanges
 from shinglefs.errors import ShingleError, UsageError
@@ -55,9 +55,10 @@ def _as_oserror(path: str | None = None, path2: str | None = None) -> Iterator[N
         yield
     except ShingleError as exc:
         code = exc.errno or errno.EIO
-        err = OSError(code, os.strerror(code), path, None, path2) if path2 else OSError(
-            code, os.strerror(code), path
-        )
+        # The client's own state says what it is ("the ShingleFS client is shut
+        # down"); ESHUTDOWN's strerror spoke of a transport endpoint.
+        why = str(exc) if isinstance(exc, ClientClosed | ForkedClient) else os.strerror(code)
+        err = OSError(code, why, path, None, path2) if path2 else OSError(code, why, path)
         raise err from exc
 
 
@@ -590,6 +591,10 @@ class ShingleFS:
             self.vfs.setattr(attr.ino, SetAttrChanges(size=size), None, self.ctx)
 
     def chmod(self, path: str, mode: int) -> None:
+        """Like ``os.chmod``: the permission bits of ``mode``; ``OverflowError`` for a
+        mode no C int holds (as ``os.chmod``; its low bits were taken silently)."""
+        if not -(1 << 31) <= mode < (1 << 31):
+            raise OverflowError(f"mode {mode} does not fit a C int")
         attr = self._resolve(path)
         with _as_oserror(path):
             self.vfs.setattr(attr.ino, SetAttrChanges(mode=mode & 0o7777), None, self.ctx)
