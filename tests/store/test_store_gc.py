@@ -275,3 +275,12 @@ def test_gc_with_no_room_for_its_copies_gives_up_instead_of_warning_on_every_pas
             assert store.read(sid, 0, 300_000) == payload(sid, 300_000)
     finally:
         store.close()
+
+
+def test_more_gc_free_zones_than_the_drive_has_is_refused(drive_factory):
+    """GC would copy for ever trying to keep them free (a typo of 100000 on the
+    mount copied 37 MiB for 100 MiB written, with nothing to collect)."""
+    from shinglefs.errors import UsageError
+
+    with pytest.raises(UsageError, match="gc_free_zones 100000 is not in 0.."):
+        SliceStore.format(drive_factory(), gc_free_zones=100_000)

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from shinglefs.errors import UsageError
 from shinglefs.store.errors import StoreError, StoreFull
 from shinglefs.store.index import Extent
 from shinglefs.store.zones import GC_STREAM, ZoneRole, ZoneState
@@ -96,6 +97,13 @@ class ZoneCollector:
     def __init__(self, slice_log: SliceLog) -> None:
         self.log = slice_log
         cfg = slice_log.config
+        if cfg.gc_free_zones is not None and not 0 <= cfg.gc_free_zones <= slice_log.seq_zones:
+            # More free zones than the drive has: GC would copy for ever (a typo
+            # of 100000 copied 37 MiB for 100 MiB written, with nothing to collect).
+            raise UsageError(
+                f"gc_free_zones {cfg.gc_free_zones} is not in 0..{slice_log.seq_zones}: "
+                f"drive {slice_log.name} has {slice_log.seq_zones} sequential zones",
+                hint="leave it out (5 % of the zones, at least 3) or give a few zones")
         self.threshold = (cfg.gc_free_zones if cfg.gc_free_zones is not None
                           else max(3, slice_log.seq_zones // 20))
         self._stop = threading.Event()
