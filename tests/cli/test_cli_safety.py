@@ -350,6 +350,17 @@ def test_maintenance_commands_on_a_missing_sqlite_file_create_nothing(work: Path
     assert not any((work / n).exists() for n in ("none.db", "out.jsonl", "new.db"))
 
 
+def test_commands_that_read_an_empty_file_leave_it_empty(work: Path) -> None:
+    """status, fsck and dump of a 0-byte file refused it, having written a
+    1 KiB SQLite database into it; format may still use it."""
+    empty = work / "empty.db"
+    empty.touch()
+    for args in (("status", f"sqlite3://{empty}"), ("fsck", f"sqlite3://{empty}"),
+                 ("dump", f"sqlite3://{empty}", "out.jsonl")):
+        assert "is an empty file" in refused(run(work, *args), 3)
+    assert empty.stat().st_size == 0 and not (work / "out.jsonl").exists()
+
+
 @pytest.mark.fuse
 def test_relative_sqlite_urls_and_drive_paths_are_the_working_directory_s(work: Path) -> None:
     made = small_format(work, "data")

@@ -141,11 +141,17 @@ def metadata_files_in(directory: Path, *, but: Path | None = None) -> dict[Path,
 
 def require_metadata_file(meta_url: str) -> None:
     """Raise NotFormatted when ``meta_url`` names a SQLite file that does not exist
-    (opening it would create an empty database). When a metadata database of a
+    or is empty (opening it would create an empty database, or write one into
+    it). When a metadata database of a
     file system lies beside it, the message names that one (a typo in the name,
     not a lost database: rebuilding from the drives would give them a second,
     diverging database)."""
     path = sqlite_file(meta_url)
+    if path is not None and path.is_absolute() and path.is_file() \
+            and path.stat().st_size == 0:  # SQLite would write a database into it
+        raise NotFormatted(f"{path} is an empty file, not a metadata database",
+                           hint="check the path; `shinglefs format URL --drive ...` creates "
+                                "a file system")
     if path is not None and path.is_absolute() and not path.exists():
         beside = metadata_files_in(path.parent) if path.parent.is_dir() else {}
         if beside:
