@@ -111,3 +111,12 @@ def test_opening_a_missing_drive_names_what_is_missing(tmp_path: Path) -> None:
     with pytest.raises(DriveFormatError) as exc:
         open_drive(f"smr:{tmp_path}/nope.img")
     assert "not found" in str(exc.value) and exc.value.hint
+
+
+def test_a_field_after_the_size_is_named_not_taken_for_a_path_without_size(
+        tmp_path: Path) -> None:
+    """``smr:PATH:2G:extra`` said "needs a size" and hinted ``PATH:2G:extra:16G``."""
+    with pytest.raises(DriveSpecError, match="has 'extra' after its size 2G") as exc:
+        create_drive(f"smr:{tmp_path}/d0.img:2G:extra")
+    assert exc.value.hint == f"write KIND:PATH[:SIZE], e.g. emulated:{tmp_path}/d0.img:2G"
+    assert list(tmp_path.iterdir()) == []

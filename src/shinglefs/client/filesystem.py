@@ -54,8 +54,8 @@ from shinglefs.store.log import check_drive_size
 from shinglefs.zoned.drivespec import (
     DriveIdentityError,
     DriveSpec,
-    DriveSpecError,
     header_path,
+    missing_size,
     open_drive,
     parse_drive_spec,
     read_identity,
@@ -323,8 +323,7 @@ def _check_new_drives(specs: list[DriveSpec], zone_size: int) -> None:
                 drive.close_drive()
             continue
         if spec.size is None:
-            raise DriveSpecError(f"creating {spec.kind} drive {spec.path} needs a size",
-                                 hint=f"append one: {spec.kind}:{spec.path}:16G")
+            raise missing_size(spec)
         _check_new_drive_path(spec)
         zone_count = spec.size // zone_size
         if spec.kind == "emulated":

@@ -81,8 +81,8 @@ from shinglefs.store.log import check_drive_size
 from shinglefs.zoned.drivespec import (
     DriveIdentityError,
     DriveSpec,
-    DriveSpecError,
     header_path,
+    missing_size,
     parse_drive_spec,
     read_identity,
     write_identity,
@@ -186,8 +186,7 @@ def _check_new(spec: DriveSpec, zone_size: int) -> None:
     """What must hold before a new drive is created: a size, a writable directory,
     no file at its path, room for a slice store."""
     if spec.size is None:
-        raise DriveSpecError(f"drive {spec.path} does not exist yet; creating it needs a size",
-                             hint=f"append one: {spec.kind}:{spec.path}:16G")
+        raise missing_size(spec)
     parent = os.path.dirname(spec.path) or "."
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
         raise PathError(f"cannot create drive {spec.path}: {parent} is not a writable directory",

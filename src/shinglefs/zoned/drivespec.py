@@ -90,6 +90,23 @@ def parse_size(text: str) -> int:
     return value
 
 
+def missing_size(spec: DriveSpec) -> DriveSpecError:
+    """The error for a drive to create that names no size. A path whose
+    ``:``-separated part parses as a size had a field after its size
+    (``smr:/d/a.img:2G:extra``): said so, not "needs a size" with a hint of
+    ``...:2G:extra:16G``."""
+    parts = spec.path.split(":")
+    sized = [i for i, p in enumerate(parts[1:], 1) if _SIZE.match(p.strip())]
+    if sized:
+        cut = sized[-1]
+        return DriveSpecError(
+            f"drive spec {spec.kind}:{spec.path} has {':'.join(parts[cut + 1:])!r} after its "
+            f"size {parts[cut]}",
+            hint=f"write KIND:PATH[:SIZE], e.g. {spec.kind}:{':'.join(parts[:cut + 1])}")
+    return DriveSpecError(f"creating {spec.kind} drive {spec.path} needs a size",
+                          hint=f"append one: {spec.kind}:{spec.path}:16G")
+
+
 def parse_drive_spec(spec: str) -> DriveSpec:
     """Parse ``KIND:PATH[:SIZE]``; the last ``:`` part is a SIZE only when it parses as one."""
     if not isinstance(spec, str) or ":" not in spec:
@@ -169,10 +186,7 @@ def create_drive(
     if s.kind == "linux":
         return open_drive(s)
     if s.size is None:
-        raise DriveSpecError(
-            f"creating {s.kind} drive {s.path} needs a size",
-            hint=f"append one: {s.kind}:{s.path}:16G",
-        )
+        raise missing_size(s)
     if s.kind == "emulated":
         from shinglefs.zoned.emulated import DEFAULT_MAX_OPEN_ZONES, EmulatedZonedDrive
 
