@@ -350,6 +350,21 @@ def test_maintenance_commands_on_a_missing_sqlite_file_create_nothing(work: Path
     assert not any((work / n).exists() for n in ("none.db", "out.jsonl", "new.db"))
 
 
+def test_a_database_that_cannot_be_written_says_how_to_fix_it(work: Path) -> None:
+    """Even a reading command writes the metadata (its session, the WAL): an
+    immutable meta.db was a bare 'attempt to write a readonly database'."""
+    assert small_format(work, "data").returncode == 0
+    db = work / "data" / "meta.db"
+    if subprocess.run(["chattr", "+i", str(db)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i needs root on a file system that has it")
+    try:
+        result = run(work, "status", f"sqlite3://{db}")
+        assert "readonly database" in refused(result, 3)
+        assert "make the file and its directory writable" in result.stderr
+    finally:
+        subprocess.run(["chattr", "-i", str(db)], check=True)
+
+
 def test_commands_that_read_an_empty_file_leave_it_empty(work: Path) -> None:
     """status, fsck and dump of a 0-byte file refused it, having written a
     1 KiB SQLite database into it; format may still use it."""

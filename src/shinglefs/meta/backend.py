@@ -383,6 +383,12 @@ class SqliteBackend:
                         f"{self.where} holds no ShingleFS file system",
                         hint="format it first: `shinglefs format URL --drive KIND:PATH:SIZE`",
                     ) from None
+                if "readonly" in str(exc):  # chattr +i, a read-only mount, no write permission
+                    raise MetaUnavailable(
+                        f"{self.where}: {exc}",
+                        hint="every command writes the metadata (a client's session, the "
+                             "WAL), reading ones too: make the file and its directory "
+                             "writable for this user") from exc
                 raise MetaUnavailable(f"{self.where}: {exc}") from exc
             except sqlite3.IntegrityError as exc:
                 raise FsError(17, f"constraint violated in {self.where}: {exc}") from None
