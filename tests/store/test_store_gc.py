@@ -282,5 +282,5 @@ def test_more_gc_free_zones_than_the_drive_has_is_refused(drive_factory):
     mount copied 37 MiB for 100 MiB written, with nothing to collect)."""
     from shinglefs.errors import UsageError
 
-    with pytest.raises(UsageError, match="gc_free_zones 100000 is not in 0.."):
+    with pytest.raises(UsageError, match=r"gc_free_zones 100000 is not in 0\.\."):
         SliceStore.format(drive_factory(), gc_free_zones=100_000)
