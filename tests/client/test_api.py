@@ -93,6 +93,19 @@ def test_a_mode_no_c_int_holds_is_refused_as_os_chmod_refuses_it(pyfs: ShingleFS
     assert pyfs.stat("/m").st_mode & 0o7777 == 0o644
 
 
+def test_connect_takes_the_sqlite_urls_the_cli_takes(
+        fs_factory: FsFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative path (the working directory's) and one slash before an absolute
+    one: the CLI took both, connect() and fsspec said "not a metadata URL"."""
+    fs_factory.format()
+    db = Path(fs_factory.meta_url.removeprefix("sqlite3://"))
+    monkeypatch.chdir(db.parent.parent)
+    for url in (f"sqlite3:{db.parent.name}/{db.name}", f"sqlite3:{db}"):
+        with connect(url) as fs:
+            fs.write_bytes("/r", b"1")
+            assert fs.read_bytes("/r") == b"1"
+
+
 def test_a_call_after_close_says_the_client_is_shut_down(fs_factory: FsFactory) -> None:
     fs_factory.format()
     fs = connect(fs_factory.meta_url)

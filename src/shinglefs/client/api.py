@@ -35,7 +35,7 @@ from typing import IO, Any
 
 from shinglefs.client.config import ClientConfig
 from shinglefs.client.errors import ClientClosed, ForkedClient, TooManySymlinks
-from shinglefs.client.filesystem import open_filesystem
+from shinglefs.client.filesystem import absolute_meta_url, open_filesystem
 from shinglefs.client.vfs import VFS, SetAttrChanges
 from shinglefs.errors import ShingleError, UsageError
 from shinglefs.meta.api import ROOT_CTX, ROOT_INO, X_OK, Ctx, InodeAttr, StatFs
@@ -760,8 +760,10 @@ def connect(meta_url: str, *, config: ClientConfig | None = None, ctx: Ctx = ROO
     the drives and the metadata are released with the last one. Files written
     through any handle are committed on their close, as on the mount.
     ``config`` applies when this call opens the file system; a different one
-    for a file system already open here is a ``UsageError``.
+    for a file system already open here is a ``UsageError``. A relative SQLite
+    URL (``sqlite3:data/meta.db``) is the working directory's, as in the CLI.
     """
+    meta_url = absolute_meta_url(meta_url)
     key = _share_key(meta_url)
     with _opened_lock:
         entry = _opened.get(key)

@@ -83,7 +83,8 @@ def sqlite_file(meta_url: str) -> Path | None:
 def absolute_meta_url(meta_url: str) -> str:
     """``meta_url`` with a relative SQLite path made absolute against the working
     directory: ``sqlite:data/meta.db`` and ``sqlite://data/meta.db`` become
-    ``sqlite:///<cwd>/data/meta.db`` (query kept). Other URLs come back unchanged;
+    ``sqlite:///<cwd>/data/meta.db``, ``sqlite:/abs/meta.db`` becomes
+    ``sqlite:///abs/meta.db`` (query kept). Other URLs come back unchanged;
     ``MetaURLError`` for one that does not parse (``split_meta_url``)."""
     parts = split_meta_url(meta_url)
     if parts.scheme.lower() not in SQLITE_SCHEMES:
@@ -92,6 +93,8 @@ def absolute_meta_url(meta_url: str) -> str:
         relative = f"{parts.netloc}{parts.path}"
     elif parts.path and not parts.path.startswith("/"):
         relative = parts.path
+    elif parts.path.startswith("/") and not meta_url.startswith(f"{parts.scheme}://"):
+        relative = parts.path  # sqlite3:/abs/meta.db: one slash, an absolute path
     else:
         return meta_url
     absolute = os.path.abspath(os.path.expanduser(relative))
