@@ -125,3 +125,11 @@ def test_an_embedded_file_system_not_mounted_has_lost_nothing(
     health = shown(capsys)["replication"]
     assert (health["goal"], health["slices"], health["under_replicated"], health["lost"]) \
         == (1, 1, 0, 0)
+
+
+def test_a_relative_snapshot_name_is_named_in_the_refusal(
+        meta_url: str, meta: MetaStore, capsys: pytest.CaptureFixture[str]) -> None:
+    meta.mkdir(ROOT_INO, b"ckpt", 0o755)
+    assert cli("snapshot", meta_url, "/ckpt", "ckpt2") == 2
+    err = capsys.readouterr().err
+    assert "'ckpt2' is not an absolute path" in err and "/ckpt2" in err  # it named ''

@@ -255,6 +255,10 @@ def snapshot_command(
         src, dst, ino = _through_mount(first, second, read_only)
     else:
         src, dst = second, third
+        if not dst.startswith("/"):  # its parent was '' in the message
+            raise UsageError(f"{dst!r} is not an absolute path inside the file system",
+                             hint=f"e.g. /{dst.lstrip('./') or 'snap'} (the path as the mount "
+                                  "shows it below its root)")
         parent_path, name = _split(dst)
         with opened_meta(first) as meta:
             src_ino = _named(lambda: resolve_path(meta, src), src)
