@@ -475,7 +475,7 @@ price is ENOSPC early by what a drive stores in that long, until the next
 heartbeat. Filling 512 + 128 + 128 MiB servers at goal 2 (df: 123.5 MiB)
 stopped at 124 MiB in 6 runs of 8, 120 and 84 in the others; at 0.1 s one
 run in 31 failed the fill test, at 0.5 s it stopped at 80-124 MiB. (The fill
-test's failures, 5 runs in 20 on 2026-12-07, were placement's, not this
+test's failures, 6 runs in 20 on 2026-12-07, were placement's, not this
 skew's: ``SentBytes.headed_for``; 0 in 18 since.)"""
 
 
