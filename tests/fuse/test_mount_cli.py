@@ -92,6 +92,22 @@ def test_background_mount_status_and_umount_keep_the_data(workdir: Path) -> None
         fs2.stop()
 
 
+def test_a_mount_over_files_says_they_are_hidden(workdir: Path) -> None:
+    """FUSE mounts over a non-empty directory without a word, and a user looking
+    for the files there finds the file system instead."""
+    url = format_in(workdir)
+    mnt = workdir / "mnt"
+    (mnt / "mine.txt").write_text("still here")
+    result = cli("mount", url, str(mnt))
+    assert result.returncode == 0, result.stderr
+    try:
+        assert f"{mnt} is not empty: its 1 entry is hidden" in result.stderr
+        assert not (mnt / "mine.txt").exists()
+    finally:
+        assert cli("umount", str(mnt)).returncode == 0
+    assert (mnt / "mine.txt").read_text() == "still here"
+
+
 def test_sigterm_writes_back_dirty_mmap_pages_before_exit(workdir: Path) -> None:
     fs = MountedFileSystem(workdir / "data", workdir / "mnt")
     fs.format()

@@ -147,6 +147,20 @@ def meta_url_of(data_dir: Path) -> str:
     return f"sqlite3://{data_dir.resolve() / 'meta.db'}"
 
 
+def _note_hidden_entries(mountpoint: Path) -> None:
+    """Say on stderr when the mount point is not empty: its entries are hidden
+    while the file system is mounted over them (FUSE mounts there silently,
+    and a user looking for those files finds the file system instead)."""
+    try:
+        entries = len(os.listdir(mountpoint))
+    except OSError:  # missing, not a directory, a dead mount: the checks say which
+        return
+    if entries:
+        typer.echo(f"shinglefs: note: {mountpoint} is not empty: its {entries} "
+                   f"entr{'y is' if entries == 1 else 'ies are'} hidden while the file "
+                   "system is mounted there", err=True)
+
+
 def _prepare_data_dir(data_dir: Path) -> None:
     """Create ``data_dir`` if need be; PathError when it cannot be used."""
     if data_dir.exists() and not data_dir.is_dir():
@@ -193,6 +207,7 @@ def _mount(meta_url: str, mountpoint: Path, settings: Settings, *, foreground: b
 
     meta_url = absolute_meta_url(meta_url)
     mountpoint = absolute(mountpoint)
+    _note_hidden_entries(mountpoint)
     chosen_log = settings.mount.log_file or log_file
     log_path = absolute(Path(chosen_log)) if chosen_log is not None else None
     options = check_mount_options(list(settings.mount.options))
