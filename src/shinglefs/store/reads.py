@@ -260,17 +260,19 @@ class LogReads(LogZones):
                 self.drive.prefetch(end, n)
         self._tls.seq_end = end
 
-    def read_extent(self, sid: int, e_off: int, e_len: int, dev: int) -> memoryview:
-        """A whole extent's payload, verified (for GC copies).
+    def read_extent(self, sid: int, e_off: int, e_len: int, dev: int,
+                    into: memoryview) -> memoryview:
+        """A whole extent's payload, verified, into ``into[:e_len]`` (GC copies);
+        returns that view.
 
-        The buffer is page-aligned, so a drive that reads around the page
-        cache (an emulated one, docs/drives.md) does so here too: a GC pass
-        over cold zones leaves the page cache, and the hot data in it, as
-        it found it (a ``bytearray`` was read buffered: every victim's live
-        bytes went through the cache on their way to being dead)."""
-        buf = memoryview(mmap.mmap(-1, max(e_len, 1)))[:e_len]
-        self._read_extent(sid, e_off, e_len, dev, 0, e_len, buf)
-        return buf
+        A page-aligned ``into`` lets a drive that reads around the page cache
+        (an emulated one, docs/drives.md) do so here too: a GC pass over cold
+        zones then leaves the page cache, and the hot data in it, as it found
+        it (a ``bytearray`` was read buffered: every victim's live bytes went
+        through the cache on their way to being dead)."""
+        view = into[:e_len]
+        self._read_extent(sid, e_off, e_len, dev, 0, e_len, view)
+        return view
 
     def live_extents(self, z: int) -> list[Extent]:
         """The live extents in zone ``z``, in device order."""
