@@ -189,6 +189,15 @@ def test_a_misspelt_database_name_names_the_database_beside_it(work: Path) -> No
     assert not (work / "data" / "meta.bd").exists()
 
 
+def test_a_fifo_beside_a_missing_database_is_never_opened(tmp_path: Path) -> None:
+    """Looking beside a missing SQLite file for the database meant opens only
+    regular files: a FIFO there (as /tmp may hold) held ``status`` for good."""
+    os.mkfifo(tmp_path / "pipe")
+    result = subprocess.run([*shinglefs_command(), "status", f"sqlite3://{tmp_path}/typo.db"],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert "does not exist" in refused(result, 3)
+
+
 def test_a_damaged_dump_is_one_line_and_exit_3(work: Path) -> None:
     lines = (work / "d.jsonl").read_text().splitlines(keepends=True)
     lines[2] = "null\n"

@@ -110,10 +110,12 @@ def _drive_base(where: str) -> Path | None:
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
-def metadata_files_in(directory: Path, *, but: Path | None = None) -> dict[Path, str]:
-    """The SQLite files in ``directory`` (not ``but``) that hold a ShingleFS file
-    system: path -> its uuid. Read only: each is opened read-only and asked for
-    its format record; a file that is not one, or cannot be read, is left out."""
+def metadata_files_in(directory: Path) -> dict[Path, str]:
+    """The SQLite files in ``directory`` that hold a ShingleFS file system: path
+    -> its uuid. Read only: each regular file's first bytes are read, and a
+    SQLite one is opened read-only and asked for its format record; a file
+    that is not one, or cannot be read, is left out. (Anything else is never
+    opened: a FIFO there held the command for good.)"""
     import sqlite3
 
     from shinglefs.meta.schema import SEL_FORMAT
@@ -124,12 +126,15 @@ def metadata_files_in(directory: Path, *, but: Path | None = None) -> dict[Path,
     except OSError:
         return found
     for entry in entries:
-        if entry == but:
-            continue
         try:
-            with open(entry, "rb") as f:
-                if f.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
+            if not entry.is_file():
+                continue
+            fd = os.open(entry, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                if os.read(fd, len(SQLITE_MAGIC)) != SQLITE_MAGIC:
                     continue
+            finally:
+                os.close(fd)
             conn = sqlite3.connect(f"{entry.resolve().as_uri()}?mode=ro", uri=True, timeout=1)
             try:
                 row = conn.execute(SEL_FORMAT).fetchone()
