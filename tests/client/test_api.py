@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import io
+import os
 import subprocess
 import sys
 import textwrap
@@ -91,6 +92,27 @@ def test_a_mode_no_c_int_holds_is_refused_as_os_chmod_refuses_it(pyfs: ShingleFS
     with pytest.raises(OverflowError):  # its low bits were set: mode 0000
         pyfs.chmod("/m", 1 << 40)
     assert pyfs.stat("/m").st_mode & 0o7777 == 0o644
+
+
+def test_paths_are_taken_as_os_takes_them(pyfs: ShingleFS) -> None:
+    """The empty path names nothing (it is not the root); bytes and PathLike
+    paths work, a name that is not UTF-8 included; anything else is a TypeError."""
+    with pytest.raises(FileNotFoundError):
+        pyfs.stat("")
+    with pytest.raises(FileNotFoundError):
+        pyfs.listdir("")
+    with pytest.raises(FileNotFoundError):
+        pyfs.write_bytes("", b"x")
+    raw = b"/caf\xe9"  # Latin-1, not UTF-8: as os.listdir shows it, surrogate-escaped
+    pyfs.write_bytes(raw, b"latin")
+    assert os.fsencode(pyfs.listdir("/")[0]) == raw[1:]
+    assert pyfs.read_bytes("/" + pyfs.listdir("/")[0]) == b"latin"
+    assert pyfs.read_bytes(Path(os.fsdecode(raw))) == b"latin"
+    pyfs.symlink(os.fsdecode(raw), "/link")
+    assert pyfs.read_bytes("/link") == b"latin"
+    with pytest.raises(TypeError, match="not int"):
+        pyfs.stat(3)  # type: ignore[arg-type]
+    assert pyfs.listdir("/") == sorted(pyfs.listdir("/"))
 
 
 def test_connect_takes_the_sqlite_urls_the_cli_takes(

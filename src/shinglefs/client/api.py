@@ -63,6 +63,17 @@ def _as_oserror(path: str | None = None, path2: str | None = None) -> Iterator[N
 
 
 def _split(path: str) -> list[str]:
+    """``path``'s components ('.' and empty ones dropped). Like ``os``'s
+    functions: ``bytes`` and ``os.PathLike`` are accepted, anything else is a
+    TypeError, and the empty path names nothing (ENOENT), not the root."""
+    if not isinstance(path, str):
+        try:
+            path = os.fsdecode(os.fspath(path))
+        except TypeError:
+            raise TypeError(f"a path must be str, bytes or os.PathLike, not "
+                            f"{type(path).__name__}") from None
+    if not path:
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory (empty path)", path)
     return [p for p in path.split("/") if p not in ("", ".")]
 
 
@@ -320,14 +331,14 @@ class ShingleFS:
             name = stack.pop()
             parent = attr
             if stack or not fresh_last:
-                attr = _lookup_dir(vfs, parent, name.encode(), self.ctx)
+                attr = _lookup_dir(vfs, parent, os.fsencode(name), self.ctx)
             else:
-                attr = vfs.lookup(parent.ino, name.encode(), self.ctx)
+                attr = vfs.lookup(parent.ino, os.fsencode(name), self.ctx)
             if attr.is_symlink and (stack or follow_last):
                 depth += 1
                 if depth > MAX_SYMLINK_DEPTH:
                     raise TooManySymlinks(name)
-                target = vfs.readlink(attr.ino, self.ctx).decode()
+                target = os.fsdecode(vfs.readlink(attr.ino, self.ctx))
                 attr = _lookup_dir(vfs, None, b"/", self.ctx) if target.startswith("/") else parent
                 stack.extend(reversed(_split(target)))
         return attr
@@ -344,7 +355,7 @@ class ShingleFS:
             parent = self._walk(parts[:-1], True, fresh_last=False)
         if not parent.is_dir:
             raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
-        return parent.ino, parts[-1].encode()
+        return parent.ino, os.fsencode(parts[-1])
 
     # ------------------------------------------------------------------ files
     def open(
@@ -550,7 +561,7 @@ class ShingleFS:
         """Create ``path`` as a symlink to ``target`` (argument order of ``os.symlink``)."""
         parent, name = self._parent(path)
         with _as_oserror(path):
-            self.vfs.symlink(parent, name, target.encode(), self.ctx)
+            self.vfs.symlink(parent, name, os.fsencode(target), self.ctx)
 
     def readlink(self, path: str) -> str:
         attr = self._resolve(path, follow=False)
