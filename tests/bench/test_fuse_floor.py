@@ -244,8 +244,11 @@ def test_bench_mount_reports_the_floor_beside_every_existing_field(tmp_path: Pat
                 "loader_samples_per_s", "local_loader_samples_per_s", "loader_ratio",
                 "floor_write_mib_s", "floor_read_mib_s", "floor_small_files_per_s",
                 "write_of_floor", "read_of_floor", "small_files_of_floor",
-                "floor_write_ratio", "floor_read_ratio", "daemon_rss_peak_mib"):
+                "floor_write_ratio", "floor_read_ratio", "daemon_rss_peak_mib",
+                "vfs_small_files_per_s", "small_files_ceiling_of_floor"):
         assert result[key] > 0, key
+    vfs, floor = result["samples"]["vfs_small"][0], result["samples"]["floor_small"][0]
+    assert result["small_files_ceiling_of_floor"] == pytest.approx(vfs / (vfs + floor), rel=0.01)
     assert set(result["targets_met"]) == set(TARGETS) | set(CEILINGS) | set(OF_FLOOR_TARGETS)
     assert set(result["floor_targets_met"]) == set(TARGETS) - {"loader_ratio"}
     assert result["samples"]["floor_small"] and len(result["samples"]["floor_write"]) == 1
@@ -253,3 +256,33 @@ def test_bench_mount_reports_the_floor_beside_every_existing_field(tmp_path: Pat
         result["samples"]["write"][0] / result["samples"]["floor_write"][0], rel=0.01)
     assert mount_entry(tmp_path / "floor") is None
     assert mount_entry(tmp_path / "mnt") is None
+
+
+def test_the_library_loop_of_bench_mount_makes_files_that_read_back(tmp_path: Path) -> None:
+    """``vfs_small_files_per_s`` times real creates and closes: the files exist,
+    hold their 4 KiB, and a second round in another directory adds to them."""
+    from shinglefs.bench.mount import Plan, _formatted_library, _vfs_small_files
+    from shinglefs.client.filesystem import open_filesystem
+    from shinglefs.meta.api import ROOT_INO
+
+    url = _formatted_library(tmp_path, Plan.of(True, 1))
+    assert _vfs_small_files(url, b"small0", 25) > 0
+    assert _vfs_small_files(url, b"small1", 5) > 0
+    vfs = open_filesystem(url)
+    try:
+        for directory, count in ((b"small0", 25), (b"small1", 5)):
+            parent = vfs.lookup(ROOT_INO, directory).ino
+            dh = vfs.opendir(parent)
+            try:
+                names = sorted(e.name for e in vfs.readdir(dh))
+            finally:
+                vfs.releasedir(dh)
+            assert names == [f"f{i:06d}".encode() for i in range(count)]
+            attr = vfs.lookup(parent, names[-1])
+            fh = vfs.open(attr.ino, os.O_RDONLY)
+            try:
+                assert vfs.read(fh, 0, 8192) == b"s" * 4096
+            finally:
+                vfs.release(fh)
+    finally:
+        vfs.shutdown()

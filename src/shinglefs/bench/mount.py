@@ -17,6 +17,18 @@ Same operations, same run, medians of ``rounds`` repetitions:
   ``read_scaling_8 = read_mib_s_8 / read_mib_s_1`` (per round, median), target
   >= 1.0: more readers through one mount must never be slower than one;
 - 10,000 (quick: 2,000) files of 4 KiB created, written and closed;
+- the same small files straight on the client library, no FUSE
+  (``vfs_small_files_per_s``): a ``VFS`` opened in this process on its own
+  file system (the mount's layout, formatted once), each file the calls the
+  kernel makes of the mount for it (``lookup`` of the new name, ``create``,
+  ``write``, ``flush``, ``release``), the file system shut down after each
+  round so its threads never run beside the other measurements. From it,
+  ``small_files_ceiling_of_floor``: the ``small_files_of_floor`` the mount
+  would reach if FUSE cost it nothing beyond the floor (the floor's file and
+  the library's file, one after the other on the loop's thread:
+  ``vfs / (vfs + floor)``, per round, median). A target above it is out of
+  reach of any FUSE-side tuning: only a cheaper client library (metadata
+  engine, schema) gets there;
 - a ``torch.utils.data.DataLoader`` with 2 workers reading fixed-length
   samples (seek + read) of uint16 token shards, cold as above;
 - the daemon's memory (``daemon_rss_*``, once, after the rounds): 20,000
@@ -168,6 +180,35 @@ def _write_reader_files(directory: Path, count: int, size: int) -> list[Path]:
     return paths
 
 
+def _vfs_small_files(meta_url: str, directory: bytes, count: int) -> float:
+    """Files/s of ``_small_files``'s loop made of VFS calls in this process
+    (module docstring), on the file system of ``meta_url``; ``directory`` is
+    made in its root."""
+    from shinglefs.client.filesystem import open_filesystem
+    from shinglefs.meta.api import ROOT_INO
+    from shinglefs.meta.errors import FsError
+
+    vfs = open_filesystem(meta_url)
+    try:
+        parent = vfs.mkdir(ROOT_INO, directory, 0o755).ino
+        payload = b"s" * 4096
+        flags = os.O_CREAT | os.O_WRONLY | os.O_EXCL
+        start = time.perf_counter()
+        for i in range(count):
+            name = f"f{i:06d}".encode()
+            try:
+                vfs.lookup(parent, name)
+            except FsError:
+                pass  # the kernel's negative lookup before a create
+            fh, _attr = vfs.create(parent, name, 0o644, flags)
+            vfs.write(fh, 0, payload)
+            vfs.flush(fh)
+            vfs.release(fh)
+        return count / (time.perf_counter() - start)
+    finally:
+        vfs.shutdown()
+
+
 def _small_files(directory: Path, count: int) -> float:
     directory.mkdir()
     payload = b"s" * 4096
@@ -285,7 +326,7 @@ def _memory_pass(fs: MountedFileSystem, small: int, size: int) -> dict[str, Any]
 
 
 FIGURES = ("write", "read", "local_write", "local_read", "small", "local_small", "loader",
-           "local_loader", "floor_write", "floor_read", "floor_small",
+           "local_loader", "floor_write", "floor_read", "floor_small", "vfs_small",
            "read_1", "read_8", "local_read_1", "local_read_8", "floor_read_1", "floor_read_8")
 
 
@@ -324,8 +365,21 @@ def _formatted_mount(workdir: Path, plan: Plan) -> MountedFileSystem:
     return fs
 
 
+def _formatted_library(workdir: Path, plan: Plan) -> str:
+    """The metadata URL of a freshly formatted file system in ``workdir/vfs``,
+    laid out as ``_formatted_mount``'s, for ``_vfs_small_files``."""
+    from shinglefs.client.filesystem import format_filesystem
+
+    data = workdir / "vfs"
+    data.mkdir(parents=True, exist_ok=True)
+    url = f"sqlite3://{data / 'meta.db'}"
+    format_filesystem(url, default_drives(data, smr_drives=2, smr_bytes=max(16 * GiB, 4 * plan.size),
+                                          conventional_bytes=2 * GiB))
+    return url
+
+
 def _round(r: int, plan: Plan, fs: MountedFileSystem, measured: tuple[tuple[str, Path], ...],
-           shards: dict[str, list[str]], figures: dict[str, list[float]]) -> bool:
+           shards: dict[str, list[str]], figures: dict[str, list[float]], library: str) -> bool:
     """One round over every target, back to back; False if a cache could not be dropped."""
     cold = True
     for name, root in measured:
@@ -339,6 +393,7 @@ def _round(r: int, plan: Plan, fs: MountedFileSystem, measured: tuple[tuple[str,
         os.unlink(root / f"seq{r}")
     for name, root in measured:
         figures[name + "small"].append(_small_files(root / f"small{r}", plan.small))
+    figures["vfs_small"].append(_vfs_small_files(library, f"small{r}".encode(), plan.small))
     for name, paths in shards.items():
         if not name:
             fs.stop()
@@ -395,6 +450,10 @@ def _report(plan: Plan, figures: dict[str, list[float]], cold: bool,
         "write_of_floor": round(paired("write", "floor_write"), 3),
         "read_of_floor": round(paired("read", "floor_read"), 3),
         "small_files_of_floor": round(paired("small", "floor_small"), 3),
+        "vfs_small_files_per_s": round(med["vfs_small"], 1),
+        "small_files_ceiling_of_floor": round(statistics.median(
+            v / (v + f) for v, f in zip(figures["vfs_small"], figures["floor_small"],
+                                        strict=True)), 3),
         "floor_write_ratio": round(paired("floor_write", "local_write"), 3),
         "floor_read_ratio": round(paired("floor_read", "local_read"), 3),
         **{f"{name}read_mib_s_{n}": round(med[f"{name}read_{n}"], 1)
@@ -426,6 +485,7 @@ def run(quick: bool, workdir: Path, rounds: int | None = None, **_: Any) -> dict
     local = workdir / "local"
     local.mkdir(parents=True, exist_ok=True)
     fs = _formatted_mount(workdir, plan)
+    library = _formatted_library(workdir, plan)
     floor = FloorMount(workdir / "floor")
     figures: dict[str, list[float]] = {k: [] for k in FIGURES}
     cold = True
@@ -439,7 +499,7 @@ def run(quick: bool, workdir: Path, rounds: int | None = None, **_: Any) -> dict
         for _name, root in measured:
             _write_reader_files(root / "readers", READERS, plan.reader_bytes)
         for r in range(plan.rounds):
-            cold = _round(r, plan, fs, measured, shards, figures) and cold
+            cold = _round(r, plan, fs, measured, shards, figures, library) and cold
         memory = _memory_pass(fs, plan.memory_small, plan.memory_size)
     finally:
         try:
