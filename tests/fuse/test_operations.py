@@ -60,14 +60,19 @@ def test_entries_carry_attributes_and_the_chosen_timeouts(ops: ShingleOperations
     assert (entry.attr_timeout, entry.entry_timeout) == (ATTR_TIMEOUT, ENTRY_TIMEOUT)
     assert entry.st_size == 0 and entry.st_nlink == 1
     # Without the writeback cache the flags are the application's: O_APPEND
-    # appends whatever offset comes, and a write-only handle cannot read.
+    # appends whatever offset comes but a page boundary inside the file (a
+    # page of a shared mapping written back), and a write-only handle cannot read.
     assert call(ops.write, fi.fh, 0, b"hello") == 5
-    assert call(ops.write, fi.fh, 0, b"J") == 1
+    assert call(ops.write, fi.fh, 3, b"J") == 1
+    assert call(ops.write, fi.fh, 0, b"Y") == 1
     assert fuse_errno(ops.read, fi.fh, 0, 100) == errno.EBADF
     call(ops.flush, fi.fh)
     call(ops.release, fi.fh)
     looked_up = call(ops.lookup, pyfuse3.ROOT_INODE, b"f", Request())
     assert looked_up.st_ino == entry.st_ino and looked_up.st_size == 6
+    reader = call(ops.open, entry.st_ino, os.O_RDONLY, Request(uid=0, gid=0))
+    assert call(ops.read, reader.fh, 0, 100) == b"YelloJ"
+    call(ops.release, reader.fh)
 
 
 def test_with_the_writeback_cache_opens_are_read_write_without_append(

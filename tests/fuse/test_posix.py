@@ -243,6 +243,33 @@ def test_shared_writable_mmap_reaches_the_file(mnt: Path) -> None:
     assert data.count(b"\x00") == MiB - 10
 
 
+@pytest.mark.parametrize("size", [100, 2 * MiB + 500_000])
+def test_a_mapping_made_through_an_o_append_descriptor_writes_in_place(mnt: Path,
+                                                                        size: int) -> None:
+    """The kernel writes a shared mapping's dirty pages back through the handle
+    that mapped the file: when it was opened O_APPEND those pages still go to
+    their offsets (they were appended at the end: the change lost, the file a
+    page longer). A write(2) through that handle still appends."""
+    path = mnt / "mapped-log"
+    data = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    path.write_bytes(data)
+    expected = bytearray(data)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND)
+    try:
+        with mmap.mmap(fd, size) as m:
+            for at in (0, size // 2, size - 3):
+                m[at:at + 3] = b"MAP"
+                expected[at:at + 3] = b"MAP"
+            m.flush()
+        os.write(fd, b"tail")
+        expected += b"tail"
+    finally:
+        os.close(fd)
+    assert os.stat(path).st_size == len(expected)
+    drop_caches()
+    assert path.read_bytes() == bytes(expected)
+
+
 def test_statfs_reports_capacity_and_free_space(mnt: Path) -> None:
     st = os.statvfs(mnt)
     assert st.f_blocks > 0 and st.f_frsize > 0

@@ -525,27 +525,30 @@ class VFS:
         self.meta.sync()
 
     # ================================================================== data
-    def write(self, fh: int, offset: int, data: bytes | memoryview, *, wait: bool = True) -> int:
+    def write(self, fh: int, offset: int, data: bytes | memoryview, *, wait: bool = True,
+              from_kernel: bool = False) -> int:
         """Buffer ``data`` at ``offset`` (O_APPEND: at the end); returns the byte count.
 
         ``wait=False``: only if it completes at once, without waiting (the
         bytes fit the open slice's pending buffer: ``FileWriter.write``); else
-        raises ``Declined`` with nothing done. Other errors as with ``wait``."""
+        raises ``Declined`` with nothing done. Other errors as with ``wait``.
+        ``from_kernel``: the mount's writes, which include the pages of shared
+        mappings written back (``WritePath.write``)."""
         self._check_open()
         h = self.handles.file(fh)
         if not h.writable:
             raise NotOpenForWriting(fh)
         if not wait:
-            return self.writes.write(h, offset, data, wait=False)
+            return self.writes.write(h, offset, data, wait=False, from_kernel=from_kernel)
         try:
-            return self.writes.write(h, offset, data)
+            return self.writes.write(h, offset, data, from_kernel=from_kernel)
         except NodeFull:
             # Files deleted a moment ago hold their space until the deletion
             # queue is drained: drain it now and try once more before ENOSPC
             # (even when this pass deleted nothing: a concurrent pass it waited
             # for may have freed the space).
             self.run_deletions()
-            return self.writes.write(h, offset, data)
+            return self.writes.write(h, offset, data, from_kernel=from_kernel)
 
     def read(self, fh: int, offset: int, size: int) -> bytes:
         """Up to ``size`` bytes at ``offset`` (short only at EOF; holes read as zeros)."""

@@ -18,6 +18,7 @@ write lands on the wrong side of the new size.
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +34,9 @@ from shinglefs.server.errors import NodeFull
 from shinglefs.server.node import Declined, SliceNode
 
 __all__ = ["WritePath"]
+
+# The kernel writes a shared mapping back a page at a time, from page boundaries.
+PAGE_SIZE = mmap.PAGESIZE
 
 
 class WritePath:
@@ -126,8 +130,17 @@ class WritePath:
             writer.flush(wait=wait)
 
     def write(self, h: FileHandle, offset: int, data: bytes | memoryview, *,
-              wait: bool = True) -> int:
+              wait: bool = True, from_kernel: bool = False) -> int:
         """Buffer ``data`` at ``offset`` (O_APPEND: at the end of the file).
+
+        ``from_kernel``: the caller is the kernel (the mount), which also writes
+        the dirty pages of a shared mapping back through the handle that mapped
+        the file, O_APPEND or not. On an O_APPEND handle a write at a page
+        boundary inside the file is such a page and goes to its offset; a
+        write(2) comes at the kernel's end of the file, which is this client's
+        end of the file too unless another client appended since the kernel
+        last asked (then, at a page boundary, it lands where the kernel put it:
+        appends of several clients are not atomic anyway, docs/client.md).
 
         ``wait=False``: ``FileWriter.write(wait=False)``; always ``Declined`` for
         O_APPEND (the end of the file is a metadata question)."""
@@ -137,6 +150,8 @@ class WritePath:
                 raise Declined("O_APPEND asks the metadata for the end of the file")
             with writer.lock:
                 size = max(self.meta.getattr(h.ino).size, writer.buffered_end())
+                if from_kernel and offset % PAGE_SIZE == 0 and offset < size:
+                    return writer.write(offset, data)  # a mapped page written back
                 return writer.write(size, data)
         return writer.write(offset, data, wait=wait)
 

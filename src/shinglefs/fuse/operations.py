@@ -614,8 +614,11 @@ class ShingleOperations(pyfuse3.Operations):
         async with self._write_lock(fh):
             self._dirty[self._inode_of.get(fh, -1)] = time.time_ns()
             written: int = await self._inline_or_thread(
-                "write", self.vfs.write, fh, off, buf, fh=fh)
+                "write", self._write_from_kernel, fh, off, buf, fh=fh)
             return written
+
+    def _write_from_kernel(self, fh: int, off: int, buf: bytes, *, wait: bool = True) -> int:
+        return self.vfs.write(fh, off, buf, wait=wait, from_kernel=True)
 
     async def flush(self, fh: int) -> None:
         ino = self._inode_of.get(fh, -1)
