@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
 
+import pytest
+
 from shinglefs.fuse.harness import MountedFileSystem
 from shinglefs.fuse.mount import WRITEBACK_OPTION, fuse_options, split_options
+from shinglefs.meta.records import MAX_FILE_SIZE
 
 
 def test_our_option_is_not_passed_to_libfuse() -> None:
@@ -36,5 +40,15 @@ def test_a_mount_with_the_writeback_cache_keeps_posix_semantics(tmp_path: Path) 
         finally:
             os.close(fd)
         assert path.read_bytes()[1_000_000:1_000_003] == b"MID"
+        # The kernel takes a write past the largest file size into its cache;
+        # writing it back fails, and fsync says so (it said nothing: a byte lost).
+        fd = os.open(fs.mountpoint / "huge", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            assert os.pwrite(fd, b"xy", MAX_FILE_SIZE - 1) == 2
+            with pytest.raises(OSError):
+                os.fsync(fd)
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(fd)
         status = json.loads(os.getxattr(fs.mountpoint, "user.shinglefs.status"))
         assert status["fuse_ops"]["write"]["count"] >= 1

@@ -49,6 +49,8 @@ from shinglefs.fuse.requests import (
     parse_snapshot_request,
 )
 from shinglefs.meta.api import Ctx, InodeAttr
+from shinglefs.meta.errors import FsError
+from shinglefs.meta.records import MAX_FILE_SIZE
 
 log = logging.getLogger(__name__)
 
@@ -618,6 +620,12 @@ class ShingleOperations(pyfuse3.Operations):
             return written
 
     def _write_from_kernel(self, fh: int, off: int, buf: bytes, *, wait: bool = True) -> int:
+        if self.enable_writeback_cache and off + len(buf) > MAX_FILE_SIZE:
+            # The kernel took a write(2) past the largest file size into its
+            # cache and now writes it back: a short count would drop the rest
+            # unsaid; an error is kept by the kernel for fsync and close.
+            raise FsError(errno.EFBIG, f"write back at {off}: past the largest file size, "
+                          f"{MAX_FILE_SIZE}", ino=self._inode_of.get(fh))
         return self.vfs.write(fh, off, buf, wait=wait, from_kernel=True)
 
     async def flush(self, fh: int) -> None:
