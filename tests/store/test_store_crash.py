@@ -6,7 +6,7 @@ import errno
 import os
 
 import pytest
-from storekit import MiB, crash, payload
+from storekit import MiB, crash, payload, reopen
 
 from shinglefs.store import ChecksumMismatch, SliceNotFound, SliceStore, StoreIOError
 from shinglefs.store.checkpoint import CheckpointArea, decode_header
@@ -238,5 +238,26 @@ def test_a_slice_whose_zone_was_collected_survives_a_power_cut(drive_factory):
         assert store.read(1, 0, 300_000) == payload(1, 300_000)
         assert store.read(3, 0, 1_500_000) == payload(3, 1_500_000)
         assert not store.contains(2)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("clean", [False, True])
+def test_a_zone_finished_with_room_left_recovers_without_a_discarded_tail(store, clean):
+    """A zone sealed with less room than a record takes is finished: its write
+    pointer is the zone's end and the blocks after its last record read as
+    zeros. That is the zone's clean end, not a damaged tail: recovery reports
+    nothing discarded (it warned of one after clean unmounts)."""
+    block = 4096
+    store.write(1, 0, payload(1, MiB - 2 * block), group=1, durable=True)  # one block left
+    store.write(2, 0, payload(2, 100_000), group=1, durable=True)  # goes to the next zone
+    full = [z for z in store.stats().live_bytes_per_zone
+            if store.drive.zone_info(z).condition == ZoneCondition.FULL]
+    assert full, "the first zone was sealed and finished with a block left"
+    store = reopen(store) if clean else crash(store)
+    try:
+        assert store.recovery_report.discarded == []
+        assert store.read(1, 0, MiB - 2 * block) == payload(1, MiB - 2 * block)
+        assert store.read(2, 0, 100_000) == payload(2, 100_000)
     finally:
         store.close()

@@ -356,6 +356,8 @@ def _scan_zone(slog: SliceLog, z: int, pos: int, wp: int, found: list[Found],
         if reason is not None and slog.wp_emulated:
             _end_emulated_zone(slog, z, pos, reason, header, report)
             return
+        if reason is not None and reason.kind == TailKind.ZEROS and wp == slog.zone_start(z) + slog.zs:
+            return  # a zone finished with room left (LogZones._seal): its unwritten end
         if reason is not None:
             report.discarded.append(DiscardedTail(z, pos, wp - pos, reason.text))
             log.warning("recovery: zone %d of %s: discarding %d bytes from %d: %s",
