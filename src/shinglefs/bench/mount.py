@@ -350,17 +350,17 @@ class Plan:
         return cls(2 * GiB, 10_000, 8, 64 * MiB, rounds or 3, 20_000, 2 * GiB, 256 * MiB)
 
 
+def _drives(data: Path, plan: Plan) -> list[str]:
+    """The drives of the bench's file systems, in ``data``: two SMR drives with
+    room for the rounds' files, one conventional."""
+    data.mkdir(parents=True, exist_ok=True)
+    return default_drives(data, smr_drives=2, smr_bytes=max(16 * GiB, 4 * plan.size),
+                          conventional_bytes=2 * GiB)
+
+
 def _formatted_mount(workdir: Path, plan: Plan) -> MountedFileSystem:
     """A freshly formatted (not yet started) file system in ``workdir/fs``."""
-    data = workdir / "fs"
-    data.mkdir(parents=True, exist_ok=True)
-    fs = MountedFileSystem(
-        data,
-        workdir / "mnt",
-        drives=default_drives(
-            data, smr_drives=2, smr_bytes=max(16 * GiB, 4 * plan.size), conventional_bytes=2 * GiB
-        ),
-    )
+    fs = MountedFileSystem(workdir / "fs", workdir / "mnt", drives=_drives(workdir / "fs", plan))
     fs.format()
     return fs
 
@@ -370,11 +370,9 @@ def _formatted_library(workdir: Path, plan: Plan) -> str:
     laid out as ``_formatted_mount``'s, for ``_vfs_small_files``."""
     from shinglefs.client.filesystem import format_filesystem
 
-    data = workdir / "vfs"
-    data.mkdir(parents=True, exist_ok=True)
-    url = f"sqlite3://{data / 'meta.db'}"
-    format_filesystem(url, default_drives(data, smr_drives=2, smr_bytes=max(16 * GiB, 4 * plan.size),
-                                          conventional_bytes=2 * GiB))
+    drives = _drives(workdir / "vfs", plan)
+    url = f"sqlite3://{(workdir / 'vfs' / 'meta.db').resolve()}"
+    format_filesystem(url, drives)
     return url
 
 
