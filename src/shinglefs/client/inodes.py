@@ -377,6 +377,7 @@ class InodeTable:
         """The kernel forgot ``ino``: drop its memos unless it is open here."""
         with self._lock:
             self._no_caps.pop(ino, None)
+            self.removed_dirs.pop(ino, None)  # no descriptor or cwd is on it any more
             if ino not in self._open:
                 self._stamps.pop(ino, None)
                 self._parents.pop(ino, None)
@@ -387,7 +388,8 @@ class InodeTable:
         with self._lock:
             return {"open": len(self._open), "stamps": len(self._stamps),
                     "parents": len(self._parents), "no_caps": len(self._no_caps),
-                    "map_windows": self.maps.windows, "map_generations": self.maps.generations}
+                    "map_windows": self.maps.windows, "map_generations": self.maps.generations,
+                    "removed_dirs": len(self.removed_dirs)}
 
     # ------------------------------------------------------------------ memos
     def stamp(self, ino: int) -> Stamp | None:

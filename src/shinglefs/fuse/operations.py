@@ -407,10 +407,21 @@ class ShingleOperations(pyfuse3.Operations):
     async def forget(self, inode_list: Any) -> None:
         # Must not raise: log and carry on with the rest of the list.
         for ino, nlookup in inode_list:
+            # The kernel holds nothing of the inode now: it looks the file up
+            # again before any open, and that tells it anew.
+            self._told.pop(ino, None)
             try:
                 self.vfs.forget(ino, nlookup)
             except Exception:
                 log.exception("forget(inode=%s, nlookup=%s) failed", ino, nlookup)
+
+    def inode_entries(self) -> dict[str, int]:
+        """Entries of each table this class keeps per inode or handle: they
+        follow the inodes the kernel holds and the handles open, never the
+        files ever seen (tests/fuse/test_operations.py churns and counts)."""
+        return {"told": len(self._told), "dirty": len(self._dirty),
+                "moves": len(self._moves), "handles": len(self._inode_of),
+                "write_locks": len(self._write_locks), "lock_users": len(self._lock_users)}
 
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         # A directory's attributes the VFS remembers (the kernel asks after every
@@ -646,9 +657,11 @@ class ShingleOperations(pyfuse3.Operations):
         ino = self._inode_of.get(fh, -1)
         try:
             async with self._write_lock(fh):
-                await self._call("release", ino in self._dirty, self.vfs.release, fh, fh=fh)
-                if self._lock_users.get(ino, 0) <= 1:
-                    self._dirty.pop(ino, None)
+                try:
+                    await self._call("release", ino in self._dirty, self.vfs.release, fh, fh=fh)
+                finally:  # a release that failed leaves nothing to write either
+                    if self._lock_users.get(ino, 0) <= 1:
+                        self._dirty.pop(ino, None)
         finally:
             self._detach(fh)
 
