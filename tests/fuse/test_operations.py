@@ -6,6 +6,7 @@ formatted file system; only the kernel is missing.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -18,6 +19,7 @@ import pyfuse3
 import pytest
 from tests.fuse.opskit import GiB, Request, call, handlers
 
+from shinglefs.errors import ShingleError
 from shinglefs.fuse.operations import ATTR_TIMEOUT, ENTRY_TIMEOUT, ShingleOperations
 
 
@@ -173,3 +175,32 @@ def test_per_inode_tables_follow_the_kernels_references_not_the_files_ever_seen(
     entries = ops.inode_entries()
     assert all(count <= 1 for count in entries.values()), entries
     assert all(count <= 4 for count in ops.vfs.inodes.memo_entries().values())
+
+
+def test_a_release_that_fails_leaves_its_inode_unmarked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file written since its last flush is marked (its attributes go out
+    with a 0 s timeout, stat shows its last write's time); the release ends
+    the mark. A release that failed (EIO: the drive's image deleted under
+    it) left the mark for good: the inode's entry stayed in ``_dirty`` for
+    the daemon's life."""
+    from shinglefs.zoned.emulated_zones import EmulatedZones
+
+    monkeypatch.setattr(EmulatedZones, "IMAGE_CHECK_S", 0.0)
+    ctx = Request(uid=0, gid=0)
+    opened = handlers(tmp_path)
+    ops = opened.__enter__()
+    try:
+        fi, _entry = call(ops.create, pyfuse3.ROOT_INODE, b"f", stat.S_IFREG | 0o644,
+                          os.O_WRONLY, ctx)
+        assert call(ops.write, fi.fh, 0, b"x" * (1 << 20)) == 1 << 20
+        assert ops.inode_entries()["dirty"] == 1
+        for image in tmp_path.glob("*.img"):
+            image.unlink()
+        assert fuse_errno(ops.release, fi.fh) == errno.EIO
+        after = ops.inode_entries()
+        assert after["dirty"] == 0 and after["handles"] == 0, after
+    finally:
+        with contextlib.suppress(ShingleError):  # its shutdown fails too: the image is gone
+            opened.__exit__(None, None, None)
