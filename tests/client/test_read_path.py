@@ -131,6 +131,34 @@ def test_background_compaction_triggers_after_many_small_writes(fs_factory: FsFa
     vfs.release(fh)
 
 
+def test_a_log_fsynced_every_line_is_compacted_while_it_is_written(fs_factory: FsFactory) -> None:
+    """An O_APPEND log fsynced after every line commits a slice a line. The
+    background compaction must keep up while the writer never pauses (each
+    swap used to lose to the writer's next commit, and the chunk kept every
+    line as a reference), and must not rewrite the whole log each time."""
+    vfs = fs_factory.vfs(ClientConfig(compact_threshold=8, deletion_interval=0.05))
+    fh, ino = create(vfs, b"train.log", flags=os.O_RDWR | os.O_APPEND)
+    model = bytearray()
+    peak = 0
+    for i in range(600):
+        line = b"step %6d loss %.6f\n" % (i, 1.0 / (i + 1))
+        vfs.write(fh, len(model), line)
+        model += line
+        vfs.fsync(fh)
+        if i % 25 == 24:
+            peak = max(peak, len(vfs.meta.get_chunk(ino, 0).refs))
+    print("peak references", peak, vfs.stats())
+    assert peak <= 64
+    wait_until(lambda: len(vfs.meta.get_chunk(ino, 0).refs) <= 24, "the log compacted", limit=20.0)
+    stats = vfs.stats()
+    assert stats["compactions"] >= 600 // 8 // 2
+    # Size-tiered: a byte is rewritten about log2(600) times at most, not once per compaction.
+    assert stats["compacted_bytes"] <= 12 * len(model), stats
+    assert vfs.read(fh, 0, len(model) + 10) == bytes(model)
+    vfs.release(fh)
+    assert read_all(vfs, ino) == bytes(model)
+
+
 def test_lookup_of_missing_name_is_enoent(vfs: VFS) -> None:
     import errno
 

@@ -200,6 +200,55 @@ def test_compaction_loses_to_a_truncate(meta):
         meta.replace_chunk(f.ino, 0, chunk.version, SliceRef(meta.next_slice_id(), 0, 100))
 
 
+def test_a_compaction_of_the_references_it_read_keeps_those_committed_since_on_top(meta, check):
+    f = meta.create(ROOT_INO, b"f", 0o644)
+    olds = [write(meta, f.ino, i * 10, 10) for i in range(12)]
+    chunk = meta.get_chunk(f.ino, 0)
+    assert len(chunk.seqs) == 12 and chunk.seqs == tuple(sorted(chunk.seqs))
+    late = write(meta, f.ino, 55, 10)  # an appender's commit lands during the compaction
+    new = meta.next_slice_id()
+    out = meta.replace_chunk(f.ino, 0, chunk.version, SliceRef(new, 0, 120, 0),
+                             replaced=list(zip(chunk.seqs, chunk.refs, strict=True)))
+    assert out.refs == (SliceRef(new, 0, 120, 0), SliceRef(late, 55, 10, 0))
+    assert meta.get_chunk(f.ino, 0) == out
+    assert meta.read_map(f.ino, 0, 120) == [
+        ReadPiece(0, 55, new, 0), ReadPiece(55, 10, late, 0), ReadPiece(65, 55, new, 65)]
+    assert sorted(s.id for s in meta.pop_deletions()) == sorted(olds)
+    check()
+
+
+def test_a_compaction_of_the_newest_references_keeps_the_older_ones_under_them(meta, check):
+    f = meta.create(ROOT_INO, b"f", 0o644)
+    base = write(meta, f.ino, 0, 1000)
+    tail = [write(meta, f.ino, 1000 + i * 10, 10) for i in range(4)]
+    over = write(meta, f.ino, 990, 20)  # overlaps the base and the first appended
+    chunk = meta.get_chunk(f.ino, 0)
+    merged = list(zip(chunk.seqs, chunk.refs, strict=True))[1:]
+    new = meta.next_slice_id()
+    out = meta.replace_chunk(f.ino, 0, chunk.version, SliceRef(new, 990, 50, 0), replaced=merged)
+    assert out.refs == (SliceRef(base, 0, 1000, 0), SliceRef(new, 990, 50, 0))
+    assert meta.read_map(f.ino, 0, 1040) == [ReadPiece(0, 990, base, 0), ReadPiece(990, 50, new, 0)]
+    assert sorted(s.id for s in meta.pop_deletions()) == sorted([*tail, over])
+    check()
+
+
+def test_a_compaction_of_the_references_it_read_loses_when_one_of_them_changed(meta, check):
+    f = meta.create(ROOT_INO, b"f", 0o644)
+    for i in range(4):
+        write(meta, f.ino, i * 10, 10)
+    chunk = meta.get_chunk(f.ino, 0)
+    read = list(zip(chunk.seqs, chunk.refs, strict=True))
+    meta.truncate(f.ino, 35)  # trims the newest reference read
+    new = meta.next_slice_id()
+    with pytest.raises(ChunkChanged):
+        meta.replace_chunk(f.ino, 0, chunk.version, SliceRef(new, 0, 40), replaced=read)
+    assert [p.length for p in meta.read_map(f.ino, 0, 40)] == [10, 10, 10, 5]
+    errno_of(meta.get_slice, new)
+    assert errno_of(meta.replace_chunk, f.ino, 0, chunk.version,
+                    [SliceRef(new, 0, 5), SliceRef(new, 10, 5, 5)], replaced=read[:1]) == E.EINVAL
+    check()
+
+
 # ---- slices and the deletion queue -----------------------------------------------------
 
 

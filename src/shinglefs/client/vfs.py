@@ -698,6 +698,7 @@ class VFS:
             "drive_reads": cache.drive_reads, "drive_read_bytes": cache.drive_bytes,
             "cache_hits": cache.hits, "deleted_slices": self.jobs.deletions.deleted_slices,
             "compactions": self.jobs.compactor.compactions,
+            "compacted_bytes": self.jobs.compactor.compacted_bytes,
             # Per-inode tables that outlive handles (bounded by inodes.INODE_MEMO_ENTRIES).
             "map_windows": maps.windows, "map_generations": maps.generations,
         }

@@ -726,6 +726,7 @@ class MetaStore(ServerRegistry):
         group: int = 0,
         slice_length: int | None = None,
         registered: bool = False,
+        replaced: Sequence[tuple[int, SliceRef]] | None = None,
     ) -> ChunkMap:
         """Compaction: replace a chunk's whole overlay by ``new_piece`` (one or
         several non-overlapping references), if and only if the chunk is still
@@ -733,7 +734,16 @@ class MetaStore(ServerRegistry):
         changed). Old references are dereferenced; the new slice is referenced
         as in ``commit_slice``; ``registered`` (its writer called ``add_slice``):
         as a registered ``SliceCommit``, refused (SliceStateError, ESTALE) once
-        its record is queued for deletion or gone. Returns the new map."""
+        its record is queued for deletion or gone. Returns the new map.
+
+        With ``replaced`` (``(seq, ref)`` pairs of ``get_chunk``'s map at
+        ``old_refs_version``: a run of consecutive references ending with its
+        newest), only those are replaced, and only if each is still stored
+        unchanged with no other reference between their seqs (else
+        ChunkChanged): the new pieces take their place in the overlay, under
+        every reference committed since ``old_refs_version`` and over the older
+        ones kept, so a writer that keeps committing never makes the swap fail.
+        ``new_piece`` then holds at most ``len(replaced)`` references (EINVAL)."""
 
 
 __all__ = [

@@ -202,12 +202,15 @@ class ReadPiece:
 @dataclass(frozen=True, slots=True)
 class ChunkMap:
     """A chunk's overlay as stored: references in order (oldest first) and a version
-    that changes on every modification (for ``replace_chunk``)."""
+    that changes on every modification (for ``replace_chunk``). ``seqs[i]`` is
+    ``refs[i]``'s place in the overlay (ascending, at most ``version``; empty in
+    a map that ``replace_chunk`` returns)."""
 
     ino: int
     chunk_index: int
     version: int
     refs: tuple[SliceRef, ...]
+    seqs: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,12 +6,13 @@ drained by ``run_queued``), and, every ``compaction_scan_interval``, the
 chunks meta reports with many references from any client
 (``compact_fragmented``).
 
-The swap is optimistic: the chunk's live bytes are read through its
-overlay, written into one new slice (holes stay holes) in the file's
-lifetime group, flushed on the drive (the ordered-commit rule:
-``client.commit``), then ``replace_chunk`` at the chunk version read. If
-the chunk changed meanwhile, or writing the new slice failed (a full drive),
-the new slice is queued for deletion and nothing happened.
+The swap is optimistic: the live bytes of the references chosen
+(``_merge_from``) are read through the chunk's overlay, written into one new
+slice (holes stay holes) in the file's lifetime group, flushed on the drive
+(the ordered-commit rule: ``client.commit``), then ``replace_chunk`` swaps
+exactly those references, under any committed since. If one of them changed
+meanwhile, or writing the new slice failed (a full drive), the new slice is
+queued for deletion and nothing happened.
 The old slices are dereferenced by meta and freed by the deletion consumer.
 """
 
@@ -71,6 +72,7 @@ class Compactor:
         self._lock = threading.Lock()
         self._queue: list[tuple[int, int]] = []  # (ino, chunk_index)
         self.compactions = 0
+        self.compacted_bytes = 0  # written into new slices by the swaps that succeeded
 
     def note_commit(self, state: OpenInode, chunk_index: int) -> None:
         """A slice of ``state``'s inode was committed into ``chunk_index``: queue
@@ -118,24 +120,38 @@ class Compactor:
         return count
 
     def compact_chunk(self, ino: int, chunk_index: int, *, min_refs: int = 2) -> bool:
-        """Rewrite a fragmented chunk as one sequential slice (optimistic swap).
+        """Rewrite a fragmented chunk's references as one sequential slice
+        (optimistic swap).
+
+        Which references: the newest ones that a log-like writer left
+        (``_merge_from``: each older one kept is larger than all those after
+        it, so a byte is rewritten at most log2 times however the chunk grows),
+        or all of them when merging only those would not defragment the chunk
+        (overwrites scattered over it). References committed while the new
+        slice is written stay on top of it: a writer that keeps committing
+        (an O_APPEND log fsynced every line) does not make the swap fail.
 
         Durable when it returns True: the new slice is flushed on its drive
         and referenced in meta. Returns False when the chunk had fewer than
-        ``min_refs`` references (1: any chunk is rewritten, the tier mover's
-        use: the new slice is placed as its group's now are), held no bytes,
-        or changed meanwhile (the new slice is then deleted). Raises
-        ``FsError`` (the inode is gone) and storage errors.
+        ``min_refs`` references (1: any chunk is rewritten whole, the tier
+        mover's use: the new slice is placed as its group's now are), held no
+        bytes, or the references chosen changed meanwhile (the new slice is
+        then deleted). Raises ``FsError`` (the inode is gone) and storage
+        errors.
         """
         chunk = self.meta.get_chunk(ino, chunk_index)
         if len(chunk.refs) < max(1, min_refs):
             return False
+        first = _merge_from(chunk.refs) if min_refs > 1 else 0
+        merged = list(zip(chunk.seqs[first:], chunk.refs[first:], strict=True))
         base = chunk_index * self.chunk_size
-        end = max(r.chunk_offset + r.length for r in chunk.refs)
+        end = max(r.chunk_offset + r.length for _, r in merged)
         pieces = self.meta.read_map(ino, base, end)
-        runs = _live_runs(pieces, base)
-        if not runs:
-            return False
+        # The bytes now visible where the merged references lie: theirs, or a
+        # newer reference's, which stays on top of them after the swap.
+        runs = _intersect(_live_runs(pieces, base), _spans([r for _, r in merged]))
+        if not runs or len(runs) > len(merged):
+            return False  # the chunk was cut or emptied since it was read
         slice_id = self.meta.next_slice_id()
         group = self._group_of(ino)
         reader = DirectReader(self._read_slice)
@@ -161,7 +177,7 @@ class Compactor:
             self.node.flush(self.node.replicas_of(slice_id, drive_id))
             self.meta.replace_chunk(
                 ino, chunk_index, chunk.version, refs, group=group, slice_length=written,
-                registered=True,
+                registered=True, replaced=merged,
             )
         except BaseException as exc:
             if drive_id is not None:
@@ -172,6 +188,7 @@ class Compactor:
         self.node.forget(slice_id)
         self.inodes.maps.invalidate(ino)
         self.compactions += 1
+        self.compacted_bytes += written
         self._wake()
         return True
 
@@ -212,3 +229,43 @@ def _live_runs(pieces: list[ReadPiece], base: int) -> list[tuple[int, int]]:
         else:
             runs.append((offset, p.length))
     return runs
+
+
+def _spans(refs: list[SliceRef]) -> list[tuple[int, int]]:
+    """The union of ``refs``' chunk ranges as sorted ``(start, end)`` pairs."""
+    out: list[tuple[int, int]] = []
+    for start, end in sorted((r.chunk_offset, r.chunk_offset + r.length) for r in refs):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def _intersect(runs: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``(offset, length)`` runs cut to the sorted ``(start, end)`` spans."""
+    out: list[tuple[int, int]] = []
+    for offset, length in runs:
+        for start, end in spans:
+            lo, hi = max(offset, start), min(offset + length, end)
+            if lo < hi:
+                out.append((lo, hi - lo))
+    return out
+
+
+def _merge_from(refs: tuple[SliceRef, ...]) -> int:
+    """Index of the first reference to merge: walking from the newest, an
+    older reference joins the merge unless it is larger than all the bytes
+    already chosen (size-tiered, as an LSM tree: the references kept halve
+    in size at least, so there are O(log) of them and a byte is rewritten
+    O(log) times). 0 (merge all) when merging only the newest would leave the
+    chunk still fragmented: more than half the references it has now."""
+    total = 0
+    first = len(refs)
+    for i in range(len(refs) - 1, -1, -1):
+        if i < len(refs) - 1 and refs[i].length > total:
+            break
+        total += refs[i].length
+        first = i
+    after = first + len(_spans(list(refs[first:])))
+    return first if after <= max(2, len(refs) // 2) else 0

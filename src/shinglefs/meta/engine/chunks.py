@@ -5,8 +5,10 @@ A chunk's content is an ordered overlay of slice references (later ones win,
 slice (registering it COMMITTED); dropping one dereferences it, and a slice
 whose count reaches zero is queued for deletion (``SqlCore._deref``). Every
 change to a chunk bumps its version, which compaction (``replace_chunk``)
-compares to refuse a chunk that changed since it was read. Commits lock inode
-rows in ascending order (no deadlock between two batches).
+compares to refuse a chunk that changed since it was read; or, given the
+references it read (``replaced``), it checks that those are unchanged and
+slots the new pieces in at their seqs, under the references committed since.
+Commits lock inode rows in ascending order (no deadlock between two batches).
 
 Inline slices (``SliceCommit.inline``, ids with ``INLINE_SLICE_BIT``) keep
 their bytes in ``inline_slices``, written in the transaction that commits
@@ -350,7 +352,7 @@ class ChunkOps(SqlCore):
             row = tx.one(S.SEL_CHUNK, (ino, chunk_index))
             rows = tx.all(S.SEL_REFS, (ino, chunk_index, chunk_index))
             refs = tuple(SliceRef(r[2], r[3], r[4], r[5]) for r in rows)
-            return ChunkMap(ino, chunk_index, row[0] if row else 0, refs)
+            return ChunkMap(ino, chunk_index, row[0] if row else 0, refs, tuple(r[1] for r in rows))
 
         return self._run(txn, "read")
 
@@ -370,6 +372,7 @@ class ChunkOps(SqlCore):
         group: int = 0,
         slice_length: int | None = None,
         registered: bool = False,
+        replaced: Sequence[tuple[int, SliceRef]] | None = None,
     ) -> ChunkMap:
         self._require_formatted()
         pieces = [new_piece] if isinstance(new_piece, SliceRef) else list(new_piece)
@@ -379,6 +382,9 @@ class ChunkOps(SqlCore):
         for (_, e1), (s2, _) in itertools.pairwise(spans):
             if s2 < e1:
                 raise FsError(E.EINVAL, "replacement pieces overlap")
+        if replaced is not None:
+            return self._replace_refs(ino, chunk_index, old_refs_version, pieces, replaced,
+                                      group, slice_length, registered)
 
         def txn(tx: Tx) -> ChunkMap:
             now = now_ns()
@@ -399,6 +405,50 @@ class ChunkOps(SqlCore):
             tx.run(S.SET_CHUNK, (new_version, len(pieces), ino, chunk_index))
             self._deref(tx, Counter(r[2] for r in old), now)
             return ChunkMap(ino, chunk_index, new_version, tuple(pieces))
+
+        return self._run_refusable(txn)
+
+    def _replace_refs(self, ino: int, chunk_index: int, read_version: int,
+                      pieces: list[SliceRef], replaced: Sequence[tuple[int, SliceRef]],
+                      group: int, slice_length: int | None, registered: bool) -> ChunkMap:
+        """``replace_chunk`` with ``replaced``: the new pieces take the seqs of
+        the references they replace (the lowest ones), so they stay under every
+        reference committed since ``read_version`` and over the older ones."""
+        seqs = sorted(seq for seq, _ in replaced)
+        if not seqs or len(set(seqs)) != len(seqs) or seqs[-1] > read_version:
+            raise FsError(E.EINVAL, "replaced references are not references of the map read")
+        if len(pieces) > len(seqs):
+            raise FsError(E.EINVAL, "more replacement pieces than references replaced")
+        expected = {seq: ref for seq, ref in replaced}
+
+        def txn(tx: Tx) -> ChunkMap:
+            now = now_ns()
+            file_attr(tx, ino)
+            row = tx.one(S.SEL_CHUNK, (ino, chunk_index))
+            version = row[0] if row else 0
+            if version < read_version:  # the chunk was emptied and written again
+                raise ChunkChanged(ino, chunk_index, read_version, version)
+            current = tx.all(S.SEL_REFS, (ino, chunk_index, chunk_index))
+            between = {r[1]: SliceRef(r[2], r[3], r[4], r[5]) for r in current
+                       if seqs[0] <= r[1] <= seqs[-1]}
+            if between != expected:
+                raise ChunkChanged(ino, chunk_index, read_version, version)
+            for seq in seqs:
+                tx.run(S.DEL_REF, (ino, chunk_index, seq))
+            for seq, p in zip(seqs, pieces, strict=False):
+                tx.run(S.INS_REF, (ino, chunk_index, seq, p.slice_id, p.chunk_offset,
+                                   p.length, p.slice_offset))
+                self._ref_slice(tx, p, group, slice_length, registered)
+            new_version = version + 1
+            tx.run(S.SET_CHUNK, (new_version, len(current) - len(seqs) + len(pieces),
+                                 ino, chunk_index))
+            self._deref(tx, Counter(ref.slice_id for ref in expected.values()), now)
+            kept = [(r[1], SliceRef(r[2], r[3], r[4], r[5])) for r in current
+                    if r[1] not in expected]
+            kept += zip(seqs, pieces, strict=False)
+            kept.sort(key=lambda sr: sr[0])
+            return ChunkMap(ino, chunk_index, new_version, tuple(r for _, r in kept),
+                            tuple(seq for seq, _ in kept))
 
         return self._run_refusable(txn)
 
