@@ -500,12 +500,20 @@ def _dir_nlink(tx: Tx, ctx: CheckContext) -> list[Finding]:
 
 
 def _chunk_nrefs(tx: Tx, ctx: CheckContext) -> list[Finding]:
+    """A chunk row's reference count and version against its references: the
+    version must be at least every reference's seq, or the next commit would
+    take a seq under (or equal to) references older than it."""
     rows = tx.all(
-        "SELECT c.ino, c.chunk_index, c.nrefs, (SELECT COUNT(*) FROM chunk_refs r "
-        "WHERE r.ino = c.ino AND r.chunk_index = c.chunk_index) FROM chunks c"
+        "SELECT c.ino, c.chunk_index, c.nrefs, COUNT(r.seq), c.version, MAX(r.seq) "
+        "FROM chunks c LEFT JOIN chunk_refs r "
+        "ON r.ino = c.ino AND r.chunk_index = c.chunk_index "
+        "GROUP BY c.ino, c.chunk_index, c.nrefs, c.version"
     )
     out = [Finding(f"chunk {r[1]} of {r[0]} says {r[2]} refs, holds {r[3]}", ("nrefs", *r[:2]))
            for r in rows if r[2] != r[3]]
+    out += [Finding(f"chunk {r[1]} of {r[0]} is at version {r[4]}, under its reference "
+                    f"seq {r[5]}", ("nrefs", *r[:2]))
+            for r in rows if r[2] == r[3] and r[5] is not None and r[5] > r[4]]
     rows = tx.all(
         "SELECT DISTINCT r.ino, r.chunk_index FROM chunk_refs r LEFT JOIN chunks c "
         "ON c.ino = r.ino AND c.chunk_index = r.chunk_index WHERE c.ino IS NULL"
@@ -516,18 +524,22 @@ def _chunk_nrefs(tx: Tx, ctx: CheckContext) -> list[Finding]:
 
 
 def _fix_chunks(ctx: CheckContext, found: list[Finding]) -> None:
-    count = ("SELECT COUNT(*) FROM chunk_refs WHERE ino = ? AND chunk_index = ?")
+    """Recount; the version goes past every reference's seq (a recreated row
+    too), so that later commits land on top."""
+    refs = ("SELECT COUNT(*), COALESCE(MAX(seq), 0) FROM chunk_refs "
+            "WHERE ino = ? AND chunk_index = ?")
 
     def txn(tx: Tx) -> None:
         for f in found:
             ino, ci = f.key[1:]
-            n = tx.one(count, (ino, ci))[0]
+            n, top = tx.one(refs, (ino, ci))
             if f.key[0] == "row":
-                tx.run("INSERT INTO chunks (ino, chunk_index, version, nrefs) VALUES (?, ?, 1, ?)",
-                       (ino, ci, n))
+                tx.run("INSERT INTO chunks (ino, chunk_index, version, nrefs) VALUES (?, ?, ?, ?)",
+                       (ino, ci, top + 1, n))
             else:
-                tx.run("UPDATE chunks SET nrefs = ?, version = version + 1 "
-                       "WHERE ino = ? AND chunk_index = ?", (n, ino, ci))
+                version = tx.one(S.SEL_CHUNK, (ino, ci))[0]
+                tx.run("UPDATE chunks SET nrefs = ?, version = ? "
+                       "WHERE ino = ? AND chunk_index = ?", (n, max(version, top) + 1, ino, ci))
 
     ctx.run(txn)
 
