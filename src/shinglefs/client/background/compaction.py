@@ -115,8 +115,12 @@ class Compactor:
         count = 0
         threshold = min_refs or self.config.compact_threshold
         for info in self.meta.compaction_candidates(threshold, limit):
-            if self.compact_chunk(info.ino, info.chunk_index):
-                count += 1
+            try:
+                if self.compact_chunk(info.ino, info.chunk_index):
+                    count += 1
+            except FsError as exc:  # this chunk only (its inode went away): the scan goes on
+                log.info("compaction of inode %d chunk %d skipped: %s", info.ino,
+                         info.chunk_index, exc)
         return count
 
     def compact_chunk(self, ino: int, chunk_index: int, *, min_refs: int = 2) -> bool:
@@ -134,15 +138,17 @@ class Compactor:
         Durable when it returns True: the new slice is flushed on its drive
         and referenced in meta. Returns False when the chunk had fewer than
         ``min_refs`` references (1: any chunk is rewritten whole, the tier
-        mover's use: the new slice is placed as its group's now are), held no
-        bytes, or the references chosen changed meanwhile (the new slice is
-        then deleted). Raises ``FsError`` (the inode is gone) and storage
-        errors.
+        mover's use: the new slice is placed as its group's now are, and the
+        swap is refused if anything was committed into the chunk meanwhile,
+        so a moved chunk has no reference left behind), held no bytes, or the
+        references chosen changed meanwhile (the new slice is then deleted).
+        Raises ``FsError`` (the inode is gone) and storage errors.
         """
         chunk = self.meta.get_chunk(ino, chunk_index)
         if len(chunk.refs) < max(1, min_refs):
             return False
-        first = _merge_from(chunk.refs) if min_refs > 1 else 0
+        whole = min_refs <= 1  # the tier mover: the chunk as read, or nothing
+        first = 0 if whole else _merge_from(chunk.refs)
         merged = list(zip(chunk.seqs[first:], chunk.refs[first:], strict=True))
         base = chunk_index * self.chunk_size
         end = max(r.chunk_offset + r.length for _, r in merged)
@@ -177,7 +183,7 @@ class Compactor:
             self.node.flush(self.node.replicas_of(slice_id, drive_id))
             self.meta.replace_chunk(
                 ino, chunk_index, chunk.version, refs, group=group, slice_length=written,
-                registered=True, replaced=merged,
+                registered=True, replaced=None if whole else merged,
             )
         except BaseException as exc:
             if drive_id is not None:
@@ -254,12 +260,15 @@ def _intersect(runs: list[tuple[int, int]], spans: list[tuple[int, int]]) -> lis
 
 
 def _merge_from(refs: tuple[SliceRef, ...]) -> int:
-    """Index of the first reference to merge: walking from the newest, an
+    """Index of the first reference to merge. Walking from the newest, an
     older reference joins the merge unless it is larger than all the bytes
-    already chosen (size-tiered, as an LSM tree: the references kept halve
-    in size at least, so there are O(log) of them and a byte is rewritten
-    O(log) times). 0 (merge all) when merging only the newest would leave the
-    chunk still fragmented: more than half the references it has now."""
+    already chosen. The newest ones alone are merged when they are two or
+    more, become at most half as many runs (appends, not scattered
+    overwrites), and the references kept are size tiers themselves (each
+    larger than everything after it, as in a size-tiered LSM tree: at most
+    log2(chunk / smallest) of them, and a byte is rewritten O(log) times
+    however long a log grows). Otherwise 0: the whole chunk is merged,
+    which also frees older references hidden under newer ones."""
     total = 0
     first = len(refs)
     for i in range(len(refs) - 1, -1, -1):
@@ -267,5 +276,11 @@ def _merge_from(refs: tuple[SliceRef, ...]) -> int:
             break
         total += refs[i].length
         first = i
-    after = first + len(_spans(list(refs[first:])))
-    return first if after <= max(2, len(refs) // 2) else 0
+    merged = len(refs) - first
+    if merged < 2 or len(_spans(list(refs[first:]))) > merged // 2:
+        return 0
+    for i in range(first - 1, -1, -1):
+        if refs[i].length <= total:
+            return 0  # a kept reference is not a tier: scattered or hidden bytes
+        total += refs[i].length
+    return first
