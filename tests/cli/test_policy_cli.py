@@ -133,3 +133,20 @@ def test_a_relative_snapshot_name_is_named_in_the_refusal(
     assert cli("snapshot", meta_url, "/ckpt", "ckpt2") == 2
     err = capsys.readouterr().err
     assert "'ckpt2' is not an absolute path" in err and "/ckpt2" in err  # it named ''
+
+
+def test_snapshot_paths_are_walked_name_by_name_not_lexically(
+        meta_url: str, meta: MetaStore, capsys: pytest.CaptureFixture[str]) -> None:
+    """``/c2/../c3`` needs a directory ``/c2``, as the kernel's path walk does;
+    ``..`` of a walked directory goes back up, and a file is not a directory."""
+    ckpt = meta.mkdir(ROOT_INO, b"ckpt", 0o755).ino
+    meta.create(ckpt, b"weights", 0o644)
+    assert cli("snapshot", meta_url, "/ckpt", "/c2/../c3") != 0
+    assert "c2" in capsys.readouterr().err
+    assert cli("snapshot", meta_url, "/ckpt/weights/..", "/ckpt/../c4") != 0
+    assert "not a directory" in capsys.readouterr().err
+    assert [e.name for e in meta.readdir(ROOT_INO)] == [b"ckpt"]
+    assert cli("snapshot", meta_url, "/ckpt/./..//ckpt", "/ckpt/../c5") == 0
+    assert sorted(e.name for e in meta.readdir(ROOT_INO)) == [b"c5", b"ckpt"]
+    c5 = meta.lookup(ROOT_INO, b"c5").ino
+    assert [e.name for e in meta.readdir(c5)] == [b"weights"]

@@ -23,7 +23,6 @@ import contextlib
 import errno
 import json
 import os
-import posixpath
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
@@ -58,26 +57,38 @@ def opened_meta(meta_url: str) -> Iterator[MetaStore]:
 
 
 def resolve_path(meta: MetaStore, path: str) -> int:
-    """The inode of absolute ``path`` (ENOENT, ENOTDIR naming the path)."""
+    """The inode of absolute ``path`` (ENOENT, ENOTDIR naming the path).
+
+    Resolved name by name as the kernel does, not lexically: ``/c2/../c3``
+    needs a directory ``/c2``, and ``..`` goes back up the names walked (no
+    name is a symlink followed: a symlink is not a directory here)."""
     from shinglefs.meta.api import ROOT_INO
     from shinglefs.meta.errors import FsError
 
     if not path.startswith("/"):
         raise UsageError(f"{path!r} is not an absolute path inside the file system",
                          hint="e.g. /ckpt (the path as the mount shows it below its root)")
-    ino = ROOT_INO
-    walked = ""
-    for name in (p for p in posixpath.normpath(path).split("/") if p):
+    walked: list[tuple[str, int, bool]] = []  # (name, inode, is a directory)
+    for name in (p for p in path.split("/") if p):
+        here = "/" + "/".join(n for n, _, _ in walked)
+        if walked and not walked[-1][2]:
+            raise FsError(errno.ENOTDIR, f"{path}: {here} is not a directory")
+        if name == ".":
+            continue
+        if name == "..":
+            if walked:
+                walked.pop()
+            continue
         try:
-            ino = meta.lookup(ino, os.fsencode(name)).ino
+            attr = meta.lookup(walked[-1][1] if walked else ROOT_INO, os.fsencode(name))
         except FsError as exc:
             if exc.errno == errno.ENOENT:
-                raise FsError(errno.ENOENT, f"{path}: no {name!r} in {walked or '/'}") from None
-            if exc.errno == errno.ENOTDIR:
-                raise FsError(errno.ENOTDIR, f"{path}: {walked} is not a directory") from None
+                raise FsError(errno.ENOENT, f"{path}: no {name!r} in {here}") from None
             raise
-        walked += "/" + name
-    return ino
+        walked.append((name, attr.ino, attr.is_dir))
+    if walked and not walked[-1][2] and path.rstrip("/") != path:
+        raise FsError(errno.ENOTDIR, f"{path}: not a directory")
+    return walked[-1][1] if walked else ROOT_INO
 
 
 def _goal(text: str | None) -> int | str | None:

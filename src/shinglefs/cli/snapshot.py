@@ -43,8 +43,9 @@ USAGE = ("shinglefs snapshot ./mnt/corpus ./mnt/corpus@v1 (paths on a mount), or
 
 
 def _split(path: str) -> tuple[str, str]:
-    """(parent path, last name) of absolute ``path``; UsageError for the root."""
-    parent, name = posixpath.split(posixpath.normpath(path))
+    """(parent path, last name) of absolute ``path``; UsageError for the root.
+    The parent is kept as written (``resolve_path`` walks its ``..``)."""
+    parent, name = posixpath.split(path.rstrip("/") or "/")
     if not name or name in (".", ".."):
         raise UsageError(f"{path!r} names no new entry", hint="e.g. /corpus@v1")
     return parent, name
