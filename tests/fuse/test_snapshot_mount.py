@@ -146,6 +146,9 @@ def test_refusals_are_one_line_and_change_nothing(fs: MountedFileSystem, tmp_pat
         ([str(fs.mountpoint / "d"), str(fs.mountpoint / "d" / "in")], 1, "into itself"),
         ([str(fs.mountpoint / "nope"), str(fs.mountpoint / "x")], 1, "/nope does not exist"),
         ([str(fs.mountpoint / "d"), str(fs.mountpoint / "x" / "y")], 1, "/x does not exist"),
+        # walked as the kernel walks it, not lexically: x does not exist
+        ([str(fs.mountpoint / "d"), f"{fs.mountpoint}/x/../c3"], 1, "x/../c3 does not exist"),
+        ([str(fs.mountpoint / "d"), f"{fs.mountpoint}/d/f/../c3"], 1, "is not a directory"),
         ([str(fs.mountpoint / "d"), str(tmp_path / "x")], 2, "nor on a ShingleFS mount"),
         ([str(tmp_path), str(fs.mountpoint / "x")], 2, "nor on a ShingleFS mount"),
         ([fs.meta_url, "d", "/x"], 2, "absolute path"),

@@ -129,10 +129,17 @@ def _through_mount(first: str, second: str, read_only: bool) -> tuple[str, str, 
         raise UsageError(f"{first!r} and {second!r} are not on the same file system",
                          hint="a snapshot stays in its file system; copy across with cp")
     _split(dst)
-    here, name = os.path.split(os.path.abspath(second))
+    # As written, not normalized: the kernel walks its '..' (c2/../c3 needs c2).
+    here, name = os.path.split(os.path.join(os.getcwd(), second).rstrip("/") or "/")
     if not os.path.isdir(here):  # the request goes to the copy's directory: it must be one
-        code = errno.ENOTDIR if os.path.lexists(here) else errno.ENOENT
-        raise FsError(code, f"{posixpath.dirname(dst)} " + (
+        try:
+            os.stat(here)
+            code = errno.ENOTDIR
+        except OSError as exc:
+            code = errno.ENOTDIR if exc.errno == errno.ENOTDIR else errno.ENOENT
+        where = (posixpath.dirname(dst) if ".." not in second.split("/")
+                 else f"the directory of {second}")
+        raise FsError(code, f"{where} " + (
             "is not a directory" if code == errno.ENOTDIR else "does not exist"))
     _ask_mount(here, SNAPSHOT_XATTR,
                snapshot_request(os.fsencode(src), os.fsencode(name), read_only),
