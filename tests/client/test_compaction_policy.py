@@ -4,10 +4,11 @@ against long simulated logs: the write amplification stays logarithmic."""
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
-from shinglefs.client.background.compaction import _merge_from
+from shinglefs.client.background.compaction import _intersect, _merge_from, _spans
 from shinglefs.meta.api import SliceRef
 
 MiB = 1 << 20
@@ -53,3 +54,21 @@ def test_appends_after_size_tiers_are_merged_alone() -> None:
     tiers = ((0, 8 * MiB), (8 * MiB, 2 * MiB), (10 * MiB, MiB))
     appends = tuple((11 * MiB + i * 100, 100) for i in range(16))
     assert _merge_from(refs(*tiers, *appends)) == 3
+
+
+def test_runs_are_cut_to_the_merged_spans_as_a_byte_by_byte_model_says() -> None:
+    rng = random.Random(5)
+    for _ in range(300):
+        spans = _spans([SliceRef(1, o, rng.randrange(1, 40), 0)
+                        for o in rng.sample(range(400), rng.randrange(1, 12))])
+        runs, at = [], 0
+        while at < 450:
+            at += rng.randrange(0, 30)
+            length = rng.randrange(1, 60)
+            runs.append((at, length))
+            at += length + 1
+        covered = {b for s, e in spans for b in range(s, e)}
+        want = sorted(b for o, n in runs for b in range(o, o + n) if b in covered)
+        got = _intersect(runs, spans)
+        assert sorted(b for o, n in got for b in range(o, o + n)) == want
+        assert got == sorted(got) and all(n > 0 for _, n in got)

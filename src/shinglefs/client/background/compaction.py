@@ -249,13 +249,21 @@ def _spans(refs: list[SliceRef]) -> list[tuple[int, int]]:
 
 
 def _intersect(runs: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """``(offset, length)`` runs cut to the sorted ``(start, end)`` spans."""
+    """``(offset, length)`` runs (disjoint, in order) cut to the sorted,
+    disjoint ``(start, end)`` spans; linear in both (a chunk may hold
+    thousands of references)."""
     out: list[tuple[int, int]] = []
+    j = 0
     for offset, length in runs:
-        for start, end in spans:
-            lo, hi = max(offset, start), min(offset + length, end)
+        end = offset + length
+        while j < len(spans) and spans[j][1] <= offset:
+            j += 1
+        k = j
+        while k < len(spans) and spans[k][0] < end:
+            lo, hi = max(offset, spans[k][0]), min(end, spans[k][1])
             if lo < hi:
                 out.append((lo, hi - lo))
+            k += 1
     return out
 
 
