@@ -203,8 +203,7 @@ class ReadPiece:
 class ChunkMap:
     """A chunk's overlay as stored: references in order (oldest first) and a version
     that changes on every modification (for ``replace_chunk``). ``seqs[i]`` is
-    ``refs[i]``'s place in the overlay (ascending, at most ``version``; empty in
-    a map that ``replace_chunk`` returns)."""
+    ``refs[i]``'s place in the overlay (ascending, at most ``version``)."""
 
     ino: int
     chunk_index: int

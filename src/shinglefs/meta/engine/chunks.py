@@ -383,72 +383,52 @@ class ChunkOps(SqlCore):
             if s2 < e1:
                 raise FsError(E.EINVAL, "replacement pieces overlap")
         if replaced is not None:
-            return self._replace_refs(ino, chunk_index, old_refs_version, pieces, replaced,
-                                      group, slice_length, registered)
+            seqs = sorted(seq for seq, _ in replaced)
+            if not seqs or len(set(seqs)) != len(seqs) or seqs[-1] > old_refs_version:
+                raise FsError(E.EINVAL, "replaced references are not references of the map read")
+            if len(pieces) > len(seqs):
+                raise FsError(E.EINVAL, "more replacement pieces than references replaced")
+            expected = dict(replaced)
 
         def txn(tx: Tx) -> ChunkMap:
             now = now_ns()
             file_attr(tx, ino)
             row = tx.one(S.SEL_CHUNK, (ino, chunk_index))
             version = row[0] if row else 0
-            if version != old_refs_version:
-                raise ChunkChanged(ino, chunk_index, old_refs_version, version)
-            old = tx.all(S.SEL_REFS, (ino, chunk_index, chunk_index))
-            tx.run(S.DEL_REFS_CHUNK, (ino, chunk_index))
-            for i, p in enumerate(pieces, start=1):
-                tx.run(S.INS_REF, (ino, chunk_index, version + i, p.slice_id, p.chunk_offset,
-                                   p.length, p.slice_offset))
-                self._ref_slice(tx, p, group, slice_length, registered)
-            new_version = version + max(1, len(pieces))
-            if row is None:
-                tx.one(S.BUMP_CHUNK, (ino, chunk_index))
-            tx.run(S.SET_CHUNK, (new_version, len(pieces), ino, chunk_index))
-            self._deref(tx, Counter(r[2] for r in old), now)
-            return ChunkMap(ino, chunk_index, new_version, tuple(pieces))
-
-        return self._run_refusable(txn)
-
-    def _replace_refs(self, ino: int, chunk_index: int, read_version: int,
-                      pieces: list[SliceRef], replaced: Sequence[tuple[int, SliceRef]],
-                      group: int, slice_length: int | None, registered: bool) -> ChunkMap:
-        """``replace_chunk`` with ``replaced``: the new pieces take the seqs of
-        the references they replace (the lowest ones), so they stay under every
-        reference committed since ``read_version`` and over the older ones."""
-        seqs = sorted(seq for seq, _ in replaced)
-        if not seqs or len(set(seqs)) != len(seqs) or seqs[-1] > read_version:
-            raise FsError(E.EINVAL, "replaced references are not references of the map read")
-        if len(pieces) > len(seqs):
-            raise FsError(E.EINVAL, "more replacement pieces than references replaced")
-        expected = {seq: ref for seq, ref in replaced}
-
-        def txn(tx: Tx) -> ChunkMap:
-            now = now_ns()
-            file_attr(tx, ino)
-            row = tx.one(S.SEL_CHUNK, (ino, chunk_index))
-            version = row[0] if row else 0
-            if version < read_version:  # the chunk was emptied and written again
-                raise ChunkChanged(ino, chunk_index, read_version, version)
-            current = tx.all(S.SEL_REFS, (ino, chunk_index, chunk_index))
-            between = {r[1]: SliceRef(r[2], r[3], r[4], r[5]) for r in current
-                       if seqs[0] <= r[1] <= seqs[-1]}
-            if between != expected:
-                raise ChunkChanged(ino, chunk_index, read_version, version)
-            for seq in seqs:
-                tx.run(S.DEL_REF, (ino, chunk_index, seq))
-            for seq, p in zip(seqs, pieces, strict=False):
+            current = {r[1]: SliceRef(r[2], r[3], r[4], r[5])
+                       for r in tx.all(S.SEL_REFS, (ino, chunk_index, chunk_index))}
+            new_seqs: Sequence[int]
+            if replaced is None:  # the whole overlay, as read
+                if version != old_refs_version:
+                    raise ChunkChanged(ino, chunk_index, old_refs_version, version)
+                gone = current
+                new_seqs = range(version + 1, version + 1 + len(pieces))
+                new_version = version + max(1, len(pieces))
+            else:  # those references, under any committed since
+                gone = {q: r for q, r in current.items() if seqs[0] <= q <= seqs[-1]}
+                if version < old_refs_version or gone != expected:
+                    raise ChunkChanged(ino, chunk_index, old_refs_version, version)
+                new_seqs = seqs[:len(pieces)]
+                new_version = version + 1
+            if gone is current:
+                tx.run(S.DEL_REFS_CHUNK, (ino, chunk_index))
+            else:
+                for seq in gone:
+                    tx.run(S.DEL_REF, (ino, chunk_index, seq))
+            for seq, p in zip(new_seqs, pieces, strict=True):
                 tx.run(S.INS_REF, (ino, chunk_index, seq, p.slice_id, p.chunk_offset,
                                    p.length, p.slice_offset))
                 self._ref_slice(tx, p, group, slice_length, registered)
-            new_version = version + 1
-            tx.run(S.SET_CHUNK, (new_version, len(current) - len(seqs) + len(pieces),
+            if row is None:
+                tx.one(S.BUMP_CHUNK, (ino, chunk_index))
+            tx.run(S.SET_CHUNK, (new_version, len(current) - len(gone) + len(pieces),
                                  ino, chunk_index))
-            self._deref(tx, Counter(ref.slice_id for ref in expected.values()), now)
-            kept = [(r[1], SliceRef(r[2], r[3], r[4], r[5])) for r in current
-                    if r[1] not in expected]
-            kept += zip(seqs, pieces, strict=False)
-            kept.sort(key=lambda sr: sr[0])
-            return ChunkMap(ino, chunk_index, new_version, tuple(r for _, r in kept),
-                            tuple(seq for seq, _ in kept))
+            self._deref(tx, Counter(r.slice_id for r in gone.values()), now)
+            kept = {q: r for q, r in current.items() if q not in gone}
+            kept.update(zip(new_seqs, pieces, strict=True))
+            order = sorted(kept)
+            return ChunkMap(ino, chunk_index, new_version, tuple(kept[q] for q in order),
+                            tuple(order))
 
         return self._run_refusable(txn)
 
