@@ -26,6 +26,7 @@ import errno
 import json
 import os
 import posixpath
+import stat
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -131,12 +132,11 @@ def _through_mount(first: str, second: str, read_only: bool) -> tuple[str, str, 
     _split(dst)
     # As written, not normalized: the kernel walks its '..' (c2/../c3 needs c2).
     here, name = os.path.split(os.path.join(os.getcwd(), second).rstrip("/") or "/")
-    if not os.path.isdir(here):  # the request goes to the copy's directory: it must be one
-        try:
-            os.stat(here)
-            code = errno.ENOTDIR
-        except OSError as exc:
-            code = errno.ENOTDIR if exc.errno == errno.ENOTDIR else errno.ENOENT
+    try:  # the request goes to the copy's directory: it must be one
+        code = 0 if stat.S_ISDIR(os.stat(here).st_mode) else errno.ENOTDIR
+    except OSError as exc:
+        code = errno.ENOTDIR if exc.errno == errno.ENOTDIR else errno.ENOENT
+    if code:
         where = (posixpath.dirname(dst) if ".." not in second.split("/")
                  else f"the directory of {second}")
         raise FsError(code, f"{where} " + (
@@ -204,7 +204,6 @@ def _remove_tree(path: str) -> int:
     """``rm -r path``; a read-only copy's directories lack write permission,
     which their owner gives back first. Returns the entries removed."""
     import shutil
-    import stat
 
     if not os.path.isdir(path) or os.path.islink(path):
         os.unlink(path)
