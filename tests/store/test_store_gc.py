@@ -284,3 +284,38 @@ def test_more_gc_free_zones_than_the_drive_has_is_refused(drive_factory):
 
     with pytest.raises(UsageError, match=r"gc_free_zones 100000 is not in 0\.\."):
         SliceStore.format(drive_factory(), gc_free_zones=100_000)
+
+
+def test_a_victim_reset_and_written_again_since_it_was_chosen_is_not_collected(drive_factory):
+    # The background GC chose a victim, then waited for the lock while a writer
+    # short of room collected that very zone inline, reset it and wrote its own
+    # new data into it. GC then copied the writer's fresh zone out to the GC
+    # stream: a free zone spent for nothing, once the last one, after which no
+    # copy had room and the drive stayed full with half of it dead (the SMR
+    # bench's churn baseline failed so under load, about 1 run in 20).
+    store = SliceStore.format(drive_factory(zone_count=16), gc_background=False)
+    try:
+        slog = store.slice_log
+        for sid in range(1, 13):
+            store.write(sid, 0, payload(sid, 300_000), group=0)
+        for sid in range(1, 13):
+            if sid % 4:
+                store.delete(sid)  # three quarters of every written zone dead
+        store.flush()
+        victim = choose_victim(slog)
+        assert victim is not None
+        chosen = int(slog.z_gen[victim])
+        assert store.collector.collect(victim)  # the writer's inline collection
+        assert slog.z_state[victim] == 0  # EMPTY: the lowest one, the next taken
+        for sid in range(100, 104):
+            store.write(sid, 0, payload(sid, 300_000), group=0)
+        store.flush()
+        assert slog.zone_live_bytes(victim) > 0  # written again, by the writer
+        copied = store.stats().gc_bytes_copied
+        assert not store.collector.collect(victim, generation=chosen)
+        assert store.stats().gc_bytes_copied == copied
+        assert slog.zone_live_bytes(victim) > 0
+        for sid in [*range(4, 13, 4), *range(100, 104)]:
+            assert store.read(sid, 0, 300_000) == payload(sid, 300_000)
+    finally:
+        store.close()

@@ -162,8 +162,11 @@ class ZoneCollector:
             slog.reclaim_dead_zones()
         while (not self._stop.is_set() and slog.free_zones() < self.threshold
                and self._worth_collecting()):
-            victim = choose_victim(slog)
-            if victim is None or not self._collect_counted(victim, slog.config.gc_pause_s):
+            with slog.io_lock:  # chosen on the state it is collected from (see ``collect``)
+                victim = choose_victim(slog)
+                generation = None if victim is None else int(slog.z_gen[victim])
+            if victim is None or not self._collect_counted(victim, slog.config.gc_pause_s,
+                                                           generation):
                 break
 
     def collect_for_space(self) -> bool:
@@ -192,14 +195,14 @@ class ZoneCollector:
             return True
         return False
 
-    def _collect_counted(self, victim: int, pause: float) -> bool:
+    def _collect_counted(self, victim: int, pause: float, generation: int | None = None) -> bool:
         """``collect``, counting collections that gained too little writable room;
         gives up after ``FUTILE_COLLECTIONS`` of them in a row."""
         slog = self.log
         before = slog.writable_room()
         collected = False
         try:
-            collected = self.collect(victim, pause=pause)
+            collected = self.collect(victim, pause=pause, generation=generation)
         finally:  # a failed write of the copies counts too (and is raised)
             self._count(collected and slog.writable_room() - before >= slog.zs // 16)
         return collected
@@ -217,12 +220,22 @@ class ZoneCollector:
                             "data, or its zones fail); GC waits for deletes", slog.name,
                             slog.free_zones(), self.threshold)
 
-    def collect(self, zone: int, *, pause: float = 0.0) -> bool:
-        """Copy the live extents of ``zone`` to the GC stream and reset it; True if reset."""
+    def collect(self, zone: int, *, pause: float = 0.0, generation: int | None = None) -> bool:
+        """Copy the live extents of ``zone`` to the GC stream and reset it; True if reset.
+
+        ``generation``: the zone's generation when it was chosen. A zone reset
+        since (collected by a writer short of room) and written again is not
+        the victim that was chosen: collecting it would copy a writer's fresh
+        data out of its own append zone, taking free zones for nothing (the
+        last ones, once: GC then had no room left for any copy and the drive
+        stayed full with half of it dead). Such a zone is left alone (False).
+        """
         slog = self.log
         with slog.io_lock:
             if zone in slog.gc_busy or slog.z_state[zone] not in (ZoneState.SEALED,
                                                                    ZoneState.ACTIVE):
+                return False
+            if generation is not None and int(slog.z_gen[zone]) != generation:
                 return False
             slog.detach_idle(zone)
             slog.gc_busy.add(zone)
