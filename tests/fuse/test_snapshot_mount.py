@@ -149,6 +149,9 @@ def test_refusals_are_one_line_and_change_nothing(fs: MountedFileSystem, tmp_pat
         # walked as the kernel walks it, not lexically: x does not exist
         ([str(fs.mountpoint / "d"), f"{fs.mountpoint}/x/../c3"], 1, "x/../c3 does not exist"),
         ([str(fs.mountpoint / "d"), f"{fs.mountpoint}/d/f/../c3"], 1, "is not a directory"),
+        ([f"{fs.mountpoint}/x/../d", str(fs.mountpoint / "c4")], 1, "x/../d does not exist"),
+        (["--delete", f"{fs.mountpoint}/x/../ro@v1"], 1, "x/../ro@v1 does not exist"),
+        (["--delete", f"{fs.mountpoint}/d/f/../../ro@v1"], 1, "is not a directory"),
         ([str(fs.mountpoint / "d"), str(tmp_path / "x")], 2, "nor on a ShingleFS mount"),
         ([str(tmp_path), str(fs.mountpoint / "x")], 2, "nor on a ShingleFS mount"),
         ([fs.meta_url, "d", "/x"], 2, "absolute path"),

@@ -52,17 +52,40 @@ def _split(path: str) -> tuple[str, str]:
     return parent, name
 
 
+def _as_written(path: str) -> str:
+    """``path`` made absolute but not normalized, so that the kernel walks each
+    of its names: ``x/../d`` needs a directory ``x``, and ``link/..`` is the
+    parent of the link's target (``os.path.abspath`` drops ``x/..`` unread)."""
+    return os.path.join(os.getcwd(), path).rstrip("/") or "/"
+
+
+def _walked(path: str) -> None:
+    """The entry ``path`` names exists, walked by the kernel as written; else
+    FsError with its errno (ENOENT, ENOTDIR, EACCES) in the user's words."""
+    from shinglefs.meta.errors import FsError
+
+    try:
+        os.lstat(path)
+    except OSError as exc:
+        code = exc.errno or errno.EIO
+        raise FsError(code, {errno.ENOENT: f"{path} does not exist",
+                             errno.ENOTDIR: f"a part of {path} is not a directory"}.get(
+                                 code, f"{path}: {os.strerror(code)}")) from None
+
+
 def _entry_on_mount(path: str) -> tuple[str, str]:
     """(metadata URL, absolute path inside the file system) of the entry
-    ``path`` names on a mount: its directory resolved, its last name kept, so
-    a symlink is the link itself (as with a URL) and a new name need not exist."""
+    ``path`` names on a mount: its directory resolved (as the kernel walks
+    it), its last name kept, so a symlink is the link itself (as with a URL)
+    and a new name need not exist."""
     from shinglefs.cli.policy import path_on_mount
 
     absolute = os.path.abspath(path)
     shown = repr(path) if path == absolute else f"{path!r} ({absolute})"
-    head, tail = os.path.split(absolute)
-    if not tail or os.path.ismount(absolute):
-        return path_on_mount(absolute, USAGE, shown=shown)
+    written = _as_written(path)
+    head, tail = os.path.split(written)
+    if tail in ("", ".", "..") or os.path.ismount(written):
+        return path_on_mount(written, USAGE, shown=shown)
     meta_url, inside = path_on_mount(head, USAGE, shown=shown)
     return meta_url, posixpath.join(inside, tail)
 
@@ -129,6 +152,7 @@ def _through_mount(first: str, second: str, read_only: bool) -> tuple[str, str, 
     if dst_url != meta_url:
         raise UsageError(f"{first!r} and {second!r} are not on the same file system",
                          hint="a snapshot stays in its file system; copy across with cp")
+    _walked(first)
     _split(dst)
     # As written, not normalized: the kernel walks its '..' (c2/../c3 needs c2).
     here, name = os.path.split(os.path.join(os.getcwd(), second).rstrip("/") or "/")
@@ -162,8 +186,12 @@ def _delete_through_mount(path: str) -> tuple[str, int]:
     if inside == "/":
         raise UsageError(f"{path} is the root of its file system, not a snapshot",
                          hint="name the read-only snapshot, e.g. ./mnt/corpus@v1")
-    absolute = os.path.abspath(path)
+    absolute = _as_written(path)  # walked by the kernel: x/../s is not s when x is missing
     here, name = os.path.split(absolute)
+    if name in (".", ".."):
+        raise UsageError(f"{path!r} does not name the snapshot itself",
+                         hint="name the read-only snapshot, e.g. ./mnt/corpus@v1")
+    _walked(path)
     why = {errno.ENOENT: f"{inside} does not exist",
            errno.EINVAL: f"{inside} is not a read-only snapshot (nothing was removed; "
                          "remove an ordinary tree with rm -r)",
