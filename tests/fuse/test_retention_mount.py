@@ -68,6 +68,11 @@ def test_a_mounted_checkpoint_directory_keeps_the_last_n_steps(
     (sharded / "config.json").write_text("{}")
     set_retention([shinglefs_mount.meta_url, f"/{mnt.name}/pt"], "keep-last=2")
     set_retention([str(sharded)], "keep-last=2,match=step-*")  # the directory on the mount
+    # Walked as the kernel walks it: x does not exist, so this is not pt (it
+    # was: pt would have kept only its newest step).
+    done = subprocess.run([*shinglefs_command(), "policy", f"{mnt}/x/../pt", "--retention",
+                           "keep-last=1"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "x/../pt does not exist" in done.stderr, done.stderr
     for step in range(1, 6):
         save_pt(pt, step)
         save_sharded(sharded, step)

@@ -137,6 +137,22 @@ def path_on_mount(target: str, usage: str = POLICY_USAGE,
     return str(_status_of_mount(top)["meta_url"]), "/" if inside == "." else "/" + inside
 
 
+def walked(path: str) -> None:
+    """The entry ``path`` (on this host) names exists, walked by the kernel as
+    written: ``x/../d`` needs a directory ``x``, which ``os.path.realpath``
+    (``path_on_mount``) does not check. Else FsError with its errno (ENOENT,
+    ENOTDIR, EACCES) in the user's words."""
+    from shinglefs.meta.errors import FsError
+
+    try:
+        os.lstat(path)
+    except OSError as exc:
+        code = exc.errno or errno.EIO
+        raise FsError(code, {errno.ENOENT: f"{path} does not exist",
+                             errno.ENOTDIR: f"a part of {path} is not a directory"}.get(
+                                 code, f"{path}: {os.strerror(code)}")) from None
+
+
 def policy_command(
     meta_url: str = typer.Argument(
         ..., help="metadata URL of a formatted file system, or a directory on a mount"),
@@ -165,7 +181,9 @@ def policy_command(
         raise UsageError("--move works through a mount: the mount's daemon moves the data",
                          hint="shinglefs policy ./mnt/hot --tier hot --move")
     if path is None:
-        meta_url, path = path_on_mount(meta_url)
+        where = meta_url
+        meta_url, path = path_on_mount(where)
+        walked(where)
     with opened_meta(meta_url) as meta:
         ino = resolve_path(meta, path)
         if not meta.getattr(ino).is_dir:

@@ -59,20 +59,6 @@ def _as_written(path: str) -> str:
     return os.path.join(os.getcwd(), path).rstrip("/") or "/"
 
 
-def _walked(path: str) -> None:
-    """The entry ``path`` names exists, walked by the kernel as written; else
-    FsError with its errno (ENOENT, ENOTDIR, EACCES) in the user's words."""
-    from shinglefs.meta.errors import FsError
-
-    try:
-        os.lstat(path)
-    except OSError as exc:
-        code = exc.errno or errno.EIO
-        raise FsError(code, {errno.ENOENT: f"{path} does not exist",
-                             errno.ENOTDIR: f"a part of {path} is not a directory"}.get(
-                                 code, f"{path}: {os.strerror(code)}")) from None
-
-
 def _entry_on_mount(path: str) -> tuple[str, str]:
     """(metadata URL, absolute path inside the file system) of the entry
     ``path`` names on a mount: its directory resolved (as the kernel walks
@@ -144,6 +130,7 @@ def _through_mount(first: str, second: str, read_only: bool) -> tuple[str, str, 
     (fuse/requests.py): as the caller, after the mount's buffered writes.
     Returns (source, copy) inside the file system and the copy's inode (None
     when it was renamed away before this looked)."""
+    from shinglefs.cli.policy import walked
     from shinglefs.fuse.requests import SNAPSHOT_XATTR, snapshot_request
     from shinglefs.meta.errors import FsError
 
@@ -152,10 +139,9 @@ def _through_mount(first: str, second: str, read_only: bool) -> tuple[str, str, 
     if dst_url != meta_url:
         raise UsageError(f"{first!r} and {second!r} are not on the same file system",
                          hint="a snapshot stays in its file system; copy across with cp")
-    _walked(first)
+    walked(first)
     _split(dst)
-    # As written, not normalized: the kernel walks its '..' (c2/../c3 needs c2).
-    here, name = os.path.split(os.path.join(os.getcwd(), second).rstrip("/") or "/")
+    here, name = os.path.split(_as_written(second))  # the kernel walks its '..'
     try:  # the request goes to the copy's directory: it must be one
         code = 0 if stat.S_ISDIR(os.stat(here).st_mode) else errno.ENOTDIR
     except OSError as exc:
@@ -179,6 +165,7 @@ def _delete_through_mount(path: str) -> tuple[str, int]:
     """Remove the read-only snapshot at ``path`` on a mount: the mount makes it
     writable as the caller (fuse/requests.py), then it is removed like ``rm -r``.
     Returns its path inside the file system and the entries removed."""
+    from shinglefs.cli.policy import walked
     from shinglefs.fuse.requests import WRITABLE_XATTR
     from shinglefs.meta.errors import FsError
 
@@ -191,7 +178,7 @@ def _delete_through_mount(path: str) -> tuple[str, int]:
     if name in (".", ".."):
         raise UsageError(f"{path!r} does not name the snapshot itself",
                          hint="name the read-only snapshot, e.g. ./mnt/corpus@v1")
-    _walked(path)
+    walked(path)
     why = {errno.ENOENT: f"{inside} does not exist",
            errno.EINVAL: f"{inside} is not a read-only snapshot (nothing was removed; "
                          "remove an ordinary tree with rm -r)",
