@@ -553,6 +553,8 @@ DEL_REFS_OF = "DELETE FROM chunk_refs WHERE ino = ?"
 DEL_REFS_FROM = "DELETE FROM chunk_refs WHERE ino = ? AND chunk_index >= ?"
 DEL_REFS_CHUNK = "DELETE FROM chunk_refs WHERE ino = ? AND chunk_index = ?"
 DEL_REF = "DELETE FROM chunk_refs WHERE ino = ? AND chunk_index = ? AND seq = ?"
+DEL_REFS_SEQS = ("DELETE FROM chunk_refs WHERE ino = ? AND chunk_index = ? "
+                 "AND seq BETWEEN ? AND ?")
 TRIM_REF = "UPDATE chunk_refs SET length = ? WHERE ino = ? AND chunk_index = ? AND seq = ?"
 COUNT_CHUNK_REFS = "SELECT COUNT(*) FROM chunk_refs WHERE ino = ? AND chunk_index = ?"
 CANDIDATES = (

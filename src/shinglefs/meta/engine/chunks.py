@@ -412,9 +412,8 @@ class ChunkOps(SqlCore):
                 new_version = version + 1
             if gone is current:
                 tx.run(S.DEL_REFS_CHUNK, (ino, chunk_index))
-            else:
-                for seq in gone:
-                    tx.run(S.DEL_REF, (ino, chunk_index, seq))
+            else:  # exactly those between the lowest and highest replaced (checked above)
+                tx.run(S.DEL_REFS_SEQS, (ino, chunk_index, seqs[0], seqs[-1]))
             for seq, p in zip(new_seqs, pieces, strict=True):
                 tx.run(S.INS_REF, (ino, chunk_index, seq, p.slice_id, p.chunk_offset,
                                    p.length, p.slice_offset))
